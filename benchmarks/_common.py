@@ -1,0 +1,107 @@
+"""Helpers shared by ``bench_classification.py`` and ``bench_simulation.py`` (not a public API).
+
+The scripts set ``OPENBLAS_NUM_THREADS=1`` before importing this module (and numpy).
+"""
+import hashlib
+import shlex
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+from sklearn.datasets import load_breast_cancer
+from sklearn.exceptions import ConvergenceWarning
+
+import skcep
+from skcep import CEPLogisticClassifier, CEPProbitClassifier
+from skcep.datasets import load_cep_paper
+
+RESULTS = Path(__file__).resolve().parent / "results"
+NUTS_DIR = RESULTS / "nuts"
+LINKS = ("probit", "logistic")
+ESTIMATORS = {"probit": CEPProbitClassifier, "logistic": CEPLogisticClassifier}
+# The four skcep variants compared; "ep-full" is weight-space EP with a full covariance.
+METHODS = {
+    "cep1": dict(method="cep1"),
+    "cep2": dict(method="cep2"),
+    "ep": dict(method="ep"),
+    "ep-full": dict(method="ep", covariance="full"),
+}
+WARNINGS_SEEN = {}  # filled by timed_fit
+
+
+def command():
+    """The command line that ran this script, for the first line of a results file."""
+    return "OPENBLAS_NUM_THREADS=1 python " + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def load_split(name, k):
+    """(X_train, y_train, X_test, y_test) of split k: the CEP paper's, or wdbc's (SPEC §8).
+
+    wdbc = sklearn's breast-cancer set, split by ``results/nuts/wdbc_splits.npz`` and
+    standardised with the training split's mean/std, exactly as for the NUTS reference.
+    """
+    if name != "wdbc":
+        d = load_cep_paper(name, k)
+        return d.X_train, d.y_train.astype(int), d.X_test, d.y_test.astype(int)
+    X, y = load_breast_cancer(return_X_y=True)
+    idx = np.load(NUTS_DIR / "wdbc_splits.npz")
+    tr, te = idx[f"train_idx_{k}"], idx[f"test_idx_{k}"]
+    mu, sd = X[tr].mean(0), X[tr].std(0)
+    return (X[tr] - mu) / sd, y[tr], (X[te] - mu) / sd, y[te]
+
+
+def load_nuts(tag):
+    """A NUTS reference ``results/nuts/<tag>.npz`` (see ``nuts_reference.py``)."""
+    return np.load(NUTS_DIR / f"{tag}.npz")
+
+
+def timed_fit(est, X, y):
+    """Fit ``est``; return (seconds, ConvergenceWarnings raised, other warnings raised).
+
+    Warnings are recorded, not shown; each distinct message is kept in ``WARNINGS_SEEN``
+    (message -> count) for the report.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t0 = time.perf_counter()
+        est.fit(X, y)
+        seconds = time.perf_counter() - t0
+    n_conv = sum(issubclass(w.category, ConvergenceWarning) for w in caught)
+    for w in caught:
+        key = f"{w.category.__name__} at {Path(w.filename).name}:{w.lineno}: {w.message}"
+        WARNINGS_SEEN[key] = WARNINGS_SEEN.get(key, 0) + 1
+    return seconds, n_conv, len(caught) - n_conv
+
+
+def library_state():
+    """skcep's version and a short hash of its source, to tie results to the code measured."""
+    src = Path(skcep.__file__).parent
+    digest = hashlib.sha1()
+    for f in sorted(src.rglob("*.py")):
+        digest.update(f.read_bytes())
+    return f"skcep {getattr(skcep, '__version__', '?')}, source sha1 {digest.hexdigest()[:10]}"
+
+
+def gauss_kl(m0, S0, m1, S1):
+    """KL(N(m0, S0) ‖ N(m1, S1)) in nats."""
+    S1inv = np.linalg.inv(S1)
+    d = m1 - m0
+    return 0.5 * (np.trace(S1inv @ S0) + d @ S1inv @ d - len(m0)
+                  + np.linalg.slogdet(S1)[1] - np.linalg.slogdet(S0)[1])
+
+
+def md_table(header, rows):
+    """A markdown table from a header and rows of already formatted cells."""
+    lines = ["| " + " | ".join(str(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def pm(values, digits=3):
+    """'mean ± std' (sample std over splits; a single value without ±)."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 1:
+        return f"{v[0]:.{digits}f}"
+    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}"

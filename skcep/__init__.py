@@ -1,0 +1,8 @@
+"""skcep: fast, deterministic approximate Bayesian inference as scikit-learn estimators."""
+
+from . import datasets
+from .linear_model import CEPLogisticClassifier, CEPProbitClassifier
+
+__version__ = "0.1.0"
+
+__all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "datasets", "__version__"]
