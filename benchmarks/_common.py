@@ -75,13 +75,19 @@ def timed_fit(est, X, y):
     return seconds, n_conv, len(caught) - n_conv
 
 
+def _source_hash():
+    digest = hashlib.sha1()
+    for f in sorted(Path(skcep.__file__).parent.rglob("*.py")):
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+_SOURCE_HASH = _source_hash()  # taken at import, i.e. of the code that was loaded
+
+
 def library_state():
     """skcep's version and a short hash of its source, to tie results to the code measured."""
-    src = Path(skcep.__file__).parent
-    digest = hashlib.sha1()
-    for f in sorted(src.rglob("*.py")):
-        digest.update(f.read_bytes())
-    return f"skcep {getattr(skcep, '__version__', '?')}, source sha1 {digest.hexdigest()[:10]}"
+    return f"skcep {skcep.__version__}, source sha1 {_SOURCE_HASH} (skcep/**/*.py at import)"
 
 
 def gauss_kl(m0, S0, m1, S1):

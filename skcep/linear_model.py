@@ -6,6 +6,7 @@ one binary posterior per class, probabilities normalised.
 """
 
 import warnings
+from contextlib import contextmanager
 from numbers import Integral, Real
 
 import numpy as np
@@ -56,16 +57,18 @@ class _CEPClassifierBase(ClassifierMixin, BaseEstimator):
         -------
         self : object
         """
-        self._validate_params()
-        X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, reset=True)
-        check_classification_targets(y)
-        classes = np.unique(y)
-        if classes.size < 2:
-            raise ValueError(
-                f"The training data need samples of at least 2 classes; got one class: {classes[0]!r}."
-            )
-        self._check_options(X.shape[1])
-        posterior = self._fit_posteriors(X, y, classes, prior=None)
+        with self._unchanged_on_error():
+            self._validate_params()
+            X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, reset=True)
+            check_classification_targets(y)
+            classes = np.unique(y)
+            if classes.size < 2:
+                raise ValueError(
+                    "The training data need samples of at least 2 classes; "
+                    f"got one class: {classes[0]!r}."
+                )
+            self._check_options(X.shape[1])
+            posterior = self._fit_posteriors(X, y, classes, prior=None)
         self.classes_ = classes
         self._set_posterior(posterior)
         return self
@@ -87,8 +90,8 @@ class _CEPClassifierBase(ClassifierMixin, BaseEstimator):
         -------
         self : object
         """
-        first = _check_partial_fit_first_call(self, classes)  # sets classes_ on the first call
-        try:
+        with self._unchanged_on_error():
+            first = _check_partial_fit_first_call(self, classes)  # sets classes_ on a first call
             self._validate_params()
             X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, reset=first)
             check_classification_targets(y)
@@ -102,13 +105,23 @@ class _CEPClassifierBase(ClassifierMixin, BaseEstimator):
             self._check_options(X.shape[1])
             prior = None if first else self._posterior
             posterior = self._fit_posteriors(X, y, self.classes_, prior=prior)
-        except Exception:
-            if first:  # a rejected first call leaves the estimator unfitted
-                for name in ("classes_", "n_features_in_", "feature_names_in_"):
-                    self.__dict__.pop(name, None)
-            raise
         self._set_posterior(posterior)
         return self
+
+    @contextmanager
+    def _unchanged_on_error(self):
+        """Restore every attribute if the block raises: a rejected call changes nothing.
+
+        Fitted arrays are only ever replaced, never modified in place, so a shallow copy of
+        the instance dictionary is a complete snapshot.
+        """
+        saved = dict(self.__dict__)
+        try:
+            yield
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
 
     def _check_options(self, n_features):
         if self.covariance == "full":
@@ -157,7 +170,7 @@ class _CEPClassifierBase(ClassifierMixin, BaseEstimator):
                 var0 = prior_var if prior is None else prior["var"][k]
                 results.append(
                     fit_factorized(
-                        A, sign, site_lik, mean0, var0, method=self.method, warmup_sweeps=3, **options
+                        A, sign, site_lik, mean0, var0, method=self.method, warmup_sweeps=10, **options
                     )
                 )
         if not all(r.converged for r in results):
@@ -284,7 +297,7 @@ _PARAMS_DOC = """
     block_size : int, default=None
         Samples whose sites are refined together before the posterior is refreshed; 1 is the
         sequential schedule of papers/000 Algorithm 1.  None: about 2 % of the samples
-        (at least 8).
+        (at least 8, and blocks of at most ~32,000 stored entries).
 """
 
 _ATTRS_DOC = """

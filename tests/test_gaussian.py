@@ -53,7 +53,9 @@ def test_cavity_is_the_quotient_of_densities():
     # q = N(1.2, 0.5), site with precision 0.8 and shift -0.3: q / site as a density
     q_mean, q_var, site_prec, site_shift = 1.2, 0.5, 0.8, -0.3
     x = np.array([-2.0, 0.5, 3.0])
-    log_quotient = norm.logpdf(x, q_mean, np.sqrt(q_var)) - (-0.5 * site_prec * x**2 + site_shift * x)
+    log_quotient = norm.logpdf(x, q_mean, np.sqrt(q_var)) - (
+        -0.5 * site_prec * x**2 + site_shift * x
+    )
     ref_prec, ref_shift = _log_quadratic_fit(x, log_quotient)
     prec, shift = to_natural(q_mean, q_var)
     mean, var, cav_prec, cav_shift, ok = cavity(prec, shift, site_prec, site_shift)
@@ -92,8 +94,14 @@ def test_site_from_marginal_reproduces_the_marginal():
     assert_allclose(var, new_var, rtol=1e-12)
     # densities: cavity × site ∝ N(new_mean, new_var)
     x = np.array([-1.0, 0.0, 2.0])
-    log_product = norm.logpdf(x, cav_mean[0], np.sqrt(cav_var[0])) - 0.5 * site_prec[0] * x**2 + site_shift[0] * x
-    assert_allclose(_log_quadratic_fit(x, log_product), to_natural(new_mean[0], new_var[0]), rtol=1e-8)
+    log_product = (
+        norm.logpdf(x, cav_mean[0], np.sqrt(cav_var[0]))
+        - 0.5 * site_prec[0] * x**2
+        + site_shift[0] * x
+    )
+    assert_allclose(
+        _log_quadratic_fit(x, log_product), to_natural(new_mean[0], new_var[0]), rtol=1e-8
+    )
 
 
 def test_site_from_marginal_floors_negative_precision_keeping_the_mean():
@@ -109,7 +117,15 @@ def test_site_from_marginal_floors_negative_precision_keeping_the_mean():
 
 @pytest.mark.parametrize(
     "new_mean, new_var",
-    [(np.nan, 1.0), (np.inf, 1.0), (0.5, np.nan), (0.5, np.inf), (0.5, 0.0), (0.5, -2.0), (-np.inf, -np.inf)],
+    [
+        (np.nan, 1.0),
+        (np.inf, 1.0),
+        (0.5, np.nan),
+        (0.5, np.inf),
+        (0.5, 0.0),
+        (0.5, -2.0),
+        (-np.inf, -np.inf),
+    ],
 )
 def test_site_from_marginal_flags_non_finite_or_non_positive(new_mean, new_var):
     cav_prec, cav_shift = np.array([2.0, 2.0]), np.array([0.4, 0.4])
@@ -125,8 +141,9 @@ def test_site_from_marginal_flags_non_finite_or_non_positive(new_mean, new_var):
 
 
 def test_site_from_marginal_respects_incoming_ok():
-    _, _, ok = site_from_marginal(np.array([0.1, 0.2]), np.array([0.3, 0.3]), np.ones(2), np.zeros(2),
-                                  np.array([False, True]))
+    _, _, ok = site_from_marginal(
+        np.array([0.1, 0.2]), np.array([0.3, 0.3]), np.ones(2), np.zeros(2), np.array([False, True])
+    )
     assert_array_equal(ok, [False, True])
 
 
