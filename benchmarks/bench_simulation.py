@@ -102,14 +102,14 @@ def report(curves, final, sets, png, elapsed):
     out = [f"`{command()}`", "",
            "# KL to NUTS against run time on the simulated sets (papers/000 §6.1, Fig. 1)", "",
            "5,000 training points, 4 weights, no intercept, prior N(0, I). Reference: the "
-           "authors' NUTS Gaussian (logistic) and ours (probit; `results/nuts`). KL = KL(NUTS ‖ q) "
-           "in nats. The paper's Fig. 1 has no numbers in its text except KJIT's KL "
-           "{14.7, 1.4e13} (logistic, simulation1/2); it reports CEP-1, CEP-2 and EP reaching "
-           "almost the same KL. Our NUTS vs the authors' NUTS differ by KL 4.1e-3 / 1.6e-3 "
-           "(simulation1/2, `results/nuts/summary.md`): differences below that are noise. "
-           "Note: skcep's CEP fits start with a few undamped factorized-EP warm-up sweeps "
-           "(`warmup_sweeps` in `skcep/linear_model.py`; not counted in n_iter, but timed), so "
-           "the CEP curves start where EP has already made that many sweeps.",
+           "authors' NUTS Gaussian (logistic) and ours (probit; `results/nuts`). "
+           "KL = KL(NUTS ‖ q) in nats. The paper's Fig. 1 has no numbers in its text except "
+           "KJIT's KL {14.7, 1.4e13} (logistic, simulation1/2); it reports CEP-1, CEP-2 and "
+           "EP reaching almost the same KL. Our NUTS vs the authors' NUTS differ by KL "
+           "4.1e-3 / 1.6e-3 (simulation1/2, `results/nuts/summary.md`): differences below "
+           "that are noise. Note: skcep's CEP fits start with a few undamped factorized-EP "
+           "warm-up sweeps (`warmup_sweeps` in `skcep/linear_model.py`; not counted in n_iter, "
+           "but timed), so the CEP curves start where EP has already made that many sweeps.",
            "", f"Library measured: {library_state()}.", "",
            f"Plot: `{png.name}`.", "", "## Converged KL and the factorized bound", "",
            "best factorized = KL to the moment-matched N(μ_nuts, diag Σ_nuts), the smallest KL "
@@ -154,7 +154,8 @@ def report(curves, final, sets, png, elapsed):
                       "cep1", "cep2", "ratio ep/cond."), rows), ""]
     other = {msg: n for msg, n in WARNINGS_SEEN.items() if not msg.startswith("ConvergenceWarning")}
     out += ["## Warnings other than ConvergenceWarning raised during fits", ""]
-    out += [f"- {n} × {msg}" for msg, n in sorted(other.items(), key=lambda kv: -kv[1])] or ["none"]
+    lines = [f"- {n} × {msg}" for msg, n in sorted(other.items(), key=lambda kv: -kv[1])]
+    out += lines or ["none"]
     out += ["", f"Total run time {elapsed / 60:.1f} min."]
     return "\n".join(out) + "\n"
 

@@ -193,6 +193,21 @@ def test_accuracy_comparable_to_logistic_regression(real_split, cls, method, cov
 
 
 @pytest.mark.parametrize("cls, method, cov", ALL)
+def test_default_settings_converge_on_correlated_features(cls, method, cov):
+    """SPEC §4 'Schedules': the default must converge on strongly correlated features.
+
+    The five morphometric features of crabs have pairwise correlations of 0.9-0.99.
+    """
+    X, y = load_crabs(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        est = cls(method=method, covariance=cov).fit(X, y)
+    assert est.converged_.all() and np.all(est.n_iter_ < est.max_iter), est.n_iter_
+    assert est.score(X, y) > 0.95
+
+
+@pytest.mark.parametrize("cls, method, cov", ALL)
 def test_calibration_on_well_specified_simulation(cls, method, cov):
     """The posterior predictive's test log-loss is within 0.01 nats of the true model's.
 
