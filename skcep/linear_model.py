@@ -65,7 +65,7 @@ class _CEPClassifierBase(ClassifierMixin, BaseEstimator):
             if classes.size < 2:
                 raise ValueError(
                     "The training data need samples of at least 2 classes; "
-                    f"got one class: {classes[0]!r}."
+                    f"got one class: {classes.tolist()[0]!r}."
                 )
             self._check_options(X.shape[1])
             posterior = self._fit_posteriors(X, y, classes, prior=None)

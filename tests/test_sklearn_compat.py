@@ -29,7 +29,9 @@ CONFIGS = [
     {"method": "ep", "covariance": "full"},
 ]
 ESTIMATORS = [cls(**cfg) for cls in CLASSES for cfg in CONFIGS]
-FITTED_ATTRS = ("coef_", "coef_var_", "intercept_", "intercept_var_", "classes_", "n_iter_", "converged_")
+FITTED_ATTRS = (
+    "coef_", "coef_var_", "intercept_", "intercept_var_", "classes_", "n_iter_", "converged_",
+)
 
 ignore_convergence = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 

@@ -249,12 +249,14 @@ class _Sweeps:
     sites saved by :meth:`snapshot`) and the step halves; a sweep that grows it less, or
     reverses the direction of the previous one (cosine of successive mean changes below −½),
     is kept but also halves the step.  These are the signatures of a diverging or oscillating
-    fixed-point iteration; monotone convergence keeps its step.  The first ``grace`` sweeps,
-    which move q away from the prior and then correct, are not judged.
+    fixed-point iteration.  A sweep that shrinks the change without reversing lets the step
+    grow back by a quarter, up to the initial damping, so an early halving does not slow the
+    whole run.  The first ``grace`` sweeps, which move q away from the prior and then correct,
+    are not judged.
     """
 
     def __init__(self, damping, tol, min_step=1e-3, grace=2):
-        self.step = float(damping)
+        self.step = self.max_step = float(damping)
         self.tol = tol
         self.min_step = min_step
         self.grace = grace
@@ -305,6 +307,8 @@ class _Sweeps:
             ) * np.linalg.norm(prev)
             if change > self._last_change or reversed_:
                 self.step = max(0.5 * self.step, self.min_step)
+            else:
+                self.step = min(1.25 * self.step, self.max_step)
             verdict = "accept"
         self._last_change, self._last_delta = change, delta
         return verdict

@@ -16,6 +16,8 @@ supplement 8.2.2 and 8.3.2) and, through L_3 and L_4, their second derivatives n
 (``value=False`` may skip L_0).
 """
 
+from functools import lru_cache
+
 import numpy as np
 from numpy.polynomial.hermite import hermgauss
 from scipy.special import erfcx, expit, log_expit, log_ndtr, logsumexp, ndtr
@@ -194,8 +196,11 @@ def _log_z_and_cumulants(log_p, ratios, scale):
     return [log_z] + _cumulants(raw)
 
 
+@lru_cache(maxsize=16)
 def logistic_gauss_rule(n, half_width=50.0, n_grid=40001):
     """Nodes and weights of the n-point Gauss rule for the standard logistic density.
+
+    Computed once per ``n`` (cached; the arrays are read-only).
 
     Recurrence coefficients of the orthonormal polynomials by the discretised Stieltjes
     procedure on a fine grid (the density is below 2e-22 beyond ±50), then nodes and weights
@@ -215,7 +220,10 @@ def logistic_gauss_rule(n, half_width=50.0, n_grid=40001):
     off = np.sqrt(beta[1:])
     nodes, vectors = np.linalg.eigh(np.diag(alpha) + np.diag(off, 1) + np.diag(off, -1))
     weights = vectors[0] ** 2
-    return nodes, weights / weights.sum()
+    weights /= weights.sum()
+    nodes.setflags(write=False)
+    weights.setflags(write=False)
+    return nodes, weights
 
 
 def _cumulants(raw):
