@@ -98,11 +98,13 @@ def run(datasets, splits):
 
 
 def report(res, datasets, splits, elapsed):
+    dflt = ESTIMATORS["probit"]().get_params()
     out = [f"`{command()}`", "",
            "# Bayesian probit / logistic regression on real data (papers/000 §6.1)", "",
            f"{len(splits)} split(s) per data set; mean ± sample std over splits. "
            "Prior w ~ N(0, 1), intercept ~ N(0, 100). skcep estimators at their defaults "
-           "(max_iter=300, tol=1e-3, damping='auto'); `sklearn-LR` = "
+           f"(max_iter={dflt['max_iter']}, tol={dflt['tol']:g}, damping={dflt['damping']!r}); "
+           "`sklearn-LR` = "
            "`LogisticRegression(C=1.0)`, the logistic MAP under the same prior (intercept "
            "unpenalised), scored by plug-in probabilities (a logistic model also in the probit "
            "tables). Columns `paper …` are the CEP paper's published numbers for its MATLAB "

@@ -91,6 +91,7 @@ def plot(curves, sets, path):
                        label="best factorized")
             ax.set(xscale="log", yscale="log", xlabel="fit seconds (log)",
                    ylabel="KL(NUTS ‖ q), nats", title=f"simulation{k}, {link}")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.grid(alpha=0.3, which="both")
     axes[0, 0].legend(fontsize=8)
     fig.suptitle("KL to NUTS vs run time, max_iter = 1 … 200 (cf. papers/000 Fig. 1)")

@@ -151,9 +151,7 @@ class _CEPClassifierBase(ClassifierMixin, BaseEstimator):
         dim = A.shape[1]
         positives = classes[1:] if classes.size == 2 else classes
         site_lik, _ = self._likelihoods()
-        damping = self.damping
-        if damping == "auto":
-            damping = 1.0 if self.method == "ep" else 0.5
+        damping = None if self.damping == "auto" else self.damping  # engine's per-method default
         options = dict(damping=damping, max_iter=self.max_iter, tol=self.tol, block_size=self.block_size)
         prior_var = np.full(dim, float(self.prior_variance))
         if self.fit_intercept:
@@ -170,7 +168,7 @@ class _CEPClassifierBase(ClassifierMixin, BaseEstimator):
                 var0 = prior_var if prior is None else prior["var"][k]
                 results.append(
                     fit_factorized(
-                        A, sign, site_lik, mean0, var0, method=self.method, warmup_sweeps=10, **options
+                        A, sign, site_lik, mean0, var0, method=self.method, **options
                     )
                 )
         if not all(r.converged for r in results):

@@ -249,9 +249,9 @@ class _Sweeps:
     sites saved by :meth:`snapshot`) and the step halves; a sweep that grows it less, or
     reverses the direction of the previous one (cosine of successive mean changes below −½),
     is kept but also halves the step.  These are the signatures of a diverging or oscillating
-    fixed-point iteration.  A sweep that shrinks the change without reversing lets the step
-    grow back by a quarter, up to the initial damping, so an early halving does not slow the
-    whole run.  The first ``grace`` sweeps, which move q away from the prior and then correct,
+    fixed-point iteration.  Five sweeps in a row that shrink the change without reversing let
+    the step grow back by a quarter, up to the initial damping, so an early halving does not
+    slow the whole run.  The first ``grace`` sweeps, which move q away from the prior and then correct,
     are not judged.
     """
 
@@ -265,6 +265,7 @@ class _Sweeps:
         self._last_change = np.inf
         self._last_delta = None
         self._saved = None
+        self._calm = 0
 
     def apply(self, site_prec, site_shift, idx, new_prec, new_shift, ok):
         """Damped in-place update of the sites at ``idx``; returns the changes."""
@@ -307,8 +308,12 @@ class _Sweeps:
             ) * np.linalg.norm(prev)
             if change > self._last_change or reversed_:
                 self.step = max(0.5 * self.step, self.min_step)
+                self._calm = 0
             else:
-                self.step = min(1.25 * self.step, self.max_step)
+                self._calm += 1
+                if self._calm >= 5:  # five calm sweeps in a row: try a larger step
+                    self.step = min(1.25 * self.step, self.max_step)
+                    self._calm = 0
             verdict = "accept"
         self._last_change, self._last_delta = change, delta
         return verdict
@@ -322,12 +327,12 @@ def fit_factorized(
     prior_var,
     *,
     method="cep1",
-    damping=1.0,
+    damping=None,
     max_iter=100,
     tol=1e-4,
     block_size=None,
     init_sites=None,
-    warmup_sweeps=0,
+    warmup_sweeps=10,
 ):
     """Fully factorized EP / CEP-1 / CEP-2 for a linear-predictor likelihood.
 
@@ -341,9 +346,10 @@ def fit_factorized(
     prior_mean, prior_var : ndarray (d,)
         Factorized Gaussian prior — for streaming, the current posterior (ADF).
     method : {"cep1", "cep2", "ep"}
-    damping : float in (0, 1]
+    damping : float in (0, 1], optional
         Initial fraction of each proposed site change that is applied (1 = undamped);
-        halved adaptively when sweeps diverge or oscillate (:class:`_Sweeps`).
+        adapted when sweeps diverge or oscillate (:class:`_Sweeps`).  Default: 1 for EP,
+        ½ for CEP.
     max_iter, tol : sweep limit and convergence threshold on :func:`_change`.
     block_size : int, optional
         Rows refined together; default :func:`default_block_size`.
@@ -370,6 +376,8 @@ def fit_factorized(
     y = np.asarray(y, dtype=float)
     prior_prec = 1.0 / np.asarray(prior_var, dtype=float)
     prior_shift = np.asarray(prior_mean, dtype=float) * prior_prec
+    if damping is None:
+        damping = 1.0 if method == "ep" else 0.5
     if warmup_sweeps and method != "ep":
         init_sites = fit_factorized(
             X, y, likelihood, prior_mean, prior_var, method="ep", max_iter=warmup_sweeps,
@@ -429,7 +437,7 @@ def fit_full(
     prior_mean,
     prior_cov,
     *,
-    damping=1.0,
+    damping=None,
     max_iter=100,
     tol=1e-4,
     block_size=None,
@@ -443,6 +451,7 @@ def fit_full(
     ``prior_cov`` is (d, d); other arguments as in :func:`fit_factorized`.
     Returns a :class:`GLMPosterior` with ``cov`` set.
     """
+    damping = 1.0 if damping is None else damping
     # Small factorizations run fastest on one BLAS thread; many threads only contend.
     with threadpool_limits(limits=1 if X.shape[1] <= 512 else None, user_api="blas"):
         return _fit_full(X, y, likelihood, prior_mean, prior_cov, damping, max_iter, tol, block_size)
