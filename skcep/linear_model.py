@@ -40,6 +40,29 @@ class _CEPClassifierBase(ClassifierMixin, BaseEstimator):
         "block_size": [None, Interval(Integral, 1, None, closed="left")],
     }
 
+    def __init__(
+        self,
+        *,
+        method="cep1",
+        covariance="diagonal",
+        prior_variance=1.0,
+        fit_intercept=True,
+        intercept_prior_variance=100.0,
+        max_iter=300,
+        tol=1e-3,
+        damping="auto",
+        block_size=None,
+    ):
+        self.method = method
+        self.covariance = covariance
+        self.prior_variance = prior_variance
+        self.fit_intercept = fit_intercept
+        self.intercept_prior_variance = intercept_prior_variance
+        self.max_iter = max_iter
+        self.tol = tol
+        self.damping = damping
+        self.block_size = block_size
+
     # ----------------------------------------------------------------------------------------
     # fitting
 
@@ -345,29 +368,6 @@ class CEPProbitClassifier(_CEPClassifierBase):
     """
     )
 
-    def __init__(
-        self,
-        *,
-        method="cep1",
-        covariance="diagonal",
-        prior_variance=1.0,
-        fit_intercept=True,
-        intercept_prior_variance=100.0,
-        max_iter=300,
-        tol=1e-3,
-        damping="auto",
-        block_size=None,
-    ):
-        self.method = method
-        self.covariance = covariance
-        self.prior_variance = prior_variance
-        self.fit_intercept = fit_intercept
-        self.intercept_prior_variance = intercept_prior_variance
-        self.max_iter = max_iter
-        self.tol = tol
-        self.damping = damping
-        self.block_size = block_size
-
     def _likelihoods(self):
         lik = Probit()
         return lik, lik
@@ -418,15 +418,17 @@ class CEPLogisticClassifier(_CEPClassifierBase):
         block_size=None,
         n_quadrature=9,
     ):
-        self.method = method
-        self.covariance = covariance
-        self.prior_variance = prior_variance
-        self.fit_intercept = fit_intercept
-        self.intercept_prior_variance = intercept_prior_variance
-        self.max_iter = max_iter
-        self.tol = tol
-        self.damping = damping
-        self.block_size = block_size
+        super().__init__(
+            method=method,
+            covariance=covariance,
+            prior_variance=prior_variance,
+            fit_intercept=fit_intercept,
+            intercept_prior_variance=intercept_prior_variance,
+            max_iter=max_iter,
+            tol=tol,
+            damping=damping,
+            block_size=block_size,
+        )
         self.n_quadrature = n_quadrature
 
     def _likelihoods(self):
