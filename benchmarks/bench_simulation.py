@@ -109,7 +109,7 @@ def report(curves, final, sets, png, elapsed):
            "EP reaching almost the same KL. Our NUTS vs the authors' NUTS differ by KL "
            "4.1e-3 / 1.6e-3 (simulation1/2, `results/nuts/summary.md`): differences below "
            "that are noise. Note: skcep's CEP fits start with a few undamped factorized-EP "
-           "warm-up sweeps (`warmup_sweeps` in `skcep/linear_model.py`; not counted in n_iter, "
+           "warm-up sweeps (up to 10, `warmup_sweeps` of `skcep/engines/glm.py:fit_factorized`; not counted in n_iter, "
            "but timed), so the CEP curves start where EP has already made that many sweeps.",
            "", f"Library measured: {library_state()}.", "",
            f"Plot: `{png.name}`.", "", "## Converged KL and the factorized bound", "",

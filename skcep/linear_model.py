@@ -363,8 +363,8 @@ class CEPProbitClassifier(_CEPClassifierBase):
     >>> X, y = load_pima(return_X_y=True)
     >>> clf = make_pipeline(StandardScaler(), CEPProbitClassifier()).fit(X, y)
     >>> clf.predict_proba(X[:2]).round(2)
-    array([[0.95, 0.05],
-           [0.96, 0.04]])
+    array([[0.3 , 0.7 ],
+           [0.97, 0.03]])
     """
     )
 
