@@ -2,7 +2,8 @@
 
 from . import datasets
 from .linear_model import CEPLogisticClassifier, CEPProbitClassifier
+from .tensor import BayesianCPTensor
 
 __version__ = "0.1.0"
 
-__all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "datasets", "__version__"]
+__all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "BayesianCPTensor", "datasets", "__version__"]

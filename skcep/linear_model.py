@@ -25,6 +25,21 @@ __all__ = ["CEPProbitClassifier", "CEPLogisticClassifier"]
 _MAX_FULL_BYTES = 2**31  # a d×d covariance larger than 2 GiB is refused with a clear message
 
 
+@contextmanager
+def unchanged_on_error(estimator):
+    """Restore every attribute of ``estimator`` if the block raises: a rejected call changes
+    nothing.  Fitted arrays are only ever replaced, never modified in place, so a shallow copy
+    of the instance dictionary is a complete snapshot.
+    """
+    saved = dict(estimator.__dict__)
+    try:
+        yield
+    except BaseException:
+        estimator.__dict__.clear()
+        estimator.__dict__.update(saved)
+        raise
+
+
 class _CEPClassifierBase(ClassifierMixin, BaseEstimator):
     """Shared machinery of the Bayesian GLM classifiers; subclasses choose the likelihood."""
 
@@ -131,20 +146,8 @@ class _CEPClassifierBase(ClassifierMixin, BaseEstimator):
         self._set_posterior(posterior)
         return self
 
-    @contextmanager
     def _unchanged_on_error(self):
-        """Restore every attribute if the block raises: a rejected call changes nothing.
-
-        Fitted arrays are only ever replaced, never modified in place, so a shallow copy of
-        the instance dictionary is a complete snapshot.
-        """
-        saved = dict(self.__dict__)
-        try:
-            yield
-        except BaseException:
-            self.__dict__.clear()
-            self.__dict__.update(saved)
-            raise
+        return unchanged_on_error(self)
 
     def _check_options(self, n_features):
         if self.covariance == "full":

@@ -1,0 +1,826 @@
+r"""Bayesian CP decomposition of a partly observed tensor by VMP and CEP (SPEC §5).
+
+Model (papers/000 eqs. 12–13, papers/001 eq. 26), for entry i = (i_1, …, i_K):
+
+    f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k},
+    y_i ~ N(f_i, τ⁻¹)  (Gaussian)   or   P(y_i = 1) = Φ(f_i)  (probit),
+
+with Gaussian priors on every embedding u^k_s ∈ R^R and on the optional offsets b (global) and
+c^k_s (one per object), and τ ~ Gam(a0, b0).  The posterior is approximated by
+q = q(τ) Π q(u^k_s) Π q(b) Π q(c^k_s), each Gaussian with full R×R covariance.
+
+Everything is organised in *groups* of rows (the K factor matrices and the offsets, which are
+groups of rank 1).  An entry sees a group through a design vector x_i: for factor k it is
+z^{\k}_i = ∘_{j≠k} u^j_{i_j}, whose moments under q are Hadamard products (papers/000 eqs.
+16–17); for an offset it is the constant 1.  Everything else in f_i (the "rest") enters through
+its mean.
+
+Updates
+-------
+* **VMP** (papers/001 eq. 27): q(u_s) ∝ prior × exp E[log lik], i.e. precision
+  P0 + E[τ] Σ_{i∈s} E[x xᵀ], shift h0 + E[τ] Σ_{i∈s} (y_i − E[rest_i]) E[x_i]; then
+  q(τ) = Gam(a0 + n/2, b0 + ½ Σ E[(y − f)²]).  Probit uses the augmented model (latent
+  z_i ~ N(f_i, 1) truncated to the sign of y_i), whose E[z_i] replaces y_i.
+* **Group CEP** (papers/001 §4.3): each entry sends a site to the rows it touches; for Gaussian
+  entries Lemma 4 gives it in closed form (precision E[τ] E[x xᵀ], shift E[τ] y E[x]) and
+  merging the sites per row (eq. 28) reproduces VMP (Theorem 1).  The τ sites are
+  a_i = ½, b_i = ½ E[(y_i − f_i)²].
+* **Probit CEP** (papers/000 supplement 8.1.2): the conditional tilted distribution of u_s
+  given the rest is the probit EP problem; with cavity N(m, S), t = x̄ᵀm + E[rest],
+  q2 = tr(S E[x xᵀ]), ζ = s t/√(1 + q2) and r = φ(ζ)/Φ(ζ), its moments are
+  m + S x̄ s r/√(1+q2) and S − S x̄ x̄ᵀ S r(ζ + r)/(1 + q2).  The site they imply has rank-one
+  precision along x̄ = E[x], stored as a direction and two scalars.
+* **Entry CEP** (papers/000 Alg. 1): the same sites, updated block by block with EP
+  bookkeeping (sites kept, q refreshed after every block).
+
+Per-row sums over entries are accumulated chunk by chunk over entries sorted by row
+(``np.add.reduceat``); no n×R×R array is ever formed.  Symmetric R×R quantities travel packed
+(upper triangle, R(R+1)/2 numbers).
+"""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.special import digamma, gammaln, log_ndtr
+
+from .likelihoods import log_phi_derivatives
+
+__all__ = ["GaussianRows", "CPPosterior", "fit_cp", "predict_cp", "init_posterior", "grow_posterior"]
+
+_CHUNK = 8192
+_LOG_2PI = np.log(2.0 * np.pi)
+
+
+class _Packing:
+    """Upper-triangle packing of symmetric R×R matrices; ⟨A, B⟩_F = Σ_p w_p A_p B_p."""
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.rows, self.cols = np.triu_indices(rank)
+        self.weight = np.where(self.rows == self.cols, 1.0, 2.0)
+
+    def pack(self, A):
+        return A[..., self.rows, self.cols]
+
+    def unpack(self, packed):
+        out = np.empty(packed.shape[:-1] + (self.rank, self.rank))
+        out[..., self.rows, self.cols] = packed
+        out[..., self.cols, self.rows] = packed
+        return out
+
+    def outer(self, x):
+        """Packed x xᵀ for the rows of x."""
+        return x[..., self.rows] * x[..., self.cols]
+
+
+def _inverse(precision):
+    """Batched inverse of symmetric positive-definite matrices, symmetrised."""
+    cov = np.linalg.inv(precision)
+    return 0.5 * (cov + np.swapaxes(cov, -1, -2))
+
+
+@dataclass
+class GaussianRows:
+    """Independent Gaussians q(u_s) = N(mean[s], cov[s]) of one group, with their priors.
+
+    The priors are kept as natural parameters per row (``prior_precision`` (d, R, R),
+    ``prior_shift`` (d, R)) so that a streaming posterior can serve as the next prior.
+    """
+
+    mean: np.ndarray
+    cov: np.ndarray
+    prior_precision: np.ndarray
+    prior_shift: np.ndarray
+
+    @property
+    def n_rows(self):
+        return self.mean.shape[0]
+
+    def second_moment(self):
+        return self.cov + self.mean[:, :, None] * self.mean[:, None, :]
+
+    def set_natural(self, precision, shift, rows=None):
+        cov = _inverse(precision)
+        mean = np.einsum("sij,sj->si", cov, shift)
+        if rows is None:
+            self.cov, self.mean = cov, mean
+        else:
+            self.cov[rows], self.mean[rows] = cov, mean
+
+    def natural(self):
+        precision = _inverse(self.cov)
+        return precision, np.einsum("sij,sj->si", precision, self.mean)
+
+    def kl_to_prior(self):
+        """Σ_s KL(q(u_s) ‖ prior_s)."""
+        rank = self.mean.shape[1]
+        prior_cov = _inverse(self.prior_precision)
+        prior_mean = np.einsum("sij,sj->si", prior_cov, self.prior_shift)
+        diff = self.mean - prior_mean
+        trace = np.einsum("sij,sji->s", self.prior_precision, self.cov)
+        quad = np.einsum("si,sij,sj->s", diff, self.prior_precision, diff)
+        logdet_p = np.linalg.slogdet(self.prior_precision)[1]
+        logdet_q = np.linalg.slogdet(self.cov)[1]
+        return 0.5 * float(np.sum(trace + quad - rank - logdet_p - logdet_q))
+
+    def copy(self):
+        return GaussianRows(self.mean.copy(), self.cov.copy(), self.prior_precision.copy(), self.prior_shift.copy())
+
+    def as_prior(self):
+        """This posterior as the prior of the next batch (papers/001 eq. 30)."""
+        precision, shift = self.natural()
+        return GaussianRows(self.mean.copy(), self.cov.copy(), precision, shift)
+
+
+@dataclass
+class CPPosterior:
+    """The factorized posterior of a CP model.
+
+    ``factors[k]`` is the rank-R group of mode k; ``offsets`` the rank-1 groups, with
+    ``offset_modes[j]`` the mode whose index selects the row of offset j (None: one global row).
+    ``noise`` is (shape, rate) of q(τ) for Gaussian entries, None for probit.
+    """
+
+    factors: list
+    offsets: list = field(default_factory=list)
+    offset_modes: list = field(default_factory=list)
+    noise: tuple = None
+    noise_prior: tuple = None
+
+    @property
+    def rank(self):
+        return self.factors[0].mean.shape[1]
+
+    @property
+    def shape(self):
+        return tuple(f.n_rows for f in self.factors)
+
+    @property
+    def noise_precision(self):
+        return 1.0 if self.noise is None else self.noise[0] / self.noise[1]
+
+    def copy(self):
+        return CPPosterior(
+            [f.copy() for f in self.factors],
+            [g.copy() for g in self.offsets],
+            list(self.offset_modes),
+            self.noise,
+            self.noise_prior,
+        )
+
+    def as_prior(self):
+        return CPPosterior(
+            [f.as_prior() for f in self.factors],
+            [g.as_prior() for g in self.offsets],
+            list(self.offset_modes),
+            self.noise,
+            self.noise,
+        )
+
+
+def _prior_rows(n_rows, rank, variance, mean):
+    cov = np.broadcast_to(variance * np.eye(rank), (n_rows, rank, rank)).copy()
+    precision = np.broadcast_to(np.eye(rank) / variance, (n_rows, rank, rank)).copy()
+    return GaussianRows(mean, cov, precision, np.zeros((n_rows, rank)))
+
+
+def init_posterior(shape, rank, *, prior_variance, init_scale, rng, global_offset=None,
+                   mode_offsets=None, noise_prior=None, noise_init=None):
+    """Prior-covariance posterior with random factor means N(0, init_scale²) (SPEC §5).
+
+    ``global_offset`` / ``mode_offsets`` are prior variances (None: no such offset);
+    ``noise_prior`` (a0, b0) is None for probit; ``noise_init`` the starting E[τ].
+    """
+    factors = [
+        _prior_rows(d, rank, prior_variance, init_scale * rng.standard_normal((d, rank))) for d in shape
+    ]
+    post = CPPosterior(factors, noise_prior=noise_prior)
+    if global_offset is not None:
+        post.offsets.append(_prior_rows(1, 1, global_offset, np.zeros((1, 1))))
+        post.offset_modes.append(None)
+    if mode_offsets is not None:
+        for k, d in enumerate(shape):
+            post.offsets.append(_prior_rows(d, 1, mode_offsets, np.zeros((d, 1))))
+            post.offset_modes.append(k)
+    if noise_prior is not None:
+        a0, b0 = noise_prior
+        tau = a0 / b0 if noise_init is None else noise_init
+        post.noise = (float(a0), float(a0) / tau)
+    return post
+
+
+def grow_posterior(post, shape, *, prior_variance, init_scale, rng, mode_offset_variance=None):
+    """Add prior rows (with random working means) so that mode k has ``shape[k]`` rows."""
+    post = post.copy()
+    rank = post.rank
+    for k, d in enumerate(shape):
+        extra = d - post.factors[k].n_rows
+        if extra <= 0:
+            continue
+        new = _prior_rows(extra, rank, prior_variance, init_scale * rng.standard_normal((extra, rank)))
+        post.factors[k] = _concat_rows(post.factors[k], new)
+        for j, mode in enumerate(post.offset_modes):
+            if mode == k:
+                post.offsets[j] = _concat_rows(
+                    post.offsets[j], _prior_rows(extra, 1, mode_offset_variance, np.zeros((extra, 1)))
+                )
+    return post
+
+
+def _concat_rows(a, b):
+    return GaussianRows(*(np.concatenate([x, y]) for x, y in zip(
+        (a.mean, a.cov, a.prior_precision, a.prior_shift), (b.mean, b.cov, b.prior_precision, b.prior_shift))))
+
+
+# --------------------------------------------------------------------------------------------
+# entry index: entries sorted by the row of each mode, cut into chunks
+
+
+class _EntryIndex:
+    """For every mode k: entries sorted by their mode-k index, in chunks with row segments."""
+
+    def __init__(self, index, shape, chunk=_CHUNK):
+        self.index = index
+        self.n = index.shape[0]
+        self.shape = shape
+        self.modes = []
+        for k in range(index.shape[1]):
+            order = np.argsort(index[:, k], kind="stable")
+            sorted_index = index[order]
+            rows = sorted_index[:, k]
+            chunks = []
+            for c0 in range(0, self.n, chunk):
+                c1 = min(c0 + chunk, self.n)
+                r = rows[c0:c1]
+                starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+                chunks.append((c0, c1, starts, r[starts]))
+            self.modes.append((order, sorted_index, chunks))
+
+
+_N_THREADS = max(1, min(4, os.cpu_count() or 1))
+_POOL = None
+
+
+def _map_chunks(work, chunks):
+    """Run ``work`` on contiguous shares of ``chunks`` in parallel threads (numpy releases the
+    GIL inside gathers, products and reductions); returns the list of results."""
+    global _POOL
+    n_parts = min(_N_THREADS, len(chunks))
+    if n_parts <= 1:
+        return [work(chunks)]
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(_N_THREADS)
+    bounds = np.linspace(0, len(chunks), n_parts + 1).astype(int)
+    return list(_POOL.map(work, [chunks[a:b] for a, b in zip(bounds[:-1], bounds[1:])]))
+
+
+def _hadamard(arrays, index, skip=None):
+    """∘_{j≠skip} arrays[j][index[:, j]]: Hadamard moments of z^{\\skip} (papers/000 eqs. 16–17)."""
+    out = None
+    for j, a in enumerate(arrays):
+        if j == skip:
+            continue
+        g = a[index[:, j]]
+        out = g if out is None else np.multiply(out, g, out=out)
+    return out
+
+
+class _Moments:
+    """Per-row first and packed second moments of every factor, refreshed after each update."""
+
+    def __init__(self, post, packing):
+        self.packing = packing
+        self.means = [f.mean for f in post.factors]
+        self.second = [packing.pack(f.second_moment()) for f in post.factors]
+
+    def refresh(self, k, factor, rows=None):
+        self.means[k] = factor.mean
+        if rows is None:
+            self.second[k] = self.packing.pack(factor.second_moment())
+        else:
+            m = factor.mean[rows]
+            self.second[k][rows] = self.packing.pack(factor.cov[rows]) + self.packing.outer(m)
+
+
+def _entry_map(fn, n):
+    """Evaluate ``fn(slice)`` -> (len,) over chunks of n entries, in parallel threads."""
+    out = np.empty(n)
+    chunks = [slice(c0, min(c0 + _CHUNK, n)) for c0 in range(0, n, _CHUNK)]
+
+    def work(part):
+        for sl in part:
+            out[sl] = fn(sl)
+
+    _map_chunks(work, chunks)
+    return out
+
+
+def _cp_mean(post, index):
+    """E[1ᵀ z_i] for every entry."""
+    means = [f.mean for f in post.factors]
+    return _entry_map(lambda sl: _hadamard(means, index[sl]).sum(axis=1), index.shape[0])
+
+
+def _cp_second(post, index, packing):
+    """E[(1ᵀ z_i)²] = Σ_p w_p ∘_k E[u uᵀ]_p for every entry."""
+    second = [packing.pack(f.second_moment()) for f in post.factors]
+    return _entry_map(lambda sl: _hadamard(second, index[sl]) @ packing.weight, index.shape[0])
+
+
+def _offset_moments(post, index, skip=None):
+    """Mean and variance of Σ offsets at every entry (excluding offset ``skip``)."""
+    mean = np.zeros(index.shape[0])
+    var = np.zeros(index.shape[0])
+    for j, (g, mode) in enumerate(zip(post.offsets, post.offset_modes)):
+        if j == skip:
+            continue
+        rows = 0 if mode is None else index[:, mode]
+        mean += g.mean[rows, 0]
+        var += g.cov[rows, 0, 0]
+    return mean, var
+
+
+def _offset_rows(mode, index):
+    return np.zeros(index.shape[0], dtype=np.intp) if mode is None else index[:, mode]
+
+
+# --------------------------------------------------------------------------------------------
+# VMP and group CEP for one factor
+
+
+def _factor_statistics(k, entries, moments, target, weight=None):
+    """Per-row Σ E[x xᵀ] (packed) and Σ target_i E[x_i] over the entries of each row of mode k.
+
+    ``weight`` (n,), if given, multiplies each entry's E[x xᵀ] before summation (a per-entry
+    site precision); this is how group CEP merges sites.  Chunks are shared among threads,
+    each with its own accumulators.
+    """
+    order, sorted_index, chunks = entries.modes[k]
+    d = entries.shape[k]
+    packing = moments.packing
+    t = target[order]
+    w = None if weight is None else weight[order]
+
+    def work(part):
+        G = np.zeros((d, packing.weight.size))
+        h = np.zeros((d, packing.rank))
+        for c0, c1, starts, rows in part:
+            idx = sorted_index[c0:c1]
+            xbar = _hadamard(moments.means, idx, skip=k)
+            xx = _hadamard(moments.second, idx, skip=k)
+            if w is not None:
+                xx *= w[c0:c1, None]
+            xbar *= t[c0:c1, None]
+            G[rows] += np.add.reduceat(xx, starts, axis=0)
+            h[rows] += np.add.reduceat(xbar, starts, axis=0)
+        return G, h
+
+    parts = _map_chunks(work, chunks)
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def _vmp_factor(k, post, entries, moments, target, tau):
+    """VMP update of factor k (papers/001 eq. 27); returns the statistics for the τ update."""
+    G, h = _factor_statistics(k, entries, moments, target)
+    f = post.factors[k]
+    f.set_natural(f.prior_precision + tau * moments.packing.unpack(G), f.prior_shift + tau * h)
+    moments.refresh(k, f)
+    return G, h
+
+
+def _cep_group_factor_gaussian(k, post, entries, moments, target, tau):
+    """Group CEP for factor k with Gaussian entries: per-entry sites (Lemma 4) merged per row (eq. 28).
+
+    Entry i's site has natural parameters (τ̄ E[x_i x_iᵀ], τ̄ y_i E[x_i]); the merged q is the
+    prior times every site of the row.
+    """
+    site_precision = np.full(entries.n, tau)
+    G, h = _factor_statistics(k, entries, moments, site_precision * target, weight=site_precision)
+    f = post.factors[k]
+    f.set_natural(f.prior_precision + moments.packing.unpack(G), f.prior_shift + h)
+    moments.refresh(k, f)
+
+
+def _vmp_offset(j, post, index, target, tau):
+    """VMP (= group CEP) update of a rank-1 offset group."""
+    g = post.offsets[j]
+    rows = _offset_rows(post.offset_modes[j], index)
+    d = g.n_rows
+    count = np.bincount(rows, minlength=d)
+    total = np.bincount(rows, weights=target, minlength=d)
+    g.set_natural(g.prior_precision + tau * count[:, None, None], g.prior_shift + tau * total[:, None])
+
+
+# --------------------------------------------------------------------------------------------
+# probit CEP: rank-one sites
+
+
+def probit_site(t, a, q2, sign):
+    """Rank-one site of one probit entry from its conditional tilted moments (supplement 8.1.2).
+
+    With cavity N(m, S) of a group, design mean x̄, t = x̄ᵀm (+ rest), a = x̄ᵀ S x̄ and
+    q2 = tr(S E[x xᵀ]), the matched Gaussian has mean m + S x̄ α and covariance
+    S − c S x̄ x̄ᵀ S, α = s r/√(1+q2), c = r(ζ + r)/(1+q2).  It equals the cavity times a site
+    with precision π x̄ x̄ᵀ and shift β x̄:  π = c/(1 − c a),  β = α(1 + π a) + π t.
+    Returns (π, β); π ≥ 0 always since c·a < c·q2 < 1.
+    """
+    root = np.sqrt(1.0 + q2)
+    zeta = sign * t / root
+    _, r, d2 = log_phi_derivatives(zeta, order=2, value=False)
+    alpha = sign * r / root
+    c = -d2 / (1.0 + q2)
+    pi = c / np.maximum(1.0 - c * a, 1e-12)
+    beta = alpha * (1.0 + pi * a) + pi * t
+    return pi, beta
+
+
+@dataclass
+class _RankOneSites:
+    """Sites π x xᵀ, β x of every entry for one group, in the group's sorted entry order."""
+
+    direction: np.ndarray
+    precision: np.ndarray
+    shift: np.ndarray
+
+    @classmethod
+    def empty(cls, n, rank):
+        return cls(np.zeros((n, rank)), np.zeros(n), np.zeros(n))
+
+
+def _cavity_terms(cov, mean, e, pi, beta, xbar, xx, packing):
+    """For each entry: cavity mean m, a = x̄ᵀ S x̄ and q2 = tr(S E[xxᵀ]) by Sherman–Morrison.
+
+    The cavity removes the site π e eᵀ, β e from q = N(μ, Σ):
+    S = Σ + γ g gᵀ with g = Σ e, γ = π/(1 − π eᵀΣe).
+    """
+    g = np.einsum("cij,cj->ci", cov, e)
+    c0 = np.einsum("ci,ci->c", e, g)
+    gamma = pi / np.maximum(1.0 - pi * c0, 1e-12)
+    m = mean + g * (gamma * np.einsum("ci,ci->c", e, mean) - beta * (1.0 + gamma * c0))[:, None]
+    gx = np.einsum("ci,ci->c", g, xbar)
+    a = np.einsum("ci,cij,cj->c", xbar, cov, xbar) + gamma * gx**2
+    q2 = (packing.pack(cov) * xx) @ packing.weight + gamma * ((packing.outer(g) * xx) @ packing.weight)
+    return m, a, q2
+
+
+def _cep_probit_factor(k, post, entries, moments, rest, sign, sites, damping):
+    """Group CEP of factor k for probit entries: all sites of the mode from one cavity pass."""
+    order, sorted_index, chunks = entries.modes[k]
+    f = post.factors[k]
+    packing = moments.packing
+    d, R = f.mean.shape
+    Lam = np.zeros((d, packing.weight.size))
+    h = np.zeros((d, R))
+    rest_s, sign_s = rest[order], sign[order]
+    for c0, c1, starts, rows in chunks:
+        idx = sorted_index[c0:c1]
+        s = idx[:, k]
+        xbar = _hadamard(moments.means, idx, skip=k)
+        xx = _hadamard(moments.second, idx, skip=k)
+        sl = slice(c0, c1)
+        m, a, q2 = _cavity_terms(f.cov[s], f.mean[s], sites.direction[sl], sites.precision[sl],
+                                 sites.shift[sl], xbar, xx, packing)
+        t = np.einsum("ci,ci->c", xbar, m) + rest_s[sl]
+        pi, beta = probit_site(t, a, q2, sign_s[sl])
+        pi = damping * pi + (1.0 - damping) * sites.precision[sl]
+        beta = damping * beta + (1.0 - damping) * sites.shift[sl]
+        sites.direction[sl], sites.precision[sl], sites.shift[sl] = xbar, pi, beta
+        Lam[rows] += np.add.reduceat(packing.outer(xbar) * pi[:, None], starts, axis=0)
+        h[rows] += np.add.reduceat(xbar * beta[:, None], starts, axis=0)
+    f.set_natural(f.prior_precision + packing.unpack(Lam), f.prior_shift + h)
+    moments.refresh(k, f)
+
+
+def _cep_probit_offset(j, post, index, rest, sign, sites, damping):
+    """Group CEP of a rank-1 offset group (scalar probit EP sites, direction 1)."""
+    g = post.offsets[j]
+    rows = _offset_rows(post.offset_modes[j], index)
+    prec = 1.0 / g.cov[rows, 0, 0]
+    cav_prec = np.maximum(prec - sites.precision, 1e-12)
+    cav_mean = (prec * g.mean[rows, 0] - sites.shift) / cav_prec
+    S = 1.0 / cav_prec
+    pi, beta = probit_site(cav_mean + rest, S, S, sign)
+    sites.precision = damping * pi + (1.0 - damping) * sites.precision
+    sites.shift = damping * beta + (1.0 - damping) * sites.shift
+    d = g.n_rows
+    g.set_natural(
+        g.prior_precision + np.bincount(rows, sites.precision, minlength=d)[:, None, None],
+        g.prior_shift + np.bincount(rows, sites.shift, minlength=d)[:, None],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the whole fit
+
+
+@dataclass
+class CPFitResult:
+    posterior: CPPosterior
+    n_iter: int
+    converged: bool
+    elbo: list
+    n_skipped: int = 0
+
+
+def _noise_kl(a, b, a0, b0):
+    return (a - a0) * digamma(a) - gammaln(a) + gammaln(a0) + a0 * (np.log(b) - np.log(b0)) + a * (b0 - b) / b
+
+
+def elbo(post, index, y, likelihood):
+    """The evidence lower bound of q (papers/001 §2).  For probit, the augmented model's bound
+    with q(z) at its optimum: Σ log Φ(s_i E[f_i]) − ½ Σ Var f_i − KL."""
+    return _SweepStats.compute(post, index, _Packing(post.rank)).elbo(y, likelihood)
+
+
+def _augmented_target(mean, sign):
+    """E[z_i] of the augmented probit model: N(mean, 1) truncated to sign·z > 0."""
+    _, r = log_phi_derivatives(sign * mean, order=1, value=False)
+    return mean + sign * r
+
+
+class _Fit:
+    """State of one call to :func:`fit_cp` (one batch)."""
+
+    def __init__(self, post, index, y, likelihood, method, schedule, damping, block_size, rng, update_noise):
+        self.post, self.index, self.y = post, index, y
+        self.update_noise = update_noise
+        self.likelihood, self.method, self.schedule = likelihood, method, schedule
+        self.damping = damping
+        self.packing = _Packing(post.rank)
+        self.entries = _EntryIndex(index, post.shape) if schedule == "group" else None
+        self.moments = _Moments(post, self.packing)
+        self.sign = 2.0 * y - 1.0 if likelihood == "probit" else None
+        n = y.size
+        self.probit_cep = likelihood == "probit" and method == "cep"
+        if self.probit_cep and schedule == "group":
+            self.factor_sites = [_RankOneSites.empty(n, post.rank) for _ in post.factors]
+            self.offset_sites = [_RankOneSites.empty(n, 1) for _ in post.offsets]
+        if schedule == "entry":
+            self.entry = _EntrySchedule(self, block_size, rng)
+
+    def iterate(self):
+        """One sweep over every group, then q(τ); returns the sweep's :class:`_SweepStats`."""
+        if self.schedule == "entry":
+            self.entry.sweep()
+            return _SweepStats.compute(self.post, self.index, self.packing)
+        post, index, y = self.post, self.index, self.y
+        tau = post.noise_precision
+        if self.likelihood == "probit" and self.method == "vmp":
+            cp_mean = _cp_mean(post, index)
+            target = _augmented_target(cp_mean + _offset_moments(post, index)[0], self.sign)
+        else:
+            target = y
+        off_mean, _ = _offset_moments(post, index)
+        G = None
+        for k in range(len(post.factors)):
+            if self.probit_cep:
+                _cep_probit_factor(k, post, self.entries, self.moments, off_mean, self.sign,
+                                   self.factor_sites[k], self.damping)
+            elif self.method == "vmp":
+                G = _vmp_factor(k, post, self.entries, self.moments, target - off_mean, tau)
+            else:
+                _cep_group_factor_gaussian(k, post, self.entries, self.moments, target - off_mean, tau)
+        cp_mean = _cp_mean(post, index)
+        total = cp_mean + off_mean
+        for j, (g, mode) in enumerate(zip(post.offsets, post.offset_modes)):
+            rows = _offset_rows(mode, index)
+            own = g.mean[rows, 0]
+            rest = total - own
+            if self.probit_cep:
+                _cep_probit_offset(j, post, index, rest, self.sign, self.offset_sites[j], self.damping)
+            else:
+                _vmp_offset(j, post, index, target - rest, tau)
+            total = rest + g.mean[rows, 0]
+        if G is not None:
+            # Σ_i E[(1ᵀz_i)²] = Σ_s ⟨E[u_s u_sᵀ], Σ_{i∈s} E[z^{\K} z^{\K}ᵀ]⟩ for the last mode
+            cp_second = float(np.sum((self.moments.second[-1] * G[0]) @ self.packing.weight))
+            stats = _SweepStats(post, index, cp_mean, cp_second)
+        else:
+            stats = _SweepStats(post, index, cp_mean, _cp_second(post, index, self.packing))
+        if post.noise is not None and self.update_noise:
+            a0, b0 = post.noise_prior
+            if self.method == "vmp":
+                sq = stats.sum_squared_error(y)
+            else:
+                sq = 2.0 * float(np.sum(stats.noise_sites(y)))
+            post.noise = (a0 + 0.5 * y.size, b0 + 0.5 * sq)
+        return stats
+
+
+@dataclass
+class _SweepStats:
+    """Moments of f at the training entries after a sweep: reused by q(τ), the ELBO and the
+    convergence test.  ``cp_second`` is per entry (n,) or already summed (float)."""
+
+    post: CPPosterior
+    index: np.ndarray
+    cp_mean: np.ndarray
+    cp_second: object
+
+    def __post_init__(self):
+        self.off_mean, self.off_var = _offset_moments(self.post, self.index)
+        self.mean = self.cp_mean + self.off_mean
+
+    @classmethod
+    def compute(cls, post, index, packing):
+        return cls(post, index, _cp_mean(post, index), _cp_second(post, index, packing))
+
+    def total_variance(self):
+        return float(np.sum(self.cp_second) - self.cp_mean @ self.cp_mean + self.off_var.sum())
+
+    def sum_squared_error(self, y):
+        """Σ_i E[(y_i − f_i)²] (papers/001 §4.2)."""
+        resid = y - self.mean
+        return float(resid @ resid) + self.total_variance()
+
+    def noise_sites(self, y):
+        """CEP's τ sites b_i = ½ E[(y_i − f_i)²] (papers/001 §4.3; SPEC §9), per entry."""
+        return 0.5 * ((y - self.mean) ** 2 + self.cp_second - self.cp_mean**2 + self.off_var)
+
+    def elbo(self, y, likelihood):
+        kl = sum(f.kl_to_prior() for f in self.post.factors) + sum(g.kl_to_prior() for g in self.post.offsets)
+        if likelihood == "probit":
+            return float(np.sum(log_ndtr((2.0 * y - 1.0) * self.mean)) - 0.5 * self.total_variance() - kl)
+        a, b = self.post.noise
+        a0, b0 = self.post.noise_prior
+        e_log_tau = digamma(a) - np.log(b)
+        loglik = 0.5 * y.size * (e_log_tau - _LOG_2PI) - 0.5 * (a / b) * self.sum_squared_error(y)
+        return float(loglik - kl - _noise_kl(a, b, a0, b0))
+
+
+def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", max_iter=100,
+           tol=1e-4, damping=1.0, block_size=None, rng=None, callback=None, track_elbo=True,
+           update_noise=True):
+    """Fit q on the entries (index, y), starting from and with the priors of ``post``.
+
+    Iterates until the relative change of the training predictor means is below ``tol`` or
+    ``max_iter`` sweeps.  ``callback(iteration, posterior)`` runs after every sweep.
+    Returns a :class:`CPFitResult` holding a new posterior (``post`` is not modified).
+    """
+    post = post.copy()
+    rng = np.random.default_rng(0) if rng is None else rng
+    fit = _Fit(post, index, y, likelihood, method, schedule, damping, block_size, rng, update_noise)
+    trace = []
+    previous = _cp_mean(post, index) + _offset_moments(post, index)[0]
+    converged = False
+    n_iter = 0
+    for n_iter in range(1, max_iter + 1):
+        stats = fit.iterate()
+        if track_elbo:
+            trace.append(stats.elbo(y, likelihood))
+        if callback is not None:
+            callback(n_iter, post)
+        change = np.linalg.norm(stats.mean - previous) / max(np.linalg.norm(stats.mean), 1e-12)
+        previous = stats.mean
+        if change < tol:
+            converged = True
+            break
+    return CPFitResult(post, n_iter, converged, trace)
+
+
+def predict_cp(post, index):
+    """Posterior mean and variance of f at the given entries; indices beyond the fitted rows
+    use the prior N(0, v I) of the matching group (passed in as extra rows by the caller)."""
+    packing = _Packing(post.rank)
+    cp_mean = _cp_mean(post, index)
+    cp_var = np.maximum(_cp_second(post, index, packing) - cp_mean**2, 0.0)
+    off_mean, off_var = _offset_moments(post, index)
+    return cp_mean + off_mean, cp_var + off_var
+
+
+# --------------------------------------------------------------------------------------------
+# entry schedule
+
+
+class _EntrySchedule:
+    """Entry CEP (papers/000 Alg. 1): sites of a block of entries replaced with EP bookkeeping,
+    q refreshed after every block.  Blocks of ``block_size`` entries in a fixed random order;
+    block_size = 1 is the paper's site-by-site sweep."""
+
+    def __init__(self, fit, block_size, rng):
+        self.fit = fit
+        post, n = fit.post, fit.y.size
+        self.block_size = block_size or max(8, n // 50)
+        self.order = rng.permutation(n)
+        P = fit.packing.weight.size
+        R = post.rank
+        # EP bookkeeping needs q = prior × Π sites exactly: the working means q starts from are
+        # spread over the sites of each row's entries (rows without entries fall back to the prior)
+        index = fit.index
+        self.natural = []
+        if fit.likelihood == "gaussian":
+            self.site_prec = [np.zeros((n, P)) for _ in post.factors]
+            self.site_shift = []
+        else:
+            self.sites = []
+        for k, f in enumerate(post.factors):
+            prec, shift = f.natural()
+            counts = np.bincount(index[:, k], minlength=f.n_rows)
+            excess = np.where(counts[:, None] > 0, shift - f.prior_shift, 0.0)
+            shift = f.prior_shift + excess
+            self.natural.append([f.prior_precision.copy(), shift])
+            per_entry = (excess / np.maximum(counts, 1)[:, None])[index[:, k]]
+            if fit.likelihood == "gaussian":
+                self.site_shift.append(per_entry)
+            else:
+                norm = np.linalg.norm(per_entry, axis=1)
+                direction = per_entry / np.where(norm > 0, norm, 1.0)[:, None]
+                self.sites.append(_RankOneSites(direction, np.zeros(n), norm))
+            f.set_natural(*self.natural[k])
+        self.offset_natural = []
+        for j, g in enumerate(post.offsets):
+            g.set_natural(g.prior_precision, g.prior_shift)
+            self.offset_natural.append([g.prior_precision.copy(), g.prior_shift.copy()])
+        fit.moments = _Moments(post, fit.packing)
+        if fit.likelihood == "gaussian":
+            # τ sites start equal, at the current E[τ]
+            a0, b0 = post.noise_prior
+            a = a0 + 0.5 * n
+            b = max(a / post.noise_precision, b0 * (1.0 + 1e-9))
+            self.tau_sites = np.full(n, (b - b0) / n)
+            post.noise = (a, b)
+        self.off_prec = [np.zeros(n) for _ in post.offsets]
+        self.off_shift = [np.zeros(n) for _ in post.offsets]
+
+    def sweep(self):
+        for b0 in range(0, self.order.size, self.block_size):
+            self.block(np.sort(self.order[b0:b0 + self.block_size]))
+
+    def block(self, B):
+        fit = self.fit
+        post, packing = fit.post, fit.packing
+        idx, y = fit.index[B], fit.y[B]
+        tau = post.noise_precision
+        gaussian = fit.likelihood == "gaussian"
+        sign = None if gaussian else fit.sign[B]
+        off_mean, _ = _offset_moments(post, idx)
+        moments = fit.moments
+        for k, f in enumerate(post.factors):
+            xbar = _hadamard(moments.means, idx, skip=k)
+            xx = _hadamard(moments.second, idx, skip=k)
+            s = idx[:, k]
+            prec, shift = self.natural[k]
+            if gaussian:
+                new_prec = tau * xx
+                new_shift = (tau * (y - off_mean))[:, None] * xbar
+                d_prec = new_prec - self.site_prec[k][B]
+                d_shift = new_shift - self.site_shift[k][B]
+                self.site_prec[k][B], self.site_shift[k][B] = new_prec, new_shift
+            else:
+                sites = self.sites[k]
+                m, a, q2 = _cavity_terms(f.cov[s], f.mean[s], sites.direction[B], sites.precision[B],
+                                         sites.shift[B], xbar, xx, packing)
+                t = np.einsum("ci,ci->c", xbar, m) + off_mean
+                pi, beta = probit_site(t, a, q2, sign)
+                pi = fit.damping * pi + (1.0 - fit.damping) * sites.precision[B]
+                beta = fit.damping * beta + (1.0 - fit.damping) * sites.shift[B]
+                e_old = sites.direction[B]
+                d_prec = packing.outer(xbar) * pi[:, None] - packing.outer(e_old) * sites.precision[B][:, None]
+                d_shift = xbar * beta[:, None] - e_old * sites.shift[B][:, None]
+                sites.direction[B], sites.precision[B], sites.shift[B] = xbar, pi, beta
+            rows, inverse = np.unique(s, return_inverse=True)
+            prec[rows] += packing.unpack(_sum_by(inverse, d_prec, rows.size))
+            shift[rows] += _sum_by(inverse, d_shift, rows.size)
+            f.set_natural(prec[rows], shift[rows], rows)
+            moments.refresh(k, f, rows)
+        if post.offsets:
+            cp_mean = _cp_mean(post, idx)
+            for j, g in enumerate(post.offsets):
+                rows_all = _offset_rows(post.offset_modes[j], idx)
+                rest = cp_mean + _offset_moments(post, idx, skip=j)[0]
+                prec, shift = self.offset_natural[j]
+                if gaussian:
+                    new_prec = np.full(B.size, tau)
+                    new_shift = tau * (y - rest)
+                else:
+                    q_prec = prec[rows_all, 0, 0]
+                    cav_prec = np.maximum(q_prec - self.off_prec[j][B], 1e-12)
+                    cav_mean = (shift[rows_all, 0] - self.off_shift[j][B]) / cav_prec
+                    pi, beta = probit_site(cav_mean + rest, 1.0 / cav_prec, 1.0 / cav_prec, sign)
+                    new_prec = fit.damping * pi + (1.0 - fit.damping) * self.off_prec[j][B]
+                    new_shift = fit.damping * beta + (1.0 - fit.damping) * self.off_shift[j][B]
+                rows, inverse = np.unique(rows_all, return_inverse=True)
+                prec[rows, 0, 0] += np.bincount(inverse, new_prec - self.off_prec[j][B], minlength=rows.size)
+                shift[rows, 0] += np.bincount(inverse, new_shift - self.off_shift[j][B], minlength=rows.size)
+                self.off_prec[j][B], self.off_shift[j][B] = new_prec, new_shift
+                g.set_natural(prec[rows], shift[rows], rows)
+        if gaussian:
+            cp_mean = _hadamard(moments.means, idx).sum(axis=1)
+            cp_second = _hadamard(moments.second, idx) @ packing.weight
+            om, ov = _offset_moments(post, idx)
+            new_b = 0.5 * ((y - cp_mean - om) ** 2 + cp_second - cp_mean**2 + ov)
+            a, b = post.noise
+            post.noise = (a, b + float(np.sum(new_b - self.tau_sites[B])))
+            self.tau_sites[B] = new_b
+
+
+def _sum_by(inverse, values, n_groups):
+    """Sum the rows of ``values`` by group label ``inverse`` (0..n_groups−1)."""
+    order = np.argsort(inverse, kind="stable")
+    sorted_inv = inverse[order]
+    starts = np.flatnonzero(np.r_[True, sorted_inv[1:] != sorted_inv[:-1]])
+    out = np.zeros((n_groups,) + values.shape[1:])
+    out[sorted_inv[starts]] = np.add.reduceat(values[order], starts, axis=0)
+    return out

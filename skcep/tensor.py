@@ -1,0 +1,476 @@
+"""Bayesian tensor decompositions as scikit-learn estimators (SPEC §5).
+
+The estimators validate entry indices, hold the posterior and translate between scikit-learn's
+API and the pure-numpy engine :mod:`skcep.engines.cp`.
+"""
+
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+from scipy.special import ndtr
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import accuracy_score, r2_score
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.multiclass import type_of_target
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from .engines.cp import fit_cp, grow_posterior, init_posterior, predict_cp
+from .linear_model import unchanged_on_error
+
+__all__ = ["BayesianCPTensor"]
+
+
+def _check_noise_prior(noise_prior):
+    try:
+        a0, b0 = (float(v) for v in noise_prior)
+    except (TypeError, ValueError):
+        raise ValueError(f"noise_prior must be a pair (a0, b0) of positive numbers; got {noise_prior!r}.") from None
+    if not (np.isfinite(a0) and np.isfinite(b0) and a0 > 0 and b0 > 0):
+        raise ValueError(f"noise_prior must be a pair (a0, b0) of positive numbers; got {noise_prior!r}.")
+    return a0, b0
+
+
+def check_tensor_index(X, shape=None):
+    """Entry indices as an (n, K) intp array; reject negative, non-integer or out-of-range ones."""
+    X = np.asarray(X)
+    if X.dtype.kind == "f":
+        if not np.all(np.isfinite(X)):
+            raise ValueError("Tensor indices contain NaN or infinity.")
+        if np.any(X != np.round(X)):
+            raise ValueError("Tensor indices must be integers; X has non-integer values.")
+    elif X.dtype.kind not in "iub":
+        raise TypeError(f"Tensor indices must be integers; X has dtype {X.dtype}.")
+    X = X.astype(np.intp)
+    if X.size and X.min() < 0:
+        raise ValueError(f"Tensor indices must be non-negative; X has {X.min()}.")
+    if shape is not None:
+        too_big = X >= np.asarray(shape)
+        if np.any(too_big):
+            k = int(np.flatnonzero(too_big.any(axis=0))[0])
+            raise ValueError(
+                f"Tensor index {int(X[:, k].max())} in mode {k} is beyond shape[{k}] = {shape[k]}."
+            )
+    return X
+
+
+class BayesianCPTensor(BaseEstimator):
+    r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
+
+    Each observed entry i = (i_1, …, i_K) with value y_i is modelled as
+    ``f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k}`` with
+    ``y_i ~ N(f_i, 1/τ)`` (``likelihood="gaussian"``) or ``P(y_i = 1) = Φ(f_i)``
+    (``"probit"``); the embeddings u^k_s ∈ R^rank have priors N(0, prior_variance·I),
+    τ ~ Gam(a0, b0) (papers/000 eqs. 12–13, papers/001 eq. 26).  The global offset b and the
+    per-object offsets c are optional.  The posterior is factorized over τ, every embedding
+    (full rank×rank covariance) and every offset.
+
+    Parameters
+    ----------
+    rank : int, default=8
+        Number of CP components R.
+    likelihood : {"gaussian", "probit"}, default="gaussian"
+        Real-valued entries with Gaussian noise, or binary entries with a probit link.
+        The estimator is a regressor for "gaussian" and a classifier for "probit".
+    method : {"cep", "vmp"}, default="cep"
+        Conditional EP or variational message passing.  For Gaussian entries, CEP with the
+        group schedule gives exactly the VMP updates (papers/001 Theorem 1).  For probit
+        entries CEP matches the conditional probit moments (rank-one sites, papers/000
+        supplement 8.1.2) while VMP uses the augmented model with a truncated-Gaussian latent
+        entry; CEP is usually more accurate.
+    schedule : {"group", "entry"}, default="group"
+        CEP only.  "group": all sites of one mode updated together and merged per row (one
+        pass over the entries per mode, O(n) memory).  "entry": sites updated block by block
+        with EP bookkeeping (papers/000 Alg. 1); usually fewer iterations, each costlier, and
+        O(n·rank²) memory for the stored sites.
+    prior_variance : float, default=1.0
+        Prior variance v of every embedding coordinate.
+    noise_prior : tuple (a0, b0), default=(1e-3, 1e-3)
+        Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
+    fit_intercept : bool, default=True
+        Infer a global offset b ~ N(0, intercept_prior_variance).
+    intercept_prior_variance : float, default=100.0
+        Prior variance of the global offset.
+    mode_bias : bool, default=False
+        Infer a per-object offset c^k_s ~ N(0, bias_prior_variance) in every mode.
+    bias_prior_variance : float, default=1.0
+        Prior variance of the per-object offsets.
+    max_iter : int, default=100
+        Maximum number of sweeps in ``fit``.
+    tol : float, default=1e-4
+        Stop when the relative change of the predicted training means is below ``tol``.
+    damping : float in (0, 1], default=1.0
+        Step size of the probit CEP site updates (1: no damping).
+    init_scale : float, default=0.5
+        Standard deviation of the random initial embedding means (all-zero means are a fixed
+        point of the updates).
+    n_inner_iter : int, default=10
+        Sweeps over each batch in ``partial_fit``.
+    shape : tuple of int or None, default=None
+        Tensor shape.  None: inferred from the largest index seen, and grown by
+        ``partial_fit``; given: indices beyond it are rejected.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the initial embedding means and the entry order of the entry schedule.
+
+    Attributes
+    ----------
+    factors_ : list of ndarray of shape (d_k, rank)
+        Posterior means of the embeddings of every mode.
+    factor_covariances_ : list of ndarray of shape (d_k, rank, rank)
+        Their posterior covariances.
+    intercept_, intercept_var_ : float
+        Posterior mean and variance of the global offset (0 and 0 without one).
+    biases_, biases_var_ : list of ndarray of shape (d_k,)
+        Posterior means and variances of the per-object offsets (``mode_bias=True``).
+    noise_precision_ : float
+        E[τ] (1.0 for probit, whose latent noise has unit variance).
+    elbo_ : list of float
+        Evidence lower bound after every sweep of the last ``fit``/``partial_fit`` call
+        (non-decreasing for VMP and for group CEP with Gaussian entries; papers/001
+        Corollary 1).
+    n_iter_ : int
+        Sweeps run by the last call.
+    converged_ : bool
+        Whether the last call met ``tol``.
+    shape_ : tuple of int
+        Shape of the fitted tensor.
+    classes_ : ndarray of shape (2,)
+        The two labels (probit only).
+    n_features_in_ : int
+        Number of modes K.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skcep import BayesianCPTensor
+    >>> rng = np.random.default_rng(0)
+    >>> U = [rng.standard_normal((d, 2)) for d in (20, 15, 4)]
+    >>> X = np.column_stack([rng.integers(0, d, 600) for d in (20, 15, 4)])
+    >>> y = np.sum(U[0][X[:, 0]] * U[1][X[:, 1]] * U[2][X[:, 2]], axis=1)
+    >>> model = BayesianCPTensor(rank=2, random_state=0).fit(X[:500], y[:500])
+    >>> mean, std = model.predict(X[500:], return_std=True)
+    >>> bool(model.score(X[500:], y[500:]) > 0.9)
+    True
+    """
+
+    _parameter_constraints = {
+        "rank": [Interval(Integral, 1, None, closed="left")],
+        "likelihood": [StrOptions({"gaussian", "probit"})],
+        "method": [StrOptions({"cep", "vmp"})],
+        "schedule": [StrOptions({"group", "entry"})],
+        "prior_variance": [Interval(Real, 0, None, closed="neither")],
+        "noise_prior": [tuple, list],
+        "fit_intercept": ["boolean"],
+        "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
+        "mode_bias": ["boolean"],
+        "bias_prior_variance": [Interval(Real, 0, None, closed="neither")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "damping": [Interval(Real, 0, 1, closed="right")],
+        "init_scale": [Interval(Real, 0, None, closed="neither")],
+        "n_inner_iter": [Interval(Integral, 1, None, closed="left")],
+        "shape": [None, tuple, list],
+        "random_state": ["random_state"],
+    }
+
+    def __init__(
+        self,
+        rank=8,
+        *,
+        likelihood="gaussian",
+        method="cep",
+        schedule="group",
+        prior_variance=1.0,
+        noise_prior=(1e-3, 1e-3),
+        fit_intercept=True,
+        intercept_prior_variance=100.0,
+        mode_bias=False,
+        bias_prior_variance=1.0,
+        max_iter=100,
+        tol=1e-4,
+        damping=1.0,
+        init_scale=0.5,
+        n_inner_iter=10,
+        shape=None,
+        random_state=None,
+    ):
+        self.rank = rank
+        self.likelihood = likelihood
+        self.method = method
+        self.schedule = schedule
+        self.prior_variance = prior_variance
+        self.noise_prior = noise_prior
+        self.fit_intercept = fit_intercept
+        self.intercept_prior_variance = intercept_prior_variance
+        self.mode_bias = mode_bias
+        self.bias_prior_variance = bias_prior_variance
+        self.max_iter = max_iter
+        self.tol = tol
+        self.damping = damping
+        self.init_scale = init_scale
+        self.n_inner_iter = n_inner_iter
+        self.shape = shape
+        self.random_state = random_state
+
+    # ----------------------------------------------------------------------------------------
+    # scikit-learn plumbing
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.estimator_type = "classifier" if self.likelihood == "probit" else "regressor"
+        tags.input_tags.categorical = True
+        tags.input_tags.sparse = False
+        if self.likelihood == "probit":
+            from sklearn.utils import ClassifierTags
+
+            tags.classifier_tags = ClassifierTags(multi_class=False)
+            tags.target_tags.required = True
+        else:
+            from sklearn.utils import RegressorTags
+
+            tags.regressor_tags = RegressorTags()
+            tags.target_tags.required = True
+        return tags
+
+    def _check_params(self):
+        noise_prior = _check_noise_prior(self.noise_prior)
+        if self.method == "vmp" and self.schedule != "group":
+            raise ValueError("schedule='entry' is a CEP schedule; use method='cep' or schedule='group'.")
+        shape = None
+        if self.shape is not None:
+            shape = tuple(int(d) for d in self.shape)
+            if any(d < 1 for d in shape):
+                raise ValueError(f"shape must hold positive integers; got {self.shape!r}.")
+        return noise_prior, shape
+
+    def _validate(self, X, y=None, reset=True):
+        kwargs = dict(dtype=None, ensure_min_samples=1, reset=reset)
+        if y is None:
+            X = validate_data(self, X, **kwargs)
+        else:
+            X, y = validate_data(self, X, y, y_numeric=self.likelihood == "gaussian", **kwargs)
+        return check_tensor_index(X), y
+
+    def _encode(self, y, first_call):
+        """Gaussian: finite floats.  Probit: two labels, encoded as 0/1 (``classes_[1]`` → 1)."""
+        if self.likelihood == "gaussian":
+            y = np.asarray(y, dtype=float)
+            if not np.all(np.isfinite(y)):
+                raise ValueError("y contains NaN or infinity.")
+            return y
+        target_type = type_of_target(y, input_name="y")
+        if target_type not in ("binary", "multiclass") or (first_call and target_type != "binary"):
+            raise ValueError(
+                f"likelihood='probit' needs binary labels; y is {target_type} "
+                f"with {np.unique(y).size} distinct values."
+            )
+        if first_call:
+            self.classes_ = np.unique(y)
+        else:
+            unknown = np.setdiff1d(np.unique(y), self.classes_)
+            if unknown.size:
+                raise ValueError(f"y has labels {unknown.tolist()} not in classes_ {self.classes_.tolist()}.")
+        return (y == self.classes_[1]).astype(float)
+
+    # ----------------------------------------------------------------------------------------
+    # fitting
+
+    def fit(self, X, y):
+        """Fit the posterior to the observed entries.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_entries, n_modes)
+            Integer entry indices, one column per mode.
+        y : array-like of shape (n_entries,)
+            Entry values (real for "gaussian", two labels for "probit").
+
+        Returns
+        -------
+        self : BayesianCPTensor
+        """
+        self._validate_params()
+        noise_prior, fixed_shape = self._check_params()
+        with unchanged_on_error(self):
+            for name in ("classes_", "shape_"):
+                self.__dict__.pop(name, None)
+            X, y = self._validate(X, y, reset=True)
+            shape = self._resolve_shape(X, fixed_shape, None)
+            y = self._encode(y, first_call=True)
+            rng = check_random_state(self.random_state)
+            post = self._init_posterior(shape, y, noise_prior, rng)
+            result = self._run(post, X, y, self.max_iter, rng)
+            self._rng = rng
+            self._n_seen = [np.bincount(X[:, k], minlength=d) for k, d in enumerate(shape)]
+            if not result.converged:
+                warnings.warn(
+                    f"BayesianCPTensor did not converge in max_iter={self.max_iter} sweeps; "
+                    "increase max_iter or tol.",
+                    ConvergenceWarning,
+                )
+            self._set_posterior(result, shape)
+        return self
+
+    def partial_fit(self, X, y):
+        """Fold one batch of entries into the posterior (streaming, papers/001 eq. 30).
+
+        The current posterior is the prior for the batch; ``n_inner_iter`` sweeps absorb the
+        batch, which is then forgotten.  Indices beyond the current shape grow the modes (new
+        objects start at the prior).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_entries, n_modes)
+            Integer entry indices.
+        y : array-like of shape (n_entries,)
+            Entry values.
+
+        Returns
+        -------
+        self : BayesianCPTensor
+        """
+        first_call = not hasattr(self, "_posterior")
+        if first_call:
+            self._validate_params()
+        noise_prior, fixed_shape = self._check_params()
+        with unchanged_on_error(self):
+            X, y = self._validate(X, y, reset=first_call)
+            y = self._encode(y, first_call=first_call)
+            rng = check_random_state(self.random_state) if first_call else self._rng
+            if first_call:
+                shape = self._resolve_shape(X, fixed_shape, None)
+                post = self._init_posterior(shape, y, noise_prior, rng)
+                n_seen = [np.zeros(d, dtype=np.int64) for d in shape]
+            else:
+                shape = self._resolve_shape(X, fixed_shape, self.shape_)
+                post = grow_posterior(
+                    self._posterior.as_prior(), shape, prior_variance=self.prior_variance,
+                    init_scale=self.init_scale, rng=rng, mode_offset_variance=self.bias_prior_variance,
+                )
+                n_seen = [np.r_[c, np.zeros(d - c.size, dtype=np.int64)] for c, d in zip(self._n_seen, shape)]
+                # objects never seen sit at the prior mean 0, a fixed point of the updates: they
+                # start the batch from random working means (their prior is unchanged; SPEC §5)
+                for f, c in zip(post.factors, n_seen):
+                    unseen = np.flatnonzero(c == 0)
+                    f.mean[unseen] = self.init_scale * rng.standard_normal((unseen.size, self.rank))
+            result = self._run(post, X, y, self.n_inner_iter, rng)
+            self._rng = rng
+            self._n_seen = [c + np.bincount(X[:, k], minlength=c.size) for k, c in enumerate(n_seen)]
+            self._set_posterior(result, shape)
+        return self
+
+    def _resolve_shape(self, X, fixed_shape, current):
+        K = X.shape[1]
+        if fixed_shape is not None:
+            if len(fixed_shape) != K:
+                raise ValueError(f"shape has {len(fixed_shape)} modes but X has {K} columns.")
+            check_tensor_index(X, fixed_shape)
+            return fixed_shape
+        seen = tuple(int(v) + 1 for v in X.max(axis=0))
+        if current is None:
+            return seen
+        return tuple(max(a, b) for a, b in zip(current, seen))
+
+    def _init_posterior(self, shape, y, noise_prior, rng):
+        gaussian = self.likelihood == "gaussian"
+        noise_init = None
+        if gaussian:
+            spread = float(np.var(y)) if y.size > 1 else 0.0
+            noise_init = 10.0 / spread if spread > 0 else noise_prior[0] / noise_prior[1]
+        return init_posterior(
+            shape, self.rank, prior_variance=self.prior_variance, init_scale=self.init_scale, rng=rng,
+            global_offset=self.intercept_prior_variance if self.fit_intercept else None,
+            mode_offsets=self.bias_prior_variance if self.mode_bias else None,
+            noise_prior=noise_prior if gaussian else None, noise_init=noise_init,
+        )
+
+    def _run(self, post, X, y, max_iter, rng):
+        return fit_cp(
+            post, X, y, likelihood=self.likelihood, method=self.method,
+            schedule=self.schedule if self.method == "cep" else "group",
+            max_iter=max_iter, tol=self.tol, damping=self.damping, rng=rng,
+        )
+
+    def _set_posterior(self, result, shape):
+        post = result.posterior
+        self._posterior = post
+        self.shape_ = tuple(shape)
+        self.factors_ = [f.mean for f in post.factors]
+        self.factor_covariances_ = [f.cov for f in post.factors]
+        self.intercept_, self.intercept_var_ = 0.0, 0.0
+        self.biases_, self.biases_var_ = [], []
+        for g, mode in zip(post.offsets, post.offset_modes):
+            if mode is None:
+                self.intercept_, self.intercept_var_ = float(g.mean[0, 0]), float(g.cov[0, 0, 0])
+            else:
+                self.biases_.append(g.mean[:, 0])
+                self.biases_var_.append(g.cov[:, 0, 0])
+        self.noise_precision_ = float(post.noise_precision)
+        self.elbo_ = list(result.elbo)
+        self.n_iter_ = result.n_iter
+        self.converged_ = bool(result.converged)
+
+    # ----------------------------------------------------------------------------------------
+    # prediction
+
+    def _latent_moments(self, X):
+        """Posterior mean and variance of f at the entries X (unseen indices use the prior)."""
+        check_is_fitted(self, "_posterior")
+        X, _ = self._validate(X, reset=False)
+        post = self._posterior
+        seen = tuple(max(int(v) + 1, d) for v, d in zip(X.max(axis=0), self.shape_))
+        if seen != self.shape_:
+            post = grow_posterior(post, seen, prior_variance=self.prior_variance, init_scale=0.0,
+                                  rng=np.random.default_rng(0), mode_offset_variance=self.bias_prior_variance)
+            for f, d in zip(post.factors, self.shape_):
+                f.mean[d:] = 0.0
+        return predict_cp(post, X)
+
+    def predict(self, X, return_std=False):
+        """Predictive mean of the entries (labels for probit).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_entries, n_modes)
+            Integer entry indices; indices never seen in training are predicted from the prior.
+        return_std : bool, default=False
+            Also return the predictive standard deviation (Gaussian: of y, noise included;
+            probit: of the latent f).
+
+        Returns
+        -------
+        y_pred : ndarray of shape (n_entries,)
+        y_std : ndarray of shape (n_entries,), only if ``return_std``
+        """
+        mean, var = self._latent_moments(X)
+        if self.likelihood == "probit":
+            labels = self.classes_[(mean > 0).astype(int)]
+            return (labels, np.sqrt(var)) if return_std else labels
+        if return_std:
+            return mean, np.sqrt(var + 1.0 / self.noise_precision_)
+        return mean
+
+    @available_if(lambda self: self.likelihood == "probit")
+    def predict_proba(self, X):
+        """Class probabilities Φ(E f / √(1 + Var f)) (probit only).
+
+        Returns
+        -------
+        proba : ndarray of shape (n_entries, 2)
+        """
+        mean, var = self._latent_moments(X)
+        p = ndtr(mean / np.sqrt(1.0 + var))
+        return np.column_stack([1.0 - p, p])
+
+    def decision_function(self, X):
+        """Posterior mean of the latent entry f."""
+        return self._latent_moments(X)[0]
+
+    def score(self, X, y, sample_weight=None):
+        """R² of the predicted means (Gaussian) or accuracy (probit)."""
+        if self.likelihood == "probit":
+            return accuracy_score(y, self.predict(X), sample_weight=sample_weight)
+        return r2_score(y, self.predict(X), sample_weight=sample_weight)
