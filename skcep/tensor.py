@@ -34,9 +34,17 @@ def _check_noise_prior(noise_prior):
     return a0, b0
 
 
+_MAX_INDEX = 2**40  # far beyond any tensor whose factors fit in memory; guards the int cast
+
+
 def check_tensor_index(X, shape=None):
     """Entry indices as an (n, K) intp array; reject negative, non-integer or out-of-range ones."""
     X = np.asarray(X)
+    if X.dtype == object:
+        try:
+            X = X.astype(float)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"Tensor indices must be integers; {error}") from None
     if X.dtype.kind == "f":
         if not np.all(np.isfinite(X)):
             raise ValueError("Tensor indices contain NaN or infinity.")
@@ -44,9 +52,12 @@ def check_tensor_index(X, shape=None):
             raise ValueError("Tensor indices must be integers; X has non-integer values.")
     elif X.dtype.kind not in "iub":
         raise TypeError(f"Tensor indices must be integers; X has dtype {X.dtype}.")
-    X = X.astype(np.intp)
     if X.size and X.min() < 0:
-        raise ValueError(f"Tensor indices must be non-negative; X has {X.min()}.")
+        raise ValueError(f"Negative values in data passed to BayesianCPTensor: tensor indices must be "
+                         f"non-negative; X has {X.min()}.")
+    if X.size and X.max() >= _MAX_INDEX:
+        raise ValueError(f"Tensor index {X.max()} is too large (limit {_MAX_INDEX}).")
+    X = X.astype(np.intp)
     if shape is not None:
         too_big = X >= np.asarray(shape)
         if np.any(too_big):
@@ -222,6 +233,7 @@ class BayesianCPTensor(BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.estimator_type = "classifier" if self.likelihood == "probit" else "regressor"
         tags.input_tags.categorical = True
+        tags.input_tags.positive_only = True
         tags.input_tags.sparse = False
         if self.likelihood == "probit":
             from sklearn.utils import ClassifierTags
@@ -241,38 +253,50 @@ class BayesianCPTensor(BaseEstimator):
             raise ValueError("schedule='entry' is a CEP schedule; use method='cep' or schedule='group'.")
         shape = None
         if self.shape is not None:
-            shape = tuple(int(d) for d in self.shape)
-            if any(d < 1 for d in shape):
+            if not all(isinstance(d, Integral) and d >= 1 for d in self.shape):
                 raise ValueError(f"shape must hold positive integers; got {self.shape!r}.")
+            shape = tuple(int(d) for d in self.shape)
         return noise_prior, shape
 
-    def _validate(self, X, y=None, reset=True):
+    def _validate(self, X, y="no_validation", reset=True):
         kwargs = dict(dtype=None, ensure_min_samples=1, reset=reset)
-        if y is None:
-            X = validate_data(self, X, **kwargs)
+        if isinstance(y, str) and y == "no_validation":
+            X, y = validate_data(self, X, **kwargs), None
         else:
             X, y = validate_data(self, X, y, y_numeric=self.likelihood == "gaussian", **kwargs)
-        return check_tensor_index(X), y
+        if X.shape[1] < 2:
+            raise ValueError(f"A tensor needs at least 2 modes (columns of X); got {X.shape[1]}.")
+        return X, y
 
-    def _encode(self, y, first_call):
+    def _encode(self, y, first_call, classes=None):
         """Gaussian: finite floats.  Probit: two labels, encoded as 0/1 (``classes_[1]`` → 1)."""
         if self.likelihood == "gaussian":
             y = np.asarray(y, dtype=float)
             if not np.all(np.isfinite(y)):
                 raise ValueError("y contains NaN or infinity.")
             return y
-        target_type = type_of_target(y, input_name="y")
-        if target_type not in ("binary", "multiclass") or (first_call and target_type != "binary"):
+        target_type = type_of_target(y, input_name="y", raise_unknown=True)
+        if target_type not in ("binary", "multiclass"):
             raise ValueError(
-                f"likelihood='probit' needs binary labels; y is {target_type} "
-                f"with {np.unique(y).size} distinct values."
+                "Only binary classification is supported (likelihood='probit'): y needs binary "
+                f"labels; the type of the target is {target_type}."
             )
         if first_call:
-            self.classes_ = np.unique(y)
-        else:
-            unknown = np.setdiff1d(np.unique(y), self.classes_)
-            if unknown.size:
-                raise ValueError(f"y has labels {unknown.tolist()} not in classes_ {self.classes_.tolist()}.")
+            labels = np.unique(y) if classes is None else np.unique(classes)
+            if target_type not in ("binary", "multiclass") or labels.size > 2:
+                raise ValueError(
+                    "Only binary classification is supported (likelihood='probit'). "
+                    f"The type of the target is {target_type}."
+                )
+            if labels.size < 2:
+                raise ValueError(
+                    "likelihood='probit' needs two classes; got 1 class. Pass classes= to "
+                    "partial_fit if the first batch holds only one."
+                )
+            self.classes_ = labels
+        unknown = np.setdiff1d(np.unique(y), self.classes_)
+        if unknown.size:
+            raise ValueError(f"y has labels {unknown.tolist()} not in classes_ {self.classes_.tolist()}.")
         return (y == self.classes_[1]).astype(float)
 
     # ----------------------------------------------------------------------------------------
@@ -298,8 +322,9 @@ class BayesianCPTensor(BaseEstimator):
             for name in ("classes_", "shape_"):
                 self.__dict__.pop(name, None)
             X, y = self._validate(X, y, reset=True)
-            shape = self._resolve_shape(X, fixed_shape, None)
             y = self._encode(y, first_call=True)
+            X = check_tensor_index(X)
+            shape = self._resolve_shape(X, fixed_shape, None)
             rng = check_random_state(self.random_state)
             post = self._init_posterior(shape, y, noise_prior, rng)
             result = self._run(post, X, y, self.max_iter, rng)
@@ -314,7 +339,7 @@ class BayesianCPTensor(BaseEstimator):
             self._set_posterior(result, shape)
         return self
 
-    def partial_fit(self, X, y):
+    def partial_fit(self, X, y, classes=None):
         """Fold one batch of entries into the posterior (streaming, papers/001 eq. 30).
 
         The current posterior is the prior for the batch; ``n_inner_iter`` sweeps absorb the
@@ -327,6 +352,8 @@ class BayesianCPTensor(BaseEstimator):
             Integer entry indices.
         y : array-like of shape (n_entries,)
             Entry values.
+        classes : array-like of shape (2,), default=None
+            Probit only: the two labels, needed on the first call if its batch holds only one.
 
         Returns
         -------
@@ -338,7 +365,8 @@ class BayesianCPTensor(BaseEstimator):
         noise_prior, fixed_shape = self._check_params()
         with unchanged_on_error(self):
             X, y = self._validate(X, y, reset=first_call)
-            y = self._encode(y, first_call=first_call)
+            y = self._encode(y, first_call=first_call, classes=classes)
+            X = check_tensor_index(X)
             rng = check_random_state(self.random_state) if first_call else self._rng
             if first_call:
                 shape = self._resolve_shape(X, fixed_shape, None)
@@ -356,6 +384,7 @@ class BayesianCPTensor(BaseEstimator):
                 for f, c in zip(post.factors, n_seen):
                     unseen = np.flatnonzero(c == 0)
                     f.mean[unseen] = self.init_scale * rng.standard_normal((unseen.size, self.rank))
+                    f.cov[unseen] = self.init_scale**2 * np.eye(self.rank)
             result = self._run(post, X, y, self.n_inner_iter, rng)
             self._rng = rng
             self._n_seen = [c + np.bincount(X[:, k], minlength=c.size) for k, c in enumerate(n_seen)]
@@ -419,7 +448,7 @@ class BayesianCPTensor(BaseEstimator):
     def _latent_moments(self, X):
         """Posterior mean and variance of f at the entries X (unseen indices use the prior)."""
         check_is_fitted(self, "_posterior")
-        X, _ = self._validate(X, reset=False)
+        X = check_tensor_index(self._validate(X, reset=False)[0])
         post = self._posterior
         seen = tuple(max(int(v) + 1, d) for v, d in zip(X.max(axis=0), self.shape_))
         if seen != self.shape_:
@@ -465,8 +494,9 @@ class BayesianCPTensor(BaseEstimator):
         p = ndtr(mean / np.sqrt(1.0 + var))
         return np.column_stack([1.0 - p, p])
 
+    @available_if(lambda self: self.likelihood == "probit")
     def decision_function(self, X):
-        """Posterior mean of the latent entry f."""
+        """Posterior mean of the latent entry f (probit only; ``predict`` gives it for Gaussian)."""
         return self._latent_moments(X)[0]
 
     def score(self, X, y, sample_weight=None):

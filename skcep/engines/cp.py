@@ -113,15 +113,23 @@ class GaussianRows:
         precision = _inverse(self.cov)
         return precision, np.einsum("sij,sj->si", precision, self.mean)
 
+    def _prior_moments(self):
+        """Prior mean, and log det of the prior precision (cached: priors never change in place)."""
+        cache = getattr(self, "_prior_cache", None)
+        if cache is None or cache[0] is not self.prior_precision:
+            prior_cov = _inverse(self.prior_precision)
+            prior_mean = np.einsum("sij,sj->si", prior_cov, self.prior_shift)
+            cache = (self.prior_precision, prior_mean, np.linalg.slogdet(self.prior_precision)[1])
+            self._prior_cache = cache
+        return cache[1], cache[2]
+
     def kl_to_prior(self):
         """Σ_s KL(q(u_s) ‖ prior_s)."""
         rank = self.mean.shape[1]
-        prior_cov = _inverse(self.prior_precision)
-        prior_mean = np.einsum("sij,sj->si", prior_cov, self.prior_shift)
+        prior_mean, logdet_p = self._prior_moments()
         diff = self.mean - prior_mean
         trace = np.einsum("sij,sji->s", self.prior_precision, self.cov)
         quad = np.einsum("si,sij,sj->s", diff, self.prior_precision, diff)
-        logdet_p = np.linalg.slogdet(self.prior_precision)[1]
         logdet_q = np.linalg.slogdet(self.cov)[1]
         return 0.5 * float(np.sum(trace + quad - rank - logdet_p - logdet_q))
 
@@ -180,21 +188,27 @@ class CPPosterior:
         )
 
 
-def _prior_rows(n_rows, rank, variance, mean):
-    cov = np.broadcast_to(variance * np.eye(rank), (n_rows, rank, rank)).copy()
+def _prior_rows(n_rows, rank, variance, mean, working_variance=None):
+    """Rows with prior N(0, variance·I); q starts at N(mean, working_variance·I)."""
+    working = variance if working_variance is None else working_variance
+    cov = np.broadcast_to(working * np.eye(rank), (n_rows, rank, rank)).copy()
     precision = np.broadcast_to(np.eye(rank) / variance, (n_rows, rank, rank)).copy()
     return GaussianRows(mean, cov, precision, np.zeros((n_rows, rank)))
 
 
 def init_posterior(shape, rank, *, prior_variance, init_scale, rng, global_offset=None,
                    mode_offsets=None, noise_prior=None, noise_init=None):
-    """Prior-covariance posterior with random factor means N(0, init_scale²) (SPEC §5).
+    """Posterior to start from: embeddings N(m, init_scale²·I) with random m ~ N(0, init_scale²)
+    under priors N(0, prior_variance·I) (SPEC §5).  All-zero means are a fixed point, and so,
+    in practice, is a start at the prior covariance: partners that uncertain give every update
+    a large E[zzᵀ] and almost no E[z], and VMP shrinks every embedding to zero.
 
     ``global_offset`` / ``mode_offsets`` are prior variances (None: no such offset);
     ``noise_prior`` (a0, b0) is None for probit; ``noise_init`` the starting E[τ].
     """
     factors = [
-        _prior_rows(d, rank, prior_variance, init_scale * rng.standard_normal((d, rank))) for d in shape
+        _prior_rows(d, rank, prior_variance, init_scale * rng.standard_normal((d, rank)), init_scale**2)
+        for d in shape
     ]
     post = CPPosterior(factors, noise_prior=noise_prior)
     if global_offset is not None:
@@ -212,14 +226,16 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng, global_offse
 
 
 def grow_posterior(post, shape, *, prior_variance, init_scale, rng, mode_offset_variance=None):
-    """Add prior rows (with random working means) so that mode k has ``shape[k]`` rows."""
+    """Add prior rows (with random working means, as :func:`init_posterior`) so that mode k
+    has ``shape[k]`` rows."""
     post = post.copy()
     rank = post.rank
     for k, d in enumerate(shape):
         extra = d - post.factors[k].n_rows
         if extra <= 0:
             continue
-        new = _prior_rows(extra, rank, prior_variance, init_scale * rng.standard_normal((extra, rank)))
+        new = _prior_rows(extra, rank, prior_variance, init_scale * rng.standard_normal((extra, rank)),
+                          init_scale**2 if init_scale > 0 else None)
         post.factors[k] = _concat_rows(post.factors[k], new)
         for j, mode in enumerate(post.offset_modes):
             if mode == k:
@@ -239,24 +255,32 @@ def _concat_rows(a, b):
 
 
 class _EntryIndex:
-    """For every mode k: entries sorted by their mode-k index, in chunks with row segments."""
+    """For every mode k: the entries sorted by their mode-k index (ties by the largest other
+    mode, so that gathers from its rows stay local), cut into chunks with row segments.
+
+    ``modes[k] = (order, columns, chunks)``: ``columns`` (K, n) holds the sorted indices of
+    every mode as contiguous rows; each chunk is (c0, c1, segment starts, segment rows).
+    """
 
     def __init__(self, index, shape, chunk=_CHUNK):
-        self.index = index
         self.n = index.shape[0]
         self.shape = shape
         self.modes = []
-        for k in range(index.shape[1]):
-            order = np.argsort(index[:, k], kind="stable")
-            sorted_index = index[order]
-            rows = sorted_index[:, k]
-            chunks = []
-            for c0 in range(0, self.n, chunk):
-                c1 = min(c0 + chunk, self.n)
-                r = rows[c0:c1]
-                starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
-                chunks.append((c0, c1, starts, r[starts]))
-            self.modes.append((order, sorted_index, chunks))
+        K = index.shape[1]
+        for k in range(K):
+            others = [j for j in range(K) if j != k]
+            keys = (index[:, max(others, key=lambda j: shape[j])], index[:, k]) if others else (index[:, k],)
+            order = np.lexsort(keys)
+            columns = np.ascontiguousarray(index[order].T)
+            rows = columns[k]
+            bounds = np.arange(0, self.n, chunk)
+            starts = np.union1d(np.flatnonzero(rows[1:] != rows[:-1]) + 1, bounds)
+            cut = np.searchsorted(starts, np.r_[bounds, self.n])
+            chunks = [
+                (c0, min(c0 + chunk, self.n), starts[a:b] - c0, rows[starts[a:b]])
+                for c0, a, b in zip(bounds, cut[:-1], cut[1:])
+            ]
+            self.modes.append((order, columns, chunks))
 
 
 _N_THREADS = max(1, min(4, os.cpu_count() or 1))
@@ -276,14 +300,19 @@ def _map_chunks(work, chunks):
     return list(_POOL.map(work, [chunks[a:b] for a, b in zip(bounds[:-1], bounds[1:])]))
 
 
-def _hadamard(arrays, index, skip=None):
-    """∘_{j≠skip} arrays[j][index[:, j]]: Hadamard moments of z^{\\skip} (papers/000 eqs. 16–17)."""
+def _hadamard(arrays, columns, skip=None):
+    """∘_{j≠skip} arrays[j][columns[j]]: Hadamard moments of z^{\\skip} (papers/000 eqs. 16–17).
+
+    ``columns[j]`` is the (contiguous) index array of mode j.
+    """
     out = None
     for j, a in enumerate(arrays):
         if j == skip:
             continue
-        g = a[index[:, j]]
-        out = g if out is None else np.multiply(out, g, out=out)
+        if out is None:
+            out = np.take(a, columns[j], axis=0)
+        else:
+            out *= np.take(a, columns[j], axis=0)
     return out
 
 
@@ -317,16 +346,23 @@ def _entry_map(fn, n):
     return out
 
 
+def _columns(index):
+    """Entry indices as contiguous per-mode rows (K, n)."""
+    return np.ascontiguousarray(index.T)
+
+
 def _cp_mean(post, index):
     """E[1ᵀ z_i] for every entry."""
     means = [f.mean for f in post.factors]
-    return _entry_map(lambda sl: _hadamard(means, index[sl]).sum(axis=1), index.shape[0])
+    cols = _columns(index)
+    return _entry_map(lambda sl: _hadamard(means, cols[:, sl]).sum(axis=1), index.shape[0])
 
 
 def _cp_second(post, index, packing):
     """E[(1ᵀ z_i)²] = Σ_p w_p ∘_k E[u uᵀ]_p for every entry."""
     second = [packing.pack(f.second_moment()) for f in post.factors]
-    return _entry_map(lambda sl: _hadamard(second, index[sl]) @ packing.weight, index.shape[0])
+    cols = _columns(index)
+    return _entry_map(lambda sl: _hadamard(second, cols[:, sl]) @ packing.weight, index.shape[0])
 
 
 def _offset_moments(post, index, skip=None):
@@ -357,7 +393,7 @@ def _factor_statistics(k, entries, moments, target, weight=None):
     site precision); this is how group CEP merges sites.  Chunks are shared among threads,
     each with its own accumulators.
     """
-    order, sorted_index, chunks = entries.modes[k]
+    order, columns, chunks = entries.modes[k]
     d = entries.shape[k]
     packing = moments.packing
     t = target[order]
@@ -367,7 +403,7 @@ def _factor_statistics(k, entries, moments, target, weight=None):
         G = np.zeros((d, packing.weight.size))
         h = np.zeros((d, packing.rank))
         for c0, c1, starts, rows in part:
-            idx = sorted_index[c0:c1]
+            idx = columns[:, c0:c1]
             xbar = _hadamard(moments.means, idx, skip=k)
             xx = _hadamard(moments.second, idx, skip=k)
             if w is not None:
@@ -401,6 +437,7 @@ def _cep_group_factor_gaussian(k, post, entries, moments, target, tau):
     f = post.factors[k]
     f.set_natural(f.prior_precision + moments.packing.unpack(G), f.prior_shift + h)
     moments.refresh(k, f)
+    return G / tau, h / tau
 
 
 def _vmp_offset(j, post, index, target, tau):
@@ -417,23 +454,27 @@ def _vmp_offset(j, post, index, target, tau):
 # probit CEP: rank-one sites
 
 
-def probit_site(t, a, q2, sign):
+def rank_one_site(t, a, alpha, c):
+    """The site that turns a cavity N(m, S) into N(m + S x̄ α, S − c S x̄ x̄ᵀ S).
+
+    With t = x̄ᵀm and a = x̄ᵀ S x̄, it has precision π x̄ x̄ᵀ and shift β x̄:
+    π = c/(1 − c a),  β = α(1 + π a) + π t.  Returns (π, β).
+    """
+    pi = c / np.maximum(1.0 - c * a, 1e-12)
+    return pi, alpha * (1.0 + pi * a) + pi * t
+
+
+def probit_site(t, a, q2, sign, rest=0.0):
     """Rank-one site of one probit entry from its conditional tilted moments (supplement 8.1.2).
 
-    With cavity N(m, S) of a group, design mean x̄, t = x̄ᵀm (+ rest), a = x̄ᵀ S x̄ and
-    q2 = tr(S E[x xᵀ]), the matched Gaussian has mean m + S x̄ α and covariance
-    S − c S x̄ x̄ᵀ S, α = s r/√(1+q2), c = r(ζ + r)/(1+q2).  It equals the cavity times a site
-    with precision π x̄ x̄ᵀ and shift β x̄:  π = c/(1 − c a),  β = α(1 + π a) + π t.
-    Returns (π, β); π ≥ 0 always since c·a < c·q2 < 1.
+    With cavity N(m, S) of a group and design mean x̄, t = x̄ᵀm, a = x̄ᵀ S x̄,
+    q2 = tr(S E[x xᵀ]) and ``rest`` the mean of the rest of the predictor, the matched Gaussian
+    has mean m + S x̄ α and covariance S − c S x̄ x̄ᵀ S with ζ = s (t + rest)/√(1+q2),
+    r = φ(ζ)/Φ(ζ), α = s r/√(1+q2), c = r(ζ + r)/(1+q2).  π ≥ 0 since c·a ≤ c·q2 < 1.
     """
     root = np.sqrt(1.0 + q2)
-    zeta = sign * t / root
-    _, r, d2 = log_phi_derivatives(zeta, order=2, value=False)
-    alpha = sign * r / root
-    c = -d2 / (1.0 + q2)
-    pi = c / np.maximum(1.0 - c * a, 1e-12)
-    beta = alpha * (1.0 + pi * a) + pi * t
-    return pi, beta
+    _, r, d2 = log_phi_derivatives(sign * (t + rest) / root, order=2, value=False)
+    return rank_one_site(t, a, sign * r / root, -d2 / (1.0 + q2))
 
 
 @dataclass
@@ -465,25 +506,29 @@ def _cavity_terms(cov, mean, e, pi, beta, xbar, xx, packing):
     return m, a, q2
 
 
-def _cep_probit_factor(k, post, entries, moments, rest, sign, sites, damping):
-    """Group CEP of factor k for probit entries: all sites of the mode from one cavity pass."""
-    order, sorted_index, chunks = entries.modes[k]
+def _rank_one_factor(k, post, entries, moments, rest, obs, site, sites, damping):
+    """Group CEP of factor k with rank-one sites: all sites of the mode from one cavity pass.
+
+    ``site(t, a, q2, obs, rest)`` gives (π, β) per entry (:func:`probit_site` or
+    :func:`gaussian_site`); ``obs`` is the per-entry observation it needs.
+    """
+    order, columns, chunks = entries.modes[k]
     f = post.factors[k]
     packing = moments.packing
     d, R = f.mean.shape
     Lam = np.zeros((d, packing.weight.size))
     h = np.zeros((d, R))
-    rest_s, sign_s = rest[order], sign[order]
+    rest_s, obs_s = rest[order], obs[order]
     for c0, c1, starts, rows in chunks:
-        idx = sorted_index[c0:c1]
-        s = idx[:, k]
+        idx = columns[:, c0:c1]
+        s = idx[k]
         xbar = _hadamard(moments.means, idx, skip=k)
         xx = _hadamard(moments.second, idx, skip=k)
         sl = slice(c0, c1)
         m, a, q2 = _cavity_terms(f.cov[s], f.mean[s], sites.direction[sl], sites.precision[sl],
                                  sites.shift[sl], xbar, xx, packing)
-        t = np.einsum("ci,ci->c", xbar, m) + rest_s[sl]
-        pi, beta = probit_site(t, a, q2, sign_s[sl])
+        t = np.einsum("ci,ci->c", xbar, m)
+        pi, beta = site(t, a, q2, obs_s[sl], rest_s[sl])
         pi = damping * pi + (1.0 - damping) * sites.precision[sl]
         beta = damping * beta + (1.0 - damping) * sites.shift[sl]
         sites.direction[sl], sites.precision[sl], sites.shift[sl] = xbar, pi, beta
@@ -493,15 +538,15 @@ def _cep_probit_factor(k, post, entries, moments, rest, sign, sites, damping):
     moments.refresh(k, f)
 
 
-def _cep_probit_offset(j, post, index, rest, sign, sites, damping):
-    """Group CEP of a rank-1 offset group (scalar probit EP sites, direction 1)."""
+def _rank_one_offset(j, post, index, rest, obs, site, sites, damping):
+    """Group CEP of a rank-1 offset group (scalar EP sites, direction 1)."""
     g = post.offsets[j]
     rows = _offset_rows(post.offset_modes[j], index)
     prec = 1.0 / g.cov[rows, 0, 0]
     cav_prec = np.maximum(prec - sites.precision, 1e-12)
     cav_mean = (prec * g.mean[rows, 0] - sites.shift) / cav_prec
     S = 1.0 / cav_prec
-    pi, beta = probit_site(cav_mean + rest, S, S, sign)
+    pi, beta = site(cav_mean, S, S, obs, rest)
     sites.precision = damping * pi + (1.0 - damping) * sites.precision
     sites.shift = damping * beta + (1.0 - damping) * sites.shift
     d = g.n_rows
@@ -543,9 +588,9 @@ def _augmented_target(mean, sign):
 class _Fit:
     """State of one call to :func:`fit_cp` (one batch)."""
 
-    def __init__(self, post, index, y, likelihood, method, schedule, damping, block_size, rng, update_noise):
+    def __init__(self, post, index, y, likelihood, method, schedule, damping, block_size, rng):
         self.post, self.index, self.y = post, index, y
-        self.update_noise = update_noise
+        self.update_noise = True
         self.likelihood, self.method, self.schedule = likelihood, method, schedule
         self.damping = damping
         self.packing = _Packing(post.rank)
@@ -553,18 +598,29 @@ class _Fit:
         self.moments = _Moments(post, self.packing)
         self.sign = 2.0 * y - 1.0 if likelihood == "probit" else None
         n = y.size
-        self.probit_cep = likelihood == "probit" and method == "cep"
-        if self.probit_cep and schedule == "group":
+        self.rank_one = method == "cep" and likelihood == "probit"
+        self.obs = self.sign if likelihood == "probit" else y
+        if self.rank_one and schedule == "group":
             self.factor_sites = [_RankOneSites.empty(n, post.rank) for _ in post.factors]
             self.offset_sites = [_RankOneSites.empty(n, 1) for _ in post.offsets]
         if schedule == "entry":
             self.entry = _EntrySchedule(self, block_size, rng)
 
+    def site_fn(self):
+        """site(t, a, q2, obs, rest) -> (π, β) of the rank-one CEP sites."""
+        return probit_site
+
     def iterate(self):
         """One sweep over every group, then q(τ); returns the sweep's :class:`_SweepStats`."""
         if self.schedule == "entry":
+            # the τ sites are refreshed once per sweep, after every block: refreshing them block
+            # by block lets E[τ] fall while the embeddings are still random, and they collapse
             self.entry.sweep()
-            return _SweepStats.compute(self.post, self.index, self.packing)
+            stats = _SweepStats.compute(self.post, self.index, self.packing)
+            if self.post.noise is not None and self.update_noise:
+                a0, b0 = self.post.noise_prior
+                self.post.noise = (a0 + 0.5 * self.y.size, b0 + 0.5 * stats.sum_squared_error(self.y))
+            return stats
         post, index, y = self.post, self.index, self.y
         tau = post.noise_precision
         if self.likelihood == "probit" and self.method == "vmp":
@@ -575,21 +631,21 @@ class _Fit:
         off_mean, _ = _offset_moments(post, index)
         G = None
         for k in range(len(post.factors)):
-            if self.probit_cep:
-                _cep_probit_factor(k, post, self.entries, self.moments, off_mean, self.sign,
-                                   self.factor_sites[k], self.damping)
+            if self.rank_one:
+                _rank_one_factor(k, post, self.entries, self.moments, off_mean, self.obs, self.site_fn(),
+                                 self.factor_sites[k], self.damping)
             elif self.method == "vmp":
                 G = _vmp_factor(k, post, self.entries, self.moments, target - off_mean, tau)
             else:
-                _cep_group_factor_gaussian(k, post, self.entries, self.moments, target - off_mean, tau)
+                G = _cep_group_factor_gaussian(k, post, self.entries, self.moments, target - off_mean, tau)
         cp_mean = _cp_mean(post, index)
         total = cp_mean + off_mean
         for j, (g, mode) in enumerate(zip(post.offsets, post.offset_modes)):
             rows = _offset_rows(mode, index)
             own = g.mean[rows, 0]
             rest = total - own
-            if self.probit_cep:
-                _cep_probit_offset(j, post, index, rest, self.sign, self.offset_sites[j], self.damping)
+            if self.rank_one:
+                _rank_one_offset(j, post, index, rest, self.obs, self.site_fn(), self.offset_sites[j], self.damping)
             else:
                 _vmp_offset(j, post, index, target - rest, tau)
             total = rest + g.mean[rows, 0]
@@ -601,11 +657,8 @@ class _Fit:
             stats = _SweepStats(post, index, cp_mean, _cp_second(post, index, self.packing))
         if post.noise is not None and self.update_noise:
             a0, b0 = post.noise_prior
-            if self.method == "vmp":
-                sq = stats.sum_squared_error(y)
-            else:
-                sq = 2.0 * float(np.sum(stats.noise_sites(y)))
-            post.noise = (a0 + 0.5 * y.size, b0 + 0.5 * sq)
+            # VMP's b* (papers/001 §4.2) = b0 + the merged CEP sites b_i = ½E[(y_i − f_i)²] (§4.3)
+            post.noise = (a0 + 0.5 * y.size, b0 + 0.5 * stats.sum_squared_error(y))
         return stats
 
 
@@ -635,10 +688,6 @@ class _SweepStats:
         resid = y - self.mean
         return float(resid @ resid) + self.total_variance()
 
-    def noise_sites(self, y):
-        """CEP's τ sites b_i = ½ E[(y_i − f_i)²] (papers/001 §4.3; SPEC §9), per entry."""
-        return 0.5 * ((y - self.mean) ** 2 + self.cp_second - self.cp_mean**2 + self.off_var)
-
     def elbo(self, y, likelihood):
         kl = sum(f.kl_to_prior() for f in self.post.factors) + sum(g.kl_to_prior() for g in self.post.offsets)
         if likelihood == "probit":
@@ -652,21 +701,24 @@ class _SweepStats:
 
 def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", max_iter=100,
            tol=1e-4, damping=1.0, block_size=None, rng=None, callback=None, track_elbo=True,
-           update_noise=True):
+           hold_noise=0):
     """Fit q on the entries (index, y), starting from and with the priors of ``post``.
 
     Iterates until the relative change of the training predictor means is below ``tol`` or
     ``max_iter`` sweeps.  ``callback(iteration, posterior)`` runs after every sweep.
+    q(τ) is held at its starting value for the first ``hold_noise`` sweeps: early residuals of
+    a random start would make E[τ] small and shrink every embedding to the zero fixed point.
     Returns a :class:`CPFitResult` holding a new posterior (``post`` is not modified).
     """
     post = post.copy()
     rng = np.random.default_rng(0) if rng is None else rng
-    fit = _Fit(post, index, y, likelihood, method, schedule, damping, block_size, rng, update_noise)
+    fit = _Fit(post, index, y, likelihood, method, schedule, damping, block_size, rng)
     trace = []
     previous = _cp_mean(post, index) + _offset_moments(post, index)[0]
     converged = False
     n_iter = 0
     for n_iter in range(1, max_iter + 1):
+        fit.update_noise = n_iter > hold_noise
         stats = fit.iterate()
         if track_elbo:
             trace.append(stats.elbo(y, likelihood))
@@ -674,7 +726,7 @@ def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="gro
             callback(n_iter, post)
         change = np.linalg.norm(stats.mean - previous) / max(np.linalg.norm(stats.mean), 1e-12)
         previous = stats.mean
-        if change < tol:
+        if change < tol and fit.update_noise:
             converged = True
             break
     return CPFitResult(post, n_iter, converged, trace)
@@ -710,7 +762,8 @@ class _EntrySchedule:
         # spread over the sites of each row's entries (rows without entries fall back to the prior)
         index = fit.index
         self.natural = []
-        if fit.likelihood == "gaussian":
+        full_sites = not fit.rank_one
+        if full_sites:
             self.site_prec = [np.zeros((n, P)) for _ in post.factors]
             self.site_shift = []
         else:
@@ -718,13 +771,19 @@ class _EntrySchedule:
         for k, f in enumerate(post.factors):
             prec, shift = f.natural()
             counts = np.bincount(index[:, k], minlength=f.n_rows)
-            excess = np.where(counts[:, None] > 0, shift - f.prior_shift, 0.0)
-            shift = f.prior_shift + excess
-            self.natural.append([f.prior_precision.copy(), shift])
-            per_entry = (excess / np.maximum(counts, 1)[:, None])[index[:, k]]
-            if fit.likelihood == "gaussian":
+            seen = counts > 0
+            share = 1.0 / np.maximum(counts, 1)
+            excess = np.where(seen[:, None], shift - f.prior_shift, 0.0)
+            per_entry = (excess * share[:, None])[index[:, k]]
+            if full_sites:
+                excess_prec = np.where(seen[:, None, None], prec - f.prior_precision, 0.0)
+                self.site_prec[k] = fit.packing.pack(excess_prec * share[:, None, None])[index[:, k]]
+                self.natural.append([f.prior_precision + excess_prec, f.prior_shift + excess])
                 self.site_shift.append(per_entry)
             else:
+                # rank-one sites cannot carry a full-rank excess precision: q restarts at the
+                # prior covariance, the working means spread over the sites
+                self.natural.append([f.prior_precision.copy(), f.prior_shift + excess])
                 norm = np.linalg.norm(per_entry, axis=1)
                 direction = per_entry / np.where(norm > 0, norm, 1.0)[:, None]
                 self.sites.append(_RankOneSites(direction, np.zeros(n), norm))
@@ -734,13 +793,6 @@ class _EntrySchedule:
             g.set_natural(g.prior_precision, g.prior_shift)
             self.offset_natural.append([g.prior_precision.copy(), g.prior_shift.copy()])
         fit.moments = _Moments(post, fit.packing)
-        if fit.likelihood == "gaussian":
-            # τ sites start equal, at the current E[τ]
-            a0, b0 = post.noise_prior
-            a = a0 + 0.5 * n
-            b = max(a / post.noise_precision, b0 * (1.0 + 1e-9))
-            self.tau_sites = np.full(n, (b - b0) / n)
-            post.noise = (a, b)
         self.off_prec = [np.zeros(n) for _ in post.offsets]
         self.off_shift = [np.zeros(n) for _ in post.offsets]
 
@@ -752,17 +804,19 @@ class _EntrySchedule:
         fit = self.fit
         post, packing = fit.post, fit.packing
         idx, y = fit.index[B], fit.y[B]
+        cols = idx.T
         tau = post.noise_precision
         gaussian = fit.likelihood == "gaussian"
-        sign = None if gaussian else fit.sign[B]
+        full_sites = not fit.rank_one
+        obs, site = fit.obs[B], fit.site_fn()
         off_mean, _ = _offset_moments(post, idx)
         moments = fit.moments
         for k, f in enumerate(post.factors):
-            xbar = _hadamard(moments.means, idx, skip=k)
-            xx = _hadamard(moments.second, idx, skip=k)
+            xbar = _hadamard(moments.means, cols, skip=k)
+            xx = _hadamard(moments.second, cols, skip=k)
             s = idx[:, k]
             prec, shift = self.natural[k]
-            if gaussian:
+            if full_sites:
                 new_prec = tau * xx
                 new_shift = (tau * (y - off_mean))[:, None] * xbar
                 d_prec = new_prec - self.site_prec[k][B]
@@ -772,8 +826,8 @@ class _EntrySchedule:
                 sites = self.sites[k]
                 m, a, q2 = _cavity_terms(f.cov[s], f.mean[s], sites.direction[B], sites.precision[B],
                                          sites.shift[B], xbar, xx, packing)
-                t = np.einsum("ci,ci->c", xbar, m) + off_mean
-                pi, beta = probit_site(t, a, q2, sign)
+                t = np.einsum("ci,ci->c", xbar, m)
+                pi, beta = site(t, a, q2, obs, off_mean)
                 pi = fit.damping * pi + (1.0 - fit.damping) * sites.precision[B]
                 beta = fit.damping * beta + (1.0 - fit.damping) * sites.shift[B]
                 e_old = sites.direction[B]
@@ -791,14 +845,14 @@ class _EntrySchedule:
                 rows_all = _offset_rows(post.offset_modes[j], idx)
                 rest = cp_mean + _offset_moments(post, idx, skip=j)[0]
                 prec, shift = self.offset_natural[j]
-                if gaussian:
+                if full_sites:
                     new_prec = np.full(B.size, tau)
                     new_shift = tau * (y - rest)
                 else:
                     q_prec = prec[rows_all, 0, 0]
                     cav_prec = np.maximum(q_prec - self.off_prec[j][B], 1e-12)
                     cav_mean = (shift[rows_all, 0] - self.off_shift[j][B]) / cav_prec
-                    pi, beta = probit_site(cav_mean + rest, 1.0 / cav_prec, 1.0 / cav_prec, sign)
+                    pi, beta = site(cav_mean, 1.0 / cav_prec, 1.0 / cav_prec, obs, rest)
                     new_prec = fit.damping * pi + (1.0 - fit.damping) * self.off_prec[j][B]
                     new_shift = fit.damping * beta + (1.0 - fit.damping) * self.off_shift[j][B]
                 rows, inverse = np.unique(rows_all, return_inverse=True)
@@ -806,14 +860,6 @@ class _EntrySchedule:
                 shift[rows, 0] += np.bincount(inverse, new_shift - self.off_shift[j][B], minlength=rows.size)
                 self.off_prec[j][B], self.off_shift[j][B] = new_prec, new_shift
                 g.set_natural(prec[rows], shift[rows], rows)
-        if gaussian:
-            cp_mean = _hadamard(moments.means, idx).sum(axis=1)
-            cp_second = _hadamard(moments.second, idx) @ packing.weight
-            om, ov = _offset_moments(post, idx)
-            new_b = 0.5 * ((y - cp_mean - om) ** 2 + cp_second - cp_mean**2 + ov)
-            a, b = post.noise
-            post.noise = (a, b + float(np.sum(new_b - self.tau_sites[B])))
-            self.tau_sites[B] = new_b
 
 
 def _sum_by(inverse, values, n_groups):
