@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 from scipy.special import digamma, gammaln, log_ndtr
 
 from .likelihoods import log_phi_derivatives
@@ -254,33 +255,93 @@ def _concat_rows(a, b):
 # entry index: entries sorted by the row of each mode, cut into chunks
 
 
-class _EntryIndex:
-    """For every mode k: the entries sorted by their mode-k index (ties by the largest other
-    mode, so that gathers from its rows stay local), cut into chunks with row segments.
+def _sort_by(primary, secondary, n_secondary):
+    """Stable order of entries by (primary, secondary): one radix argsort of a combined key."""
+    return np.argsort(primary * np.int64(n_secondary) + secondary, kind="stable")
 
-    ``modes[k] = (order, columns, chunks)``: ``columns`` (K, n) holds the sorted indices of
-    every mode as contiguous rows; each chunk is (c0, c1, segment starts, segment rows).
+
+class _EntryIndex:
+    """Per mode k, the layouts of the entries that per-row sums need.
+
+    ``sparse[k]``: a :class:`_SparseMode` where it applies.  ``modes[k]`` (built on first use)
+    = (order, columns, chunks): the entries sorted by their mode-k index (ties by the largest
+    other mode, so that gathers from its rows stay local), ``columns`` (K, n) their indices as
+    contiguous rows, each chunk (c0, c1, segment starts, segment rows).
     """
 
     def __init__(self, index, shape, chunk=_CHUNK):
+        self.index = index
         self.n = index.shape[0]
         self.shape = shape
-        self.modes = []
-        K = index.shape[1]
-        for k in range(K):
-            others = [j for j in range(K) if j != k]
-            keys = (index[:, max(others, key=lambda j: shape[j])], index[:, k]) if others else (index[:, k],)
-            order = np.lexsort(keys)
-            columns = np.ascontiguousarray(index[order].T)
-            rows = columns[k]
-            bounds = np.arange(0, self.n, chunk)
-            starts = np.union1d(np.flatnonzero(rows[1:] != rows[:-1]) + 1, bounds)
-            cut = np.searchsorted(starts, np.r_[bounds, self.n])
-            chunks = [
-                (c0, min(c0 + chunk, self.n), starts[a:b] - c0, rows[starts[a:b]])
-                for c0, a, b in zip(bounds, cut[:-1], cut[1:])
-            ]
-            self.modes.append((order, columns, chunks))
+        self.chunk = chunk
+        self._modes = {}
+        self.sparse = [_SparseMode.build(index, shape, k) for k in range(index.shape[1])]
+
+    @property
+    def modes(self):
+        return self
+
+    def __getitem__(self, k):
+        if k not in self._modes:
+            self._modes[k] = self._chunked(k)
+        return self._modes[k]
+
+    def _chunked(self, k):
+        index, shape, n, chunk = self.index, self.shape, self.n, self.chunk
+        others = [j for j in range(index.shape[1]) if j != k]
+        tie = max(others, key=lambda j: shape[j])
+        order = _sort_by(index[:, k], index[:, tie], shape[tie])
+        columns = np.ascontiguousarray(index[order].T)
+        rows = columns[k]
+        bounds = np.arange(0, n, chunk)
+        starts = np.union1d(np.flatnonzero(rows[1:] != rows[:-1]) + 1, bounds)
+        cut = np.searchsorted(starts, np.r_[bounds, n])
+        chunks = [
+            (c0, min(c0 + chunk, n), starts[a:b] - c0, rows[starts[a:b]])
+            for c0, a, b in zip(bounds, cut[:-1], cut[1:])
+        ]
+        return order, columns, chunks
+
+
+class _SparseMode:
+    """Per-row sums of mode k as sparse products, for K = 3 and one small other mode s:
+
+        Σ_{i: i_k = r} w_i E[x_i x_iᵀ] = Σ_c E[u^s_c u^s_cᵀ] ∘ (A_c · E[u^b u^bᵀ])[r],
+
+    where A_c (d_k × d_b) holds the weights w_i of the entries with i_s = c.  One sparse
+    product per mode replaces the per-entry gathers of R² numbers (an MTTKRP by rows).
+    Used when d_s · d_k ≤ 4 n, so the (d_s·d_k, R²) intermediate stays within the data's size.
+    """
+
+    def __init__(self, k, small, big, shape, order, indices, indptr):
+        self.k, self.small, self.big = k, small, big
+        self.blocks = (shape[small], shape[k])
+        self.shape = (shape[small] * shape[k], shape[big])
+        self.order, self.indices, self.indptr = order, indices, indptr
+
+    @classmethod
+    def build(cls, index, shape, k):
+        n, K = index.shape
+        if K != 3:
+            return None
+        small, big = sorted((j for j in range(K) if j != k), key=lambda j: shape[j])
+        if shape[small] * shape[k] > 4 * max(n, 1):
+            return None
+        rows = index[:, small] * shape[k] + index[:, k]
+        order = _sort_by(rows, index[:, big], shape[big])
+        indptr = np.r_[0, np.cumsum(np.bincount(rows, minlength=shape[small] * shape[k]))]
+        return cls(k, small, big, shape, order, index[order, big], indptr)
+
+    def statistics(self, moments, target, weight=None):
+        d_small, d_k = self.blocks
+        w = np.ones(self.order.size) if weight is None else weight[self.order]
+        A = sp.csr_matrix((w, self.indices, self.indptr), shape=self.shape)
+        A_t = sp.csr_matrix((target[self.order], self.indices, self.indptr), shape=self.shape)
+        T = (A @ moments.second[self.big]).reshape(d_small, d_k, -1)
+        G = np.einsum("cdp,cp->dp", T, moments.second[self.small])
+        T = (A_t @ moments.means[self.big]).reshape(d_small, d_k, -1)
+        h = np.einsum("cdr,cr->dr", T, moments.means[self.small])
+        return G, h
 
 
 _N_THREADS = max(1, min(4, os.cpu_count() or 1))
@@ -393,6 +454,8 @@ def _factor_statistics(k, entries, moments, target, weight=None):
     site precision); this is how group CEP merges sites.  Chunks are shared among threads,
     each with its own accumulators.
     """
+    if entries.sparse[k] is not None:
+        return entries.sparse[k].statistics(moments, target, weight)
     order, columns, chunks = entries.modes[k]
     d = entries.shape[k]
     packing = moments.packing
