@@ -1,6 +1,6 @@
 """Bayesian CP decomposition: skcep against BayesPy on the same model, start and update order.
 
-Run from the repository root (about 15–25 minutes on 2 shared cores, most of it BayesPy on the
+Run from the repository root (about 6 minutes on 2 shared cores, most of it BayesPy on the
 image; ``--quick``: MovieLens with 3 iterations and a 64×64 image at rank 10, < 1 min, prints
 the report and writes nothing)::
 
@@ -39,7 +39,7 @@ Problems:
 (a) MovieLens-small (``skcep.datasets.load_movielens``: user × movie × 20 time bins),
     90/10 random split (seed 0), ratings centred by the training mean, rank 3;
 (b) sklearn ``china.jpg`` as in ``bench_cp_image.py``: 256×256×3 in [0, 1], 20 % observed,
-    rank 40; few iterations because BayesPy takes many seconds per iteration there.
+    rank 40; 10 iterations only, because BayesPy takes many seconds per iteration there.
 """
 
 import os
@@ -69,7 +69,7 @@ PRIOR_VARIANCE = 1.0
 NOISE_PRIOR = (1e-3, 1e-3)
 INIT_SCALE = 0.5
 SEED = 0
-FULL = {"movielens": dict(rank=3, n_iter=30), "image": dict(size=256, rank=40, n_iter=5)}
+FULL = {"movielens": dict(rank=3, n_iter=30), "image": dict(size=256, rank=40, n_iter=10)}
 QUICK = {"movielens": dict(rank=3, n_iter=3), "image": dict(size=64, rank=10, n_iter=3)}
 
 

@@ -1,6 +1,6 @@
 """Image completion with the Bayesian CP model: VMP against group CEP (papers/001 §4.5).
 
-Run from the repository root (about 5–10 minutes on 2 shared cores; ``--quick``: a 64×64
+Run from the repository root (about 5 minutes on 2 shared cores; ``--quick``: a 64×64
 image, rank 10, 8 sweeps, < 1 min, prints the report and writes nothing)::
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_cp_image.py   # writes results/cp_image.md + 2 PNGs
@@ -16,13 +16,14 @@ Set-up (the paper's, on another image):
 * 20 % of the 196,608 entries (pixel × channel) observed, drawn without replacement with a
   fixed seed; RMSE on the other 80 %.
 * Gaussian CP model of rank 40, prior u ~ N(0, I) (``prior_variance=1``), τ ~ Gam(1e-3, 1e-3),
-  no offsets (``fit_intercept=False``: the pixel mean is absorbed by the rank-40 product; an
-  intercept made no measurable difference in a trial run), working means drawn from
-  N(0, 0.5²) (``init_scale=0.5``) and E[τ] = 10 / Var(y) at the start, as
-  ``BayesianCPTensor`` does.
+  no offsets (``fit_intercept=False``: the pixel mean is absorbed by the rank-40 product; a
+  global intercept changed the held-out RMSE by < 0.003 in a 20-sweep trial), q(u) starting
+  from ``init_posterior(init_scale=0.5)`` (random means N(0, 0.5²)) and E[τ] = 10 / Var(y),
+  as ``BayesianCPTensor`` does.  Other settings tried (20–25 sweeps, held-out RMSE ≈ 0.084–0.09
+  throughout): prior_variance 0.1 about the same, 0.01 worse; rank 20 worse (0.090).
 * VMP and group CEP run by the engine (``skcep.engines.cp.fit_cp``, ``schedule="group"``)
   from the *same* initial posterior, with the estimator's default stopping rule
-  (``tol=1e-4`` on the relative change of the training predictions) and ``max_iter=MAX_ITER``.
+  (``tol=1e-4`` on the relative change of the training predictions) and ``max_iter=500``.
   A callback records the held-out RMSE of the posterior mean after every sweep (its cost is
   excluded from the reported time per sweep).
 
@@ -52,7 +53,7 @@ from skcep.engines.cp import fit_cp, init_posterior, predict_cp  # noqa: E402
 
 SEED = 0
 OBSERVED = 0.2
-FULL = dict(size=256, rank=40, max_iter=60, tol=1e-4)
+FULL = dict(size=256, rank=40, max_iter=500, tol=1e-4)
 QUICK = dict(size=64, rank=10, max_iter=8, tol=1e-4)
 MODEL = dict(prior_variance=1.0, init_scale=0.5, noise_prior=(1e-3, 1e-3))
 
@@ -146,13 +147,15 @@ def plots(runs, img, observed, post, out_rmse, out_img):
     ax.set_xlabel("iteration (sweep)")
     ax.set_ylabel("RMSE on the missing 80 %")
     ax.set_yscale("log")
+    ax.set_xscale("log")
     ax.set_title("china.jpg 256×256×3, rank 40, 20 % observed")
     ax.legend()
     n = min(runs["vmp"]["rmse"].size, runs["cep"]["rmse"].size)
     diff = np.abs(runs["vmp"]["rmse"][:n] - runs["cep"]["rmse"][:n])
     ax2.semilogy(np.arange(1, n + 1), np.maximum(diff, 1e-18), "k.-")
+    ax2.set_xscale("log")
     ax2.set_xlabel("iteration (sweep)")
-    ax2.set_ylabel("|RMSE_VMP − RMSE_CEP|")
+    ax2.set_ylabel("|RMSE_VMP − RMSE_CEP| (0 shown at 1e-18)")
     ax2.set_title("difference of the two curves")
     fig.tight_layout()
     fig.savefig(out_rmse, dpi=120)
@@ -250,9 +253,11 @@ def main(quick):
         f"- the paper's Table 1 (its four SIPI images, same protocol): RMSE 0.0184 (facade) to "
         "0.0403 (sailboat)",
         "",
-        "RMSE after every sweep (VMP; CEP identical to the digits shown):",
+        "Held-out RMSE after sweep (VMP; CEP identical to the digits shown; every sweep up to 10, "
+        "then every 10th):",
         "",
-        ", ".join(f"{i + 1}: {x:.4f}" for i, x in enumerate(v["rmse"])),
+        ", ".join(f"{i + 1}: {x:.4f}" for i, x in enumerate(v["rmse"])
+                  if i < 10 or (i + 1) % 10 == 0 or i == v["rmse"].size - 1),
         "",
         f"Plots: `cp_image_rmse.png` (RMSE vs sweep, both methods, and their difference), "
         "`cp_image_completed.png` (original / observed / completed / predictive std, CEP posterior).",
@@ -262,27 +267,28 @@ def main(quick):
     worst = best + int(np.argmax(v["rmse"][best:]))
     if v["rmse"][worst] > v["rmse"][best] + 1e-4:
         after = (f"rises to {v['rmse'][worst]:.4f} by sweep {worst + 1} (still rising)" if worst == v["rmse"].size - 1
-                 else f"rises to {v['rmse'][worst]:.4f} (sweep {worst + 1}) and is {v['rmse'][-1]:.4f} after sweep "
-                 f"{v['rmse'].size}")
+                 else f"rises to {v['rmse'][worst]:.4f} (sweep {worst + 1}), then returns to {v['rmse'][-1]:.4f} "
+                 f"by sweep {v['rmse'].size}")
+        why = (
+            "most of the rise is transient: the fit keeps drifting slowly along nearly flat directions "
+            "of the CP posterior (trading scale and rotation among the factors) long after the first "
+            "sweeps"
+            if v["rmse"][-1] - v["rmse"][best] < 0.25 * (v["rmse"][worst] - v["rmse"][best])
+            else f"with {sum(f.n_rows for f in post0.factors) * cfg['rank']:,} embedding coordinates for "
+            f"{ytr.size:,} observations the rank-{cfg['rank']} model partly fits the observed pixels' texture "
+            "(mild overfitting)"
+        )
         notes.append(
-            f"The held-out RMSE is lowest after sweep {best + 1} ({v['rmse'][best]:.4f}) and {after} while "
-            f"E[τ] grows: with {sum(f.n_rows for f in post0.factors) * cfg['rank']:,} embedding "
-            f"coordinates for {ytr.size:,} observations the rank-{cfg['rank']} model partly fits the observed "
-            "pixels' texture (mild overfitting at the VB fixed point; VMP and CEP agree, so it is the model, "
-            "not the solver)."
+            f"The held-out RMSE is lowest after sweep {best + 1} ({v['rmse'][best]:.4f}) and {after}; {why}. "
+            "VMP and CEP agree throughout, so this is the model and the coordinate-ascent path, not the solver."
         )
     if not v["result"].converged:
         notes.append(
             f"Not converged by `tol={cfg['tol']:g}`: the relative change of the training predictions "
-            f"in the last sweep was {v['change'][-1]:.1e} (VMP) / {c['change'][-1]:.1e} (CEP); the "
-            "held-out RMSE moved by "
-            f"{abs(v['rmse'][-1] - v['rmse'][-11]) if v['rmse'].size > 10 else float('nan'):.1e} over the last 10 sweeps."
+            f"in the last sweep was {v['change'][-1]:.1e} (VMP) / {c['change'][-1]:.1e} (CEP)"
+            + (f"; the held-out RMSE moved by {abs(v['rmse'][-1] - v['rmse'][-11]):.1e} over the last 10 sweeps."
+               if v["rmse"].size > 10 else ".")
         )
-    notes.append(
-        "CEP's sweep costs more than VMP's: after the factor updates the Gaussian group-CEP path "
-        "recomputes Σ_i E[(1ᵀz_i)²] in an extra pass over the entries (`_cp_second`), while VMP reuses "
-        "the last mode's statistics."
-    )
     out += [x for note in notes for x in (note, "")]
     report = "\n".join(out) + "\n"
     if quick:
