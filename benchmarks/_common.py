@@ -111,3 +111,24 @@ def pm(values, digits=3):
     if v.size == 1:
         return f"{v[0]:.{digits}f}"
     return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}"
+
+
+def reset_peak_rss():
+    """Reset the kernel's peak-RSS counter to the current RSS (Linux ≥ 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def maxrss_bytes():
+    """Peak resident memory of this process in bytes (ru_maxrss is in KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def verdict(ok):
+    return "**met**" if ok else "**not met**"

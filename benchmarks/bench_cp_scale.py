@@ -50,7 +50,6 @@ import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import resource  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -61,6 +60,8 @@ import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+from _common import maxrss_bytes, reset_peak_rss, verdict  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -98,20 +99,6 @@ def make_data(n):
 
 # ---------------------------------------------------------------------------------------------
 # Workers: one measurement in a fresh process
-
-
-def reset_peak_rss():
-    """Reset the kernel's peak-RSS counter to the current RSS (Linux ≥ 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def maxrss_bytes():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def fit_worker(spec):
@@ -339,10 +326,6 @@ def machine_lines():
         f"scikit-learn {sklearn.__version__}",
         f"- thread pools: {blas}; OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=1 in every worker",
     ]
-
-
-def verdict(ok):
-    return "**met**" if ok else "**not met**"
 
 
 def main(quick):

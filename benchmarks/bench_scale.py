@@ -35,7 +35,6 @@ import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import resource  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -48,6 +47,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
+
+from _common import maxrss_bytes, reset_peak_rss, verdict  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -108,20 +109,6 @@ def nbytes(X):
 
 # ---------------------------------------------------------------------------------------------
 # Worker: one fit in a fresh process
-
-
-def reset_peak_rss():
-    """Reset the kernel's peak-RSS counter to the current RSS (Linux ≥ 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def maxrss_bytes():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def make_estimator(key):
@@ -246,10 +233,6 @@ def measure(spec, log, timeout=None):
 
 def mib(b):
     return f"{b / 2**20:,.0f} MiB"
-
-
-def verdict(ok):
-    return "**met**" if ok else "**not met**"
 
 
 def machine_lines():
