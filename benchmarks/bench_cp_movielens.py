@@ -312,11 +312,19 @@ def report(base, val_rmse, val_auc, rows, tuning, args, elapsed, n_train, n_test
                                     for r in diffs) + " (papers/001 Theorem 1: identical updates).", ""]
         else:
             best = max(sel, key=lambda r: r["metric"])
+            active = [r for r in sel if max(float(v) for v in r["size"].split("/")) >= 0.01]
+            best_active = max(active, key=lambda r: r["metric"]) if active else None
             out += [f"Best CP AUC {best['metric']:.4f} ({best['method']}, rank {best['rank']}, "
-                    f"mode_bias={best['mode_bias']}); best bias baseline AUC {bias_auc:.4f}.", ""]
+                    f"mode_bias={best['mode_bias']}, |U| {best['size']}); best bias baseline AUC "
+                    f"{bias_auc:.4f}."
+                    + (f" Best fit whose CP part did not collapse (some |U| ≥ 0.01): "
+                       f"{best_active['metric']:.4f} ({best_active['method']}, rank "
+                       f"{best_active['rank']}, mode_bias={best_active['mode_bias']})."
+                       if best_active else ""), ""]
         out += [f"### {likelihood}: cost, convergence and factor sizes", "",
                 "sweeps = n_iter_ / max_iter allowed (CEP-entry: cut by the time box of "
-                f"{ENTRY_BUDGET:g} s from the one-sweep time in brackets); train = the metric "
+                f"{ENTRY_BUDGET:g} s from the one-sweep time in brackets, so its sweeps and "
+                "numbers change with the machine's load from run to run); train = the metric "
                 "on the training entries."
                 + (" AUC (rating ≥ 4) = test AUC of the predicted ratings for the binary labels "
                    "(compare with the probit table and the bias baselines)." if likelihood == "gaussian" else ""), ""]
