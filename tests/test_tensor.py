@@ -55,8 +55,9 @@ def quiet_fit(est, X, y):
 #
 # mode_bias=True for the Gaussian checks: check_regressors_train scores the fit of an additive
 # function of its (integer-coded) columns, which per-object offsets represent and a rank-2 CP
-# term alone does not.  Every expected failure below is an estimator defect except the one
-# marked "check limitation"; each defect also has its own strict-xfail test further down.
+# term alone does not.  The expected failures below are a design decision (a tensor has at
+# least two modes; test_one_mode_tensor_is_a_clear_error checks the message) and a check
+# limitation (continuous X fed to an estimator of integer indices).
 # --------------------------------------------------------------------------------------------
 COMMON_FAILURES = {
     "check_fit2d_1feature": "a tensor has at least two modes: one column of indices is rejected "
