@@ -18,7 +18,7 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .engines.cp import fit_cp, grow_posterior, init_posterior, predict_cp
+from .engines.cp import elbo, fit_cp, grow_posterior, init_posterior, predict_cp
 from .linear_model import unchanged_on_error
 
 __all__ = ["BayesianCPTensor"]
@@ -119,7 +119,13 @@ class BayesianCPTensor(BaseEstimator):
         Standard deviation of the random initial embedding means (all-zero means are a fixed
         point of the updates).
     n_inner_iter : int, default=10
-        Sweeps over each batch in ``partial_fit``.
+        Largest number of sweeps over each batch in ``partial_fit`` (fewer when ``tol`` is
+        met).
+    n_init : int, default=1
+        Number of random initialisations; the fit with the highest ELBO is kept (as in
+        :class:`sklearn.mixture.GaussianMixture`).  On small or very sparse tensors the CP
+        posterior has poor local optima, and a few restarts find a much better one.  In
+        ``partial_fit`` it applies to the first batch, which all later batches build on.
     shape : tuple of int or None, default=None
         Tensor shape.  None: inferred from the largest index seen, and grown by
         ``partial_fit``; given: indices beyond it are rejected.
@@ -183,6 +189,7 @@ class BayesianCPTensor(BaseEstimator):
         "damping": [Interval(Real, 0, 1, closed="right")],
         "init_scale": [Interval(Real, 0, None, closed="neither")],
         "n_inner_iter": [Interval(Integral, 1, None, closed="left")],
+        "n_init": [Interval(Integral, 1, None, closed="left")],
         "shape": [None, tuple, list],
         "random_state": ["random_state"],
     }
@@ -205,6 +212,7 @@ class BayesianCPTensor(BaseEstimator):
         damping=1.0,
         init_scale=0.5,
         n_inner_iter=10,
+        n_init=1,
         shape=None,
         random_state=None,
     ):
@@ -223,6 +231,7 @@ class BayesianCPTensor(BaseEstimator):
         self.damping = damping
         self.init_scale = init_scale
         self.n_inner_iter = n_inner_iter
+        self.n_init = n_init
         self.shape = shape
         self.random_state = random_state
 
@@ -326,8 +335,7 @@ class BayesianCPTensor(BaseEstimator):
             X = check_tensor_index(X)
             shape = self._resolve_shape(X, fixed_shape, None)
             rng = check_random_state(self.random_state)
-            post = self._init_posterior(shape, y, noise_prior, rng)
-            result = self._run(post, X, y, self.max_iter, rng)
+            result = self._run_best_of(shape, y, noise_prior, X, self.max_iter, rng)
             self._rng = rng
             self._n_seen = [np.bincount(X[:, k], minlength=d) for k, d in enumerate(shape)]
             if not result.converged:
@@ -370,7 +378,7 @@ class BayesianCPTensor(BaseEstimator):
             rng = check_random_state(self.random_state) if first_call else self._rng
             if first_call:
                 shape = self._resolve_shape(X, fixed_shape, None)
-                post = self._init_posterior(shape, y, noise_prior, rng)
+                result = self._run_best_of(shape, y, noise_prior, X, self.n_inner_iter, rng)
                 n_seen = [np.zeros(d, dtype=np.int64) for d in shape]
             else:
                 shape = self._resolve_shape(X, fixed_shape, self.shape_)
@@ -385,7 +393,7 @@ class BayesianCPTensor(BaseEstimator):
                     unseen = np.flatnonzero(c == 0)
                     f.mean[unseen] = self.init_scale * rng.standard_normal((unseen.size, self.rank))
                     f.cov[unseen] = self.init_scale**2 * np.eye(self.rank)
-            result = self._run(post, X, y, self.n_inner_iter, rng)
+                result = self._run(post, X, y, self.n_inner_iter, rng)
             self._rng = rng
             self._n_seen = [c + np.bincount(X[:, k], minlength=c.size) for k, c in enumerate(n_seen)]
             self._set_posterior(result, shape)
@@ -415,6 +423,18 @@ class BayesianCPTensor(BaseEstimator):
             mode_offsets=self.bias_prior_variance if self.mode_bias else None,
             noise_prior=noise_prior if gaussian else None, noise_init=noise_init,
         )
+
+    def _run_best_of(self, shape, y, noise_prior, X, max_iter, rng):
+        """Fit from ``n_init`` random starts and keep the one with the highest ELBO."""
+        best, best_elbo = None, -np.inf
+        for _ in range(self.n_init):
+            result = self._run(self._init_posterior(shape, y, noise_prior, rng), X, y, max_iter, rng)
+            if self.n_init == 1:
+                return result
+            value = elbo(result.posterior, X, y, self.likelihood)
+            if best is None or value > best_elbo:
+                best, best_elbo = result, value
+        return best
 
     def _run(self, post, X, y, max_iter, rng):
         return fit_cp(
