@@ -1,0 +1,589 @@
+r"""Streaming Bayesian deep tensor factorization, SBDT (SPEC §6, papers/004).
+
+Model (papers/004 §3), for entry i = (i_1, …, i_K) with input x_i = [u¹_{i_1}; …; u^K_{i_K}]:
+
+    h_0 = x_i,   h_m = act(W_m [h_{m−1}; 1] / √(V_{m−1} + 1))   (m < M),
+    f(x_i) = W_M [h_{M−1}; 1] / √(V_{M−1} + 1) + b,
+    y_i ~ N(f, τ⁻¹)  (Gaussian)   or   P(y_i = 1) = Φ(f)  (probit),
+
+with u ~ N(0, I), τ ~ Gam(a0, b0), a spike-and-slab prior on every weight (eq. 3):
+s ~ Bern(ρ0), w | s ~ s N(0, σ0²) + (1 − s) δ(w), and an optional global offset
+b ~ N(0, s_b²) (beyond the paper; s_b² = 0 removes it).  b is one more Gaussian parameter of
+the ADF update, with gradient 1.
+
+The posterior is fully factorized: N(μ, v) per weight, Bern(c(ρ_q)) per selection indicator,
+N(ψ, ν) per embedding coordinate and Gam(a, b) for τ.  The spike-and-slab prior enters q
+through an approximating term A(w, s) = Bern(s | c(ρ_A)) N(w | μ_A, v_A) (eq. 13), kept in
+natural parameters (``site_precision`` = 1/v_A, ``site_shift`` = μ_A/v_A, ``site_logit`` = ρ_A),
+so that q's inclusion log-odds are logit(ρ0) + ρ_A.
+
+Per entry (papers/004 Alg. 1, one pass, no revisits):
+
+1. delta method (eqs. 8–9): α = f(E[W], E[x]), g = ∇f at the means by backpropagation,
+   β = Σ_j g_j² var_j;
+2. log Z (eq. 10: probit log Φ(sα/√(1+β)); eq. 12: Gaussian log N(y | α, β + b/a)) and its
+   derivatives in α and β;
+3. for every weight and every coordinate of the entry's embeddings (eq. 7)
+   μ* = μ + v ∂log Z/∂μ, v* = v − v²((∂log Z/∂μ)² − 2 ∂log Z/∂v), with
+   ∂log Z/∂μ_j = g_j ∂log Z/∂α and ∂log Z/∂v_j = g_j² ∂log Z/∂β (g held fixed);
+4. Gaussian entries: a* = a + ½, b* = b + ½((y − α)² + β) (supplement §1, eq. 4).
+
+After every batch, one EP update of every weight's spike-and-slab term (supplement eqs. 5–9),
+optionally damped in natural parameters.
+
+The per-entry loop is inherently sequential.  All weight means and variances live in one
+contiguous (2, P + V_0 + 1) array (layer matrices are views of it) that also holds the entry's
+input embeddings and the offset, so the moment updates of step 3 are five whole-vector
+operations (two of them BLAS axpy) into preallocated buffers, and the forward and backward
+passes are small matrix–vector products written into preallocated buffers.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg.blas import daxpy as _daxpy
+from scipy.special import erfcx, expit, log_ndtr, logit
+from scipy.stats import truncnorm
+
+__all__ = [
+    "DeepPosterior",
+    "init_posterior",
+    "grow_posterior",
+    "forward_backward",
+    "delta_moments",
+    "predict_moments",
+    "entry_inputs",
+    "log_evidence",
+    "adf_moments",
+    "spike_slab_tilted",
+    "refine_spike_slab",
+    "adf_pass",
+    "ACTIVATIONS",
+]
+
+ACTIVATIONS = ("relu", "tanh")
+_LOG_2PI = math.log(2.0 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_SQRT_HALF = math.sqrt(0.5)
+# the ADF variance update multiplies v by 1 − v g² κ, positive in exact arithmetic (κ < 1/(β+…)
+# with β ≥ v g²); rounding can only matter when one coordinate carries all of β, and the factor
+# is kept at least this large there
+_MIN_SHRINK = 1e-12
+
+
+# --------------------------------------------------------------------------------------------
+# the posterior
+
+
+@dataclass
+class DeepPosterior:
+    """Factorized posterior of SBDT.
+
+    ``theta`` is a (2, P + V_0 + 1) array: row 0 the means, row 1 the variances of every
+    weight (layer after layer, each layer a row-major (V_m, V_{m−1} + 1) matrix whose last
+    column is the bias), then V_0 scratch slots that the per-entry loop fills with the entry's
+    input embeddings, then the global offset b added to the network output (variance 0 when
+    there is none: f = f_W(x) + b).  ``emb[k]`` is a (2, d_k, r_k) array: means and variances
+    of the mode-k embeddings.
+    """
+
+    layer_sizes: tuple  # (V_0, V_1, …, V_M = 1)
+    ranks: tuple  # r_k, Σ r_k = V_0
+    activation: str
+    theta: np.ndarray
+    site_precision: np.ndarray  # spike-and-slab term A, natural parameters (one per weight)
+    site_shift: np.ndarray
+    site_logit: np.ndarray
+    prior_logit: float  # logit(ρ0)
+    slab_variance: float  # σ0²
+    emb: list
+    noise: tuple = None  # (a, b) of q(τ); None for probit
+    n_seen: int = 0
+    n_skipped: int = 0  # spike-and-slab updates skipped for an improper cavity
+
+    @property
+    def mean(self):
+        return self.theta[0]
+
+    @property
+    def var(self):
+        return self.theta[1]
+
+    @property
+    def intercept(self):
+        """(mean, variance) of the global offset."""
+        return float(self.theta[0, -1]), float(self.theta[1, -1])
+
+    @property
+    def n_weights(self):
+        return self.site_logit.size
+
+    @property
+    def shapes(self):
+        s = self.layer_sizes
+        return [(s[m + 1], s[m] + 1) for m in range(len(s) - 1)]
+
+    def layer_views(self, flat):
+        """(V_m, V_{m−1} + 1) views of a flat weight vector, one per layer."""
+        out, start = [], 0
+        for rows, cols in self.shapes:
+            out.append(flat[start:start + rows * cols].reshape(rows, cols))
+            start += rows * cols
+        return out
+
+    @property
+    def weight_mean(self):
+        return self.layer_views(self.theta[0])
+
+    @property
+    def weight_var(self):
+        return self.layer_views(self.theta[1])
+
+    @property
+    def inclusion_logit(self):
+        """log-odds of q(s = 1) per weight (flat): logit(ρ0) + ρ_A."""
+        return self.prior_logit + self.site_logit
+
+    @property
+    def noise_precision(self):
+        return self.noise[0] / self.noise[1] if self.noise is not None else 1.0
+
+    def copy(self):
+        return DeepPosterior(
+            self.layer_sizes, self.ranks, self.activation, self.theta.copy(),
+            self.site_precision.copy(), self.site_shift.copy(), self.site_logit.copy(),
+            self.prior_logit, self.slab_variance, [e.copy() for e in self.emb],
+            self.noise, self.n_seen, self.n_skipped,
+        )
+
+
+def _new_embeddings(d, r, rng, scale):
+    e = np.empty((2, d, r))
+    e[0] = scale * rng.standard_normal((d, r)) if scale > 0 else 0.0
+    e[1] = 1.0
+    return e
+
+
+def init_posterior(shape, ranks, hidden_layer_sizes, activation, *, spike_prob, slab_variance,
+                   noise_prior, rng, embedding_init_scale=0.0, intercept_variance=0.0):
+    """The start of Alg. 1 (line 1): the spike-and-slab term A initialised as in papers/004
+    §4.2 and multiplied with the other priors.
+
+    A has v_A = σ0², ρ_A = 0 and μ_A drawn from a standard normal truncated to [−σ0, σ0]
+    (a start at zero means would make the delta method degenerate: every gradient through a
+    zero weight vanishes).  Embeddings start at their prior N(0, I); with
+    ``embedding_init_scale`` > 0 their working means are drawn from N(0, scale²) instead.
+    The global offset starts at N(0, ``intercept_variance``) (0: no offset, the paper's model).
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}.")
+    ranks = tuple(int(r) for r in ranks)
+    sizes = (sum(ranks), *(int(h) for h in hidden_layer_sizes), 1)
+    n_weights = sum(sizes[m + 1] * (sizes[m] + 1) for m in range(len(sizes) - 1))
+    sigma0 = math.sqrt(slab_variance)
+    site_mean = truncnorm.rvs(-sigma0, sigma0, size=n_weights, random_state=rng)
+    theta = np.ones((2, n_weights + sizes[0] + 1))
+    theta[0] = 0.0
+    theta[0, :n_weights] = site_mean
+    theta[1, :n_weights] = slab_variance
+    theta[1, -1] = intercept_variance
+    emb = [_new_embeddings(d, r, rng, embedding_init_scale) for d, r in zip(shape, ranks)]
+    return DeepPosterior(
+        layer_sizes=sizes, ranks=ranks, activation=activation, theta=theta,
+        site_precision=np.full(n_weights, 1.0 / slab_variance), site_shift=site_mean / slab_variance,
+        site_logit=np.zeros(n_weights), prior_logit=float(logit(spike_prob)),
+        slab_variance=float(slab_variance), emb=emb,
+        noise=None if noise_prior is None else (float(noise_prior[0]), float(noise_prior[1])),
+    )
+
+
+def grow_posterior(post, shape, rng, embedding_init_scale=0.0):
+    """New rows (objects beyond the current shape) start at the prior N(0, I) (or at random
+    working means with ``embedding_init_scale`` > 0).  Returns ``post`` itself, modified."""
+    for k, d in enumerate(shape):
+        old = post.emb[k].shape[1]
+        if d > old:
+            new = _new_embeddings(d - old, post.ranks[k], rng, embedding_init_scale)
+            post.emb[k] = np.concatenate([post.emb[k], new], axis=1)
+    return post
+
+
+def entry_inputs(post, X):
+    """Means and variances of the network inputs x_i, each (n, V_0); indices beyond the
+    fitted shape use the prior N(0, I)."""
+    parts_mean, parts_var = [], []
+    for k, e in enumerate(post.emb):
+        idx = X[:, k]
+        seen = idx < e.shape[1]
+        pm = np.zeros((idx.size, e.shape[2]))
+        pv = np.ones((idx.size, e.shape[2]))
+        pm[seen] = e[0][idx[seen]]
+        pv[seen] = e[1][idx[seen]]
+        parts_mean.append(pm)
+        parts_var.append(pv)
+    return np.hstack(parts_mean), np.hstack(parts_var)
+
+
+# --------------------------------------------------------------------------------------------
+# the network: readable reference forward/backward and the batched delta method
+
+
+def _act(a, activation):
+    if activation == "relu":
+        return np.maximum(a, 0.0), (a > 0).astype(float)
+    h = np.tanh(a)
+    return h, 1.0 - h * h
+
+
+def forward_backward(weights, x, activation):
+    """Output f and its gradient with respect to every weight matrix and the input, for one
+    input vector (reference implementation, eqs. 8–9's g).
+
+    Parameters
+    ----------
+    weights : list of ndarray (V_m, V_{m−1} + 1)
+    x : ndarray (V_0,)
+    activation : {"relu", "tanh"}
+
+    Returns
+    -------
+    f : float
+    grad_weights : list of ndarray, shapes of ``weights``
+    grad_x : ndarray (V_0,)
+    """
+    hs, derivs = [], []
+    h = np.asarray(x, dtype=float)
+    for m, W in enumerate(weights):
+        scale = 1.0 / math.sqrt(W.shape[1])
+        hs.append(np.append(h, 1.0) * scale)
+        a = W @ hs[-1]
+        if m < len(weights) - 1:
+            h, d = _act(a, activation)
+            derivs.append(d)
+    f = float(a[0])
+    delta = np.ones(1)
+    grads = [None] * len(weights)
+    for m in range(len(weights) - 1, -1, -1):
+        grads[m] = np.outer(delta, hs[m])
+        back = (delta @ weights[m])[:-1] / math.sqrt(weights[m].shape[1])
+        delta = back * derivs[m - 1] if m > 0 else back
+    return f, grads, delta
+
+
+def delta_moments(weight_mean, weight_var, x_mean, x_var, activation, intercept=(0.0, 0.0), chunk=4096):
+    """Delta-method moments of the network output for many entries (eqs. 8–9), vectorized.
+
+    α_i = f(E[W], E[x_i]) and β_i = Σ_j g_ij² var_j.  With δ_m = ∂f/∂a_m per entry, the
+    gradient of layer m is δ_m ⊗ h̃_{m−1} (h̃ the scaled, bias-augmented input of the layer),
+    so its share of β is Σ_jt δ_mj² V_m,jt h̃_{m−1,t}² = ((δ_m²) V_m · h̃_{m−1}²) summed — no
+    per-entry gradient vector is formed.  ``intercept`` = (mean, variance) of a global offset
+    added to f.
+
+    Returns
+    -------
+    alpha, beta : ndarray (n,)
+    """
+    x_mean = np.atleast_2d(x_mean)
+    x_var = np.atleast_2d(x_var)
+    n = x_mean.shape[0]
+    alpha = np.empty(n)
+    beta = np.empty(n)
+    L = len(weight_mean)
+    for start in range(0, n, chunk):
+        sl = slice(start, start + chunk)
+        h = x_mean[sl]
+        hs, derivs = [], []
+        for m, W in enumerate(weight_mean):
+            scale = 1.0 / math.sqrt(W.shape[1])
+            ht = np.empty((h.shape[0], W.shape[1]))
+            ht[:, :-1] = h * scale
+            ht[:, -1] = scale
+            hs.append(ht)
+            a = ht @ W.T
+            if m < L - 1:
+                h, d = _act(a, activation)
+                derivs.append(d)
+        alpha[sl] = a[:, 0] + intercept[0]
+        delta = np.ones((h.shape[0], 1))
+        b = np.full(h.shape[0], float(intercept[1]))
+        for m in range(L - 1, -1, -1):
+            b += np.einsum("nj,nj->n", (delta * delta) @ weight_var[m], hs[m] * hs[m])
+            back = (delta @ weight_mean[m])[:, :-1] / math.sqrt(weight_mean[m].shape[1])
+            delta = back * derivs[m - 1] if m > 0 else back
+        b += np.einsum("nj,nj->n", delta * delta, x_var[sl])
+        beta[sl] = b
+    return alpha, beta
+
+
+def predict_moments(post, X):
+    """Delta-method mean α and variance β of f at the entries X (n, K) under the posterior;
+    indices beyond the fitted shape use the prior N(0, I)."""
+    x_mean, x_var = entry_inputs(post, X)
+    return delta_moments(post.weight_mean, post.weight_var, x_mean, x_var, post.activation,
+                         intercept=post.intercept)
+
+
+# --------------------------------------------------------------------------------------------
+# the running evidence and the ADF moment update
+
+
+def log_evidence(likelihood, y, alpha, beta, noise_variance=None):
+    """log Z and its derivatives ∂log Z/∂α, ∂log Z/∂β (eqs. 10 and 12).
+
+    Probit (``y`` the sign ±1): Z = Φ(yα/√(1+β)).  Gaussian: Z = N(y | α, β + b/a) with
+    ``noise_variance`` = b/a.  Scalars or arrays.
+
+    Returns
+    -------
+    log_z, d_alpha, d_beta
+    """
+    alpha = np.asarray(alpha, dtype=float)
+    beta = np.asarray(beta, dtype=float)
+    if likelihood == "gaussian":
+        s = beta + noise_variance
+        resid = y - alpha
+        log_z = -0.5 * (_LOG_2PI + np.log(s) + resid * resid / s)
+        d_alpha = resid / s
+        d_beta = 0.5 * (resid * resid / (s * s) - 1.0 / s)
+        return log_z, d_alpha, d_beta
+    root = np.sqrt(1.0 + beta)
+    z = y * alpha / root
+    ratio = _SQRT_2_OVER_PI / erfcx(-z * _SQRT_HALF)  # φ(z)/Φ(z), finite for z → −∞
+    return log_ndtr(z), y * ratio / root, -0.5 * ratio * z / (1.0 + beta)
+
+
+def adf_moments(mean, var, g, d_alpha, d_beta):
+    """Eq. 7 with ∂log Z/∂μ_j = g_j d_alpha and ∂log Z/∂v_j = g_j² d_beta.
+
+    Returns the new means and variances (the variance factor 1 − v g² κ, κ = d_alpha² −
+    2 d_beta, is kept ≥ 1e-12 so variances stay positive)."""
+    kappa = d_alpha * d_alpha - 2.0 * d_beta
+    shrink = np.maximum(1.0 - var * g * g * kappa, _MIN_SHRINK)
+    return mean + var * g * d_alpha, var * shrink
+
+
+# --------------------------------------------------------------------------------------------
+# EP refinement of the spike-and-slab prior (supplement §2)
+
+
+def spike_slab_tilted(cavity_precision, cavity_shift, prior_logit, slab_variance):
+    """Moments of the tilted distribution q\\(w, s) × (s N(w | 0, σ0²) + (1 − s) δ(w))
+    (supplement eqs. 5–9), with the cavity N(w | μ\\, v\\) Bern(s | ρ0) given by its natural
+    parameters λ\\ = 1/v\\ ≥ 0 and η\\ = μ\\/v\\ (λ\\ = 0, a flat cavity, is allowed).
+
+    In natural parameters, eq. 6 reads
+    ρ* = log N(μ\\ | 0, σ0² + v\\) − log N(μ\\ | 0, v\\)
+       = −½ log(1 + σ0² λ\\) + ½ σ0² η\\² / (1 + σ0² λ\\),
+    and v̂ = σ0² / (1 + σ0² λ\\), μ̂ = v̂ η\\.
+
+    Returns
+    -------
+    rho_star : log-odds ρ* of the updated term (q's inclusion log-odds are ρ* + logit ρ0)
+    mean, var : eqs. 7–8, c(ρ̂) μ̂ and c(ρ̂)(v̂ + (1 − c(ρ̂)) μ̂²), ρ̂ = ρ* + logit ρ0
+    """
+    t = slab_variance * cavity_precision
+    one_plus = 1.0 + t
+    rho_star = -0.5 * np.log1p(t) + 0.5 * slab_variance * cavity_shift * cavity_shift / one_plus
+    v_hat = slab_variance / one_plus
+    mu_hat = v_hat * cavity_shift
+    c = expit(rho_star + prior_logit)
+    mean = c * mu_hat
+    var = c * (v_hat + (1.0 - c) * mu_hat * mu_hat)
+    return rho_star, mean, var
+
+
+def refine_spike_slab(post, damping=1.0):
+    """One EP update of every weight's spike-and-slab term A (supplement §2), in place.
+
+    Cavity q/A, tilted moments (eqs. 6–8), then A* = q*/q\\ and q = q\\ × A*.  With
+    ``damping`` ε < 1 the new term is A_old^(1−ε) A*^ε (natural parameters mixed), so q's
+    precision (1−ε)/v_old + ε/v* stays positive; ε = 1 is the paper's update.  A weight whose
+    cavity precision is negative (possible only through rounding: ADF never lowers a
+    precision) keeps its term; the skips are counted in ``post.n_skipped``.
+
+    Returns
+    -------
+    n_skipped : int
+    """
+    P = post.n_weights
+    mean, var = post.mean[:P], post.var[:P]
+    precision = 1.0 / var
+    cav_prec = precision - post.site_precision
+    cav_shift = mean * precision - post.site_shift
+    ok = cav_prec >= 0.0
+    n_bad = int(P - np.count_nonzero(ok))
+    sel = ok if n_bad else slice(None)
+    if n_bad:
+        cav_prec, cav_shift = cav_prec[ok], cav_shift[ok]
+    rho, new_mean, new_var = spike_slab_tilted(cav_prec, cav_shift, post.prior_logit, post.slab_variance)
+    new_var = np.maximum(new_var, np.finfo(float).tiny / np.finfo(float).eps)
+    site_prec = 1.0 / new_var - cav_prec
+    site_shift = new_mean / new_var - cav_shift
+    if damping < 1.0:
+        site_prec = damping * site_prec + (1.0 - damping) * post.site_precision[sel]
+        site_shift = damping * site_shift + (1.0 - damping) * post.site_shift[sel]
+        rho = damping * rho + (1.0 - damping) * post.site_logit[sel]
+        new_var = 1.0 / (cav_prec + site_prec)
+        new_mean = new_var * (cav_shift + site_shift)
+    mean[sel], var[sel] = new_mean, new_var
+    post.site_precision[sel] = site_prec
+    post.site_shift[sel] = site_shift
+    post.site_logit[sel] = rho
+    post.n_skipped += n_bad
+    return n_bad
+
+
+# --------------------------------------------------------------------------------------------
+# the per-entry ADF loop
+
+
+class _Workspace:
+    """Preallocated buffers and views for the per-entry loop."""
+
+    def __init__(self, post):
+        sizes = post.layer_sizes
+        L = len(sizes) - 1
+        P = post.n_weights
+        self.L = L
+        self.W = post.layer_views(post.mean)
+        self.grad = np.zeros(post.theta.shape[1])
+        self.gW = post.layer_views(self.grad)
+        self.gW_last = self.gW[L - 1][0]
+        self.W_last = self.W[L - 1][0]
+        self.gx = self.grad[P:P + sizes[0]]
+        self.grad[-1] = 1.0  # ∂f/∂b
+        self.vg = np.empty(self.grad.size)
+        self.tmp = np.empty(self.grad.size)
+        self.intercept = post.theta[0, -1:]
+        self.scale = [1.0 / math.sqrt(sizes[m] + 1) for m in range(L)]
+        # h̃_m = [h_m; 1] / √(V_m + 1): the scaled, bias-augmented input of layer m + 1
+        self.hs = []
+        for m in range(L):
+            b = np.empty(sizes[m] + 1)
+            b[-1] = self.scale[m]
+            self.hs.append(b)
+        self.h = [b[:-1] for b in self.hs]
+        self.hs_col = [b[None, :] for b in self.hs]
+        self.a = [np.empty(sizes[m + 1]) for m in range(L)]
+        self.deriv = [np.empty(sizes[m + 1]) for m in range(L - 1)]  # act'(a_m) / √(V_m + 1)
+        self.zero = [np.zeros(sizes[m + 1]) for m in range(L - 1)]
+        self.delta = [np.empty(sizes[m + 1]) for m in range(L - 1)]
+        self.delta_col = [d[:, None] for d in self.delta]
+        self.back = [np.empty(sizes[m] + 1) for m in range(L - 1)]
+        self.back_head = [b[:-1] for b in self.back]
+        self.x_mean = post.mean[P:P + sizes[0]]
+        # (2, V_0) view of the input slots of (mean, var): one assignment per mode fetches an
+        # embedding's means and variances
+        self.x_both = post.theta[:, P:P + sizes[0]]
+        offsets = np.cumsum((0,) + post.ranks)
+        self.slots = [self.x_both[:, int(offsets[k]):int(offsets[k + 1])] for k in range(len(post.ranks))]
+        # per-layer tuples of the buffers each step touches, so that the per-entry passes are
+        # plain loops over them
+        self.hidden = [(self.W[m], self.hs[m], self.a[m], self.h[m + 1], self.deriv[m], self.zero[m],
+                        self.scale[m + 1]) for m in range(L - 1)]
+        self.backward = [((self.back_head[m + 1] if m + 1 < L - 1 else self.W_last[:-1]), self.deriv[m],
+                          self.delta[m], self.delta_col[m], self.hs_col[m], self.gW[m], self.W[m], self.back[m])
+                         for m in range(L - 2, -1, -1)]
+        self.input_grad_source = self.back_head[0] if L > 1 else self.W_last[:-1]
+
+    def forward_backward(self, relu):
+        """α at the current means, and the gradient g of f into ``self.grad`` (eq. 8)."""
+        multiply, dot = np.multiply, np.dot
+        multiply(self.x_mean, self.scale[0], out=self.h[0])
+        # forward: a_m = W_m h̃_{m−1}; h̃_m = c_m [act(a_m); 1]; deriv_m = c_m act'(a_m)
+        for W, h_in, a, h_out, deriv, zero, c in self.hidden:
+            dot(W, h_in, out=a)
+            if relu:
+                np.maximum(a, zero, out=h_out)
+                np.sign(h_out, out=deriv)
+                h_out *= c
+                deriv *= c
+            else:
+                np.tanh(a, out=h_out)
+                multiply(h_out, h_out, out=deriv)
+                h_out *= c
+                deriv *= -c
+                deriv += c
+        hs_last = self.hs[-1]
+        alpha = float(dot(self.W_last, hs_last)) + float(self.intercept[0])
+        # backward: δ_m = ∂f/∂a_m = (∂f/∂h̃_m) ∘ deriv_m and ∂f/∂W_m = δ_m h̃_{m−1}ᵀ;
+        # the output's δ is 1
+        np.copyto(self.gW_last, hs_last)
+        for src, deriv, delta, delta_col, h_row, gW, W, back in self.backward:
+            multiply(src, deriv, out=delta)
+            dot(delta_col, h_row, out=gW)  # outer product
+            dot(delta, W, out=back)  # ∂f/∂h̃_{m−1}
+        multiply(self.input_grad_source, self.scale[0], out=self.gx)
+        return alpha
+
+
+def adf_pass(post, X, y, likelihood):
+    """Alg. 1 lines 3–8 over the entries of one batch, in order, updating ``post`` in place.
+
+    Parameters
+    ----------
+    post : DeepPosterior
+    X : ndarray (n, K) of int, indices inside the posterior's shape
+    y : ndarray (n,), values (Gaussian) or signs ±1 (probit)
+    likelihood : {"gaussian", "probit"}
+
+    Returns
+    -------
+    post : DeepPosterior
+    """
+    ws = _Workspace(post)
+    mean, var, grad, vg, tmp = post.mean, post.var, ws.grad, ws.vg, ws.tmp
+    emb, slots = post.emb, ws.slots
+    relu = post.activation == "relu"
+    fb = ws.forward_backward
+    gaussian = likelihood == "gaussian"
+    a_tau, b_tau = post.noise if gaussian else (1.0, 1.0)
+    K = len(slots)
+    modes = range(K)
+    rows = np.asarray(X).tolist()
+    values = np.asarray(y, dtype=float).tolist()
+    multiply, dot = np.multiply, np.dot
+    sqrt, exp, erfc = math.sqrt, math.exp, math.erfc
+    safe = 1.0 - 1e-9
+    for row, yn in zip(rows, values):
+        for k in modes:  # the entry's embeddings (means and variances) into the input slots
+            slots[k][...] = emb[k][:, row[k]]
+        alpha = fb(relu)
+        multiply(var, grad, out=vg)
+        beta = float(dot(vg, grad))
+        if gaussian:  # eq. 12: log Z = log N(y | α, β + b/a)
+            s = beta + b_tau / a_tau
+            resid = yn - alpha
+            d_alpha = resid / s
+            kappa = 1.0 / s  # (∂logZ/∂α)² − 2 ∂logZ/∂β
+            a_tau += 0.5  # supplement §1, eq. 4
+            b_tau += 0.5 * (resid * resid + beta)
+        else:  # eq. 10: log Z = log Φ(yα/√(1+β))
+            denom = 1.0 + beta
+            root = sqrt(denom)
+            z = yn * alpha / root
+            if z > -5.0:
+                ratio = _SQRT_2_OVER_PI * exp(-0.5 * z * z) / erfc(-z * _SQRT_HALF)
+            else:
+                ratio = _SQRT_2_OVER_PI / float(erfcx(-z * _SQRT_HALF))
+            d_alpha = yn * ratio / root
+            kappa = ratio * (ratio + z) / denom
+        # eq. 7: v* = v − κ (v g)², μ* = μ + ∂logZ/∂α · v g.  Every v_j g_j² ≤ β, so
+        # κβ < 1 keeps every v* positive; otherwise (rounding only) the shrink factor is floored.
+        multiply(vg, vg, out=tmp)
+        if kappa * beta < safe:
+            _daxpy(tmp, var, a=-kappa)
+        else:
+            multiply(vg, grad, out=tmp)
+            tmp *= -kappa
+            tmp += 1.0
+            np.maximum(tmp, _MIN_SHRINK, out=tmp)
+            var *= tmp
+        _daxpy(vg, mean, a=d_alpha)
+        for k in modes:
+            emb[k][:, row[k]] = slots[k]
+    if gaussian:
+        post.noise = (a_tau, b_tau)
+    post.n_seen += len(rows)
+    return post
