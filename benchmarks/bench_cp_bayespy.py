@@ -31,7 +31,7 @@ iterations runs, ELBO tracked every iteration as BayesPy's ``update`` does), wit
 Time per iteration: median over the iterations; wall (perf_counter) and CPU (process_time)
 — the machine's 2 cores are shared with other jobs, so CPU time is the steadier measure.
 skcep runs twice: with its default chunk threads (up to 2 here) and forced to one thread
-(``skcep.engines.cp._N_THREADS = 1``, a private knob, set only in this script); the 1-thread
+(``skcep.engines.parallel.N_THREADS = 1``, a private knob, set only in this script); the 1-thread
 figures are the like-for-like comparison with single-threaded BayesPy.  BLAS is pinned to one
 thread for both (OPENBLAS/OMP/MKL_NUM_THREADS=1).
 
@@ -63,6 +63,7 @@ from _common import RESULTS, command, library_state, md_table  # noqa: E402
 from bench_cp_image import load_image, split  # noqa: E402
 
 import skcep.engines.cp as cp_engine  # noqa: E402
+import skcep.engines.parallel as parallel  # noqa: E402
 from skcep.datasets import load_movielens  # noqa: E402
 
 PRIOR_VARIANCE = 1.0
@@ -156,9 +157,9 @@ def run_bayespy(prob, post0, n_iter):
 
 
 def run_skcep(prob, post0, n_iter, threads, method="cep"):
-    saved = cp_engine._N_THREADS
+    saved = parallel.N_THREADS
     if threads is not None:
-        cp_engine._N_THREADS = threads
+        parallel.N_THREADS = threads
     wall, cpu = [], []
     clock = {}
 
@@ -176,12 +177,12 @@ def run_skcep(prob, post0, n_iter, threads, method="cep"):
         total = time.perf_counter() - t0
         diag = diagnostics() - diag0
     finally:
-        cp_engine._N_THREADS = saved
+        parallel.N_THREADS = saved
     # the first sweep's time includes building the entry index (sorting the entries per mode)
     post = res.posterior
     return dict(wall=np.array(wall), cpu=np.array(cpu), total=total, elbo=np.array(res.elbo), diag=diag,
                 means=[f.mean for f in post.factors], covs=[f.cov for f in post.factors],
-                tau=float(post.noise_precision), threads=threads or cp_engine._N_THREADS)
+                tau=float(post.noise_precision), threads=threads or parallel.N_THREADS)
 
 
 def compare(prob, cfg, log):

@@ -2,8 +2,17 @@
 
 from . import datasets
 from .linear_model import CEPLogisticClassifier, CEPProbitClassifier
-from .tensor import BayesianCPTensor
+from .message_operator import KJITMessageOperator
+from .tensor import BayesianCPTensor, StreamingDeepTensor
 
 __version__ = "0.1.0"
 
-__all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "BayesianCPTensor", "datasets", "__version__"]
+__all__ = [
+    "CEPProbitClassifier",
+    "CEPLogisticClassifier",
+    "BayesianCPTensor",
+    "StreamingDeepTensor",
+    "KJITMessageOperator",
+    "datasets",
+    "__version__",
+]

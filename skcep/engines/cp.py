@@ -38,8 +38,6 @@ Per-row sums over entries are accumulated chunk by chunk over entries sorted by 
 (upper triangle, R(R+1)/2 numbers).
 """
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +45,7 @@ import scipy.sparse as sp
 from scipy.special import digamma, gammaln, log_ndtr
 
 from .likelihoods import log_phi_derivatives
+from .parallel import map_chunks
 
 __all__ = ["GaussianRows", "CPPosterior", "fit_cp", "predict_cp", "init_posterior", "grow_posterior"]
 
@@ -344,23 +343,6 @@ class _SparseMode:
         return G, h
 
 
-_N_THREADS = max(1, min(4, os.cpu_count() or 1))
-_POOL = None
-
-
-def _map_chunks(work, chunks):
-    """Run ``work`` on contiguous shares of ``chunks`` in parallel threads (numpy releases the
-    GIL inside gathers, products and reductions); returns the list of results."""
-    global _POOL
-    n_parts = min(_N_THREADS, len(chunks))
-    if n_parts <= 1:
-        return [work(chunks)]
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(_N_THREADS)
-    bounds = np.linspace(0, len(chunks), n_parts + 1).astype(int)
-    return list(_POOL.map(work, [chunks[a:b] for a, b in zip(bounds[:-1], bounds[1:])]))
-
-
 def _hadamard(arrays, columns, skip=None):
     """∘_{j≠skip} arrays[j][columns[j]]: Hadamard moments of z^{\\skip} (papers/000 eqs. 16–17).
 
@@ -403,7 +385,7 @@ def _entry_map(fn, n):
         for sl in part:
             out[sl] = fn(sl)
 
-    _map_chunks(work, chunks)
+    map_chunks(work, chunks)
     return out
 
 
@@ -476,7 +458,7 @@ def _factor_statistics(k, entries, moments, target, weight=None):
             h[rows] += np.add.reduceat(xbar, starts, axis=0)
         return G, h
 
-    parts = _map_chunks(work, chunks)
+    parts = map_chunks(work, chunks)
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 

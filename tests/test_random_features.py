@@ -1,0 +1,306 @@
+"""Two-stage random features on message tuples and Bayesian linear regression (papers/002).
+
+References are independent of the code under test: the closed-form expected-product kernel of
+Gaussian messages (supplement B.3), adaptive quadrature (``scipy.integrate.quad``, with the
+algebraic weight for Beta densities), Monte Carlo with tolerances from its standard error,
+the Gaussian kernel on embeddings, the posterior by explicit matrix inversion and the
+marginal likelihood as a multivariate normal density.
+"""
+
+import numpy as np
+import pytest
+from scipy import integrate, special, stats
+from scipy.spatial.distance import pdist
+
+from skcep.engines import random_features as rf
+from skcep.engines.random_features import (
+    BayesianLinearRegression,
+    best_noise_variance,
+    check_messages,
+    inner_features,
+    log_marginal_likelihood,
+    median_inner_widths,
+    median_outer_width,
+    message_families,
+    outer_features,
+)
+
+
+def _gaussian_messages(n, rng):
+    """Supplement B.3's test distribution: N(m, v) with m ~ N(0, 9), v ~ Gamma(3, rate 4)."""
+    return np.column_stack([rng.normal(0.0, 3.0, n), rng.gamma(3.0, 0.25, n)])
+
+
+def _expected_cosines(X, families, omega, b):
+    """E cos(ωᵀx + b) per row and frequency, i.e. the inner features without the √(2/D)."""
+    return inner_features(X, families, omega, b) / np.sqrt(2.0 / b.size)
+
+
+# --------------------------------------------------------------------------------------------
+# inner features
+# --------------------------------------------------------------------------------------------
+def test_inner_features_reproduce_expected_product_kernel():
+    """φ̂(r)ᵀφ̂(s) → E_r E_s k(x − y) = Π_l √(σ_l²/(v_rl + v_sl + σ_l²))
+    exp(−(m_rl − m_sl)²/(2(v_rl + v_sl + σ_l²))) (supplement B.3), for tuples of two Gaussian
+    messages; the error falls like D_in^(−1/2)."""
+    rng = np.random.default_rng(0)
+    families = message_families(("gaussian", "gaussian"))
+    X = np.hstack([_gaussian_messages(40, rng), _gaussian_messages(40, rng)])
+    widths = np.array([3.0, 0.5])
+    exact = np.ones((40, 40))
+    for l in range(2):
+        m, v = X[:, 2 * l], X[:, 2 * l + 1]
+        total = v[:, None] + v[None, :] + widths[l]
+        exact *= np.sqrt(widths[l] / total) * np.exp(-((m[:, None] - m[None, :]) ** 2) / (2 * total))
+    errors = {}
+    for d_in in (100, 10_000):
+        errs = []
+        for seed in range(3):
+            r = np.random.default_rng(seed + 10)
+            omega = r.standard_normal((d_in, 2)) / np.sqrt(widths)
+            b = r.uniform(0, 2 * np.pi, d_in)
+            phi = inner_features(X, families, omega, b)
+            errs.append(np.abs(phi @ phi.T - exact).max())
+        errors[d_in] = np.mean(errs)
+    # Monte Carlo rate: 100× the features should cut the error ~10×; demand 4×.
+    assert errors[10_000] < errors[100] / 4
+    assert errors[10_000] < 0.06
+
+
+def test_gaussian_expected_features_closed_form():
+    """Algorithm 1 step 3 for a Gaussian: cos(ω m + b) exp(−½ ω² v)."""
+    rng = np.random.default_rng(1)
+    X = _gaussian_messages(7, rng)
+    omega, b = rng.standard_normal((5, 1)) * 2, rng.uniform(0, 2 * np.pi, 5)
+    got = _expected_cosines(X, message_families("gaussian"), omega, b)
+    want = np.cos(X[:, :1] * omega[:, 0] + b) * np.exp(-0.5 * X[:, 1:] * omega[:, 0] ** 2)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, rate", [(0.3, 0.1), (1.0, 1.0), (3.0, 2.0), (200.0, 10.0)])
+def test_gamma_expected_features_against_quadrature(shape, rate):
+    rng = np.random.default_rng(2)
+    omega = np.array([[0.0], [0.7], [-2.5], [9.0]])
+    b = rng.uniform(0, 2 * np.pi, 4)
+    got = _expected_cosines(np.array([[shape, rate]]), message_families("gamma"), omega, b)[0]
+    dist = stats.gamma(shape, scale=1.0 / rate)
+    for j in range(4):
+        # [0, 1]: the algebraic weight x^(k−1) takes the singularity of shape < 1 (QAWS);
+        # [1, upper]: E cos(ωx + b) = cos b E cos ωx − sin b E sin ωx by the Fourier-weighted
+        # rule (QAWO); the density beyond ``upper`` has mass 1e-14
+        w = omega[j, 0]
+        log_c = shape * np.log(rate) - special.gammaln(shape)
+        head = integrate.quad(
+            lambda x: np.cos(w * x + b[j]) * np.exp(log_c - rate * x),  # noqa: B023
+            0, 1, weight="alg", wvar=(shape - 1, 0), limit=200,
+        )[0]
+        upper = max(dist.isf(1e-14), 2.0)
+        c = integrate.quad(dist.pdf, 1, upper, weight="cos", wvar=w, limit=1000)[0]
+        s = integrate.quad(dist.pdf, 1, upper, weight="sin", wvar=w, limit=1000)[0]
+        want = head + np.cos(b[j]) * c - np.sin(b[j]) * s
+        assert got[j] == pytest.approx(want, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "alpha, beta", [(2.0, 1.0), (1.0, 2.0), (0.5, 0.7), (3.0, 5.0), (50.0, 80.0), (0.2, 40.0)]
+)
+def test_beta_expected_features_against_quadrature(alpha, beta):
+    """Gauss–Jacobi expectation against adaptive quadrature with the Beta weight
+    x^(α−1)(1−x)^(β−1) (quad's 'alg' weight), for frequencies up to |ω| = 80."""
+    rng = np.random.default_rng(3)
+    omega = np.array([[0.3], [-4.0], [17.0], [80.0]])
+    b = rng.uniform(0, 2 * np.pi, 4)
+    got = _expected_cosines(np.array([[alpha, beta]]), message_families("beta"), omega, b)[0]
+    norm = special.beta(alpha, beta)
+    dist = stats.beta(alpha, beta)
+    for j in range(4):
+        f = lambda x: np.cos(omega[j, 0] * x + b[j])  # noqa: E731
+        if min(alpha, beta) < 1:  # singular endpoint: the weight takes it exactly
+            val = integrate.quad(f, 0, 1, weight="alg", wvar=(alpha - 1, beta - 1), limit=400)
+            val = val[0] / norm
+        else:  # smooth, possibly very peaked density (B(50, 80) ~ 1e-38 underflows the weight)
+            g = lambda x: f(x) * dist.pdf(x)  # noqa: E731
+            val = integrate.quad(g, 0, 1, points=[dist.mean()], limit=400, epsabs=1e-12)[0]
+        assert got[j] == pytest.approx(val, abs=1e-6)
+
+
+def test_tuple_features_against_monte_carlo():
+    """E cos(ω₁x₁ + ω₂x₂ + ω₃x₃ + b) for independent Beta, Gamma and Gaussian messages,
+    against a Monte Carlo average (tolerance: 5 standard errors)."""
+    rng = np.random.default_rng(4)
+    families = message_families(("beta", "gamma", "gaussian"))
+    X = np.array([[2.0, 3.0, 2.0, 1.5, 0.5, 0.2], [0.6, 0.9, 0.5, 0.3, -3.0, 2.0]])
+    omega = rng.standard_normal((6, 3)) * np.array([4.0, 1.0, 1.0])
+    b = rng.uniform(0, 2 * np.pi, 6)
+    got = _expected_cosines(X, families, omega, b)
+    n = 200_000
+    for i, row in enumerate(X):
+        x = np.column_stack(
+            [
+                rng.beta(row[0], row[1], n),
+                rng.gamma(row[2], 1.0 / row[3], n),
+                rng.normal(row[4], np.sqrt(row[5]), n),
+            ]
+        )
+        vals = np.cos(x @ omega.T + b)
+        se = vals.std(axis=0) / np.sqrt(n)
+        assert np.all(np.abs(got[i] - vals.mean(axis=0)) < 5 * se + 1e-6)
+
+
+def test_beta_rule_is_shared_by_repeated_messages():
+    """Rows with the same (α, β) give identical features, whatever the other rows are."""
+    rng = np.random.default_rng(5)
+    families = message_families(("gaussian", "beta"))
+    omega, b = rng.standard_normal((30, 2)), rng.uniform(0, 2 * np.pi, 30)
+    row = np.array([[0.3, 1.2, 2.0, 1.0]])
+    others = np.column_stack([rng.normal(size=9), rng.uniform(1, 2, 9), rng.uniform(1, 3, (9, 2))])
+    alone = inner_features(row, families, omega, b)
+    mixed = inner_features(np.vstack([others, row]), families, omega, b)[-1:]
+    np.testing.assert_array_equal(alone, mixed)
+
+
+def test_fast_cosine_accuracy():
+    x = np.random.default_rng(6).uniform(-1e4, 1e4, 100_000)
+    assert np.abs(rf._cos(x) - np.cos(x)).max() < 3e-7
+    y = -np.random.default_rng(7).exponential(5.0, 100_000)
+    # single precision: a few ulp of the result (~1.2e-7 near 1) plus the rounded argument
+    assert np.abs(rf._exp(y) - np.exp(y)).max() < 2e-7
+
+
+# --------------------------------------------------------------------------------------------
+# outer features and the median heuristic
+# --------------------------------------------------------------------------------------------
+def test_outer_features_reproduce_gaussian_kernel():
+    """ψ̂ᵀψ̂ → exp(−‖φ_i − φ_j‖²/(2γ²)) (eq. 8), error falling with D_out."""
+    rng = np.random.default_rng(8)
+    phi = rng.standard_normal((30, 20)) * 0.3
+    gamma2 = 2.0
+    d2 = ((phi[:, None, :] - phi[None, :, :]) ** 2).sum(-1)
+    exact = np.exp(-d2 / (2 * gamma2))
+    errors = {}
+    for d_out in (100, 10_000):
+        errs = []
+        for seed in range(3):
+            r = np.random.default_rng(seed)
+            nu = r.standard_normal((20, d_out)) / np.sqrt(gamma2)
+            c = r.uniform(0, 2 * np.pi, d_out)
+            psi = outer_features(phi, nu, c)
+            errs.append(np.abs(psi @ psi.T - exact).max())
+        errors[d_out] = np.mean(errs)
+    assert errors[10_000] < errors[100] / 4
+    assert errors[10_000] < 0.06
+
+
+def test_median_heuristic():
+    """Supplement A: σ_l² = mean message variance, γ² = median pairwise squared distance."""
+    rng = np.random.default_rng(9)
+    families = message_families(("gaussian", "beta", "gamma"))
+    n = 50
+    X = np.column_stack(
+        [rng.normal(size=n), rng.uniform(0.1, 3, n), rng.uniform(0.5, 5, (n, 2)),
+         rng.uniform(0.5, 5, n), rng.uniform(0.5, 2, n)]
+    )
+    a, b = X[:, 2], X[:, 3]
+    want = [
+        X[:, 1].mean(),
+        np.mean(a * b / ((a + b) ** 2 * (a + b + 1))),
+        np.mean(X[:, 4] / X[:, 5] ** 2),
+    ]
+    np.testing.assert_allclose(median_inner_widths(families, X), want, rtol=1e-12)
+    phi = rng.standard_normal((n, 7))
+    assert median_outer_width(phi) == pytest.approx(np.median(pdist(phi, "sqeuclidean")), rel=1e-10)
+
+
+def test_message_checks():
+    families = message_families(("gaussian", "beta"))
+    check_messages(families, np.array([[-3.0, 0.1, 0.5, 2.0]]))
+    with pytest.raises(ValueError, match="need 4"):
+        check_messages(families, np.ones((2, 3)))
+    with pytest.raises(ValueError, match="positive variance"):
+        check_messages(families, np.array([[0.0, 0.0, 1.0, 1.0]]))
+    with pytest.raises(ValueError, match="positive alpha"):
+        check_messages(families, np.array([[0.0, 1.0, -1.0, 1.0]]))
+    with pytest.raises(ValueError, match="Unknown message family"):
+        message_families(("gaussian", "poisson"))
+
+
+# --------------------------------------------------------------------------------------------
+# Bayesian linear regression
+# --------------------------------------------------------------------------------------------
+def _regression_data(n=300, d=40, d_y=2, noise=0.1, seed=10):
+    rng = np.random.default_rng(seed)
+    Psi = rng.standard_normal((n, d)) / np.sqrt(d)
+    W = rng.standard_normal((d, d_y))
+    return Psi, Psi @ W + noise * rng.standard_normal((n, d_y))
+
+
+def test_batch_posterior_matches_explicit_formulas():
+    """Eqs. 12, 13 and 15 by explicit inversion."""
+    Psi, Y = _regression_data()
+    s2, p2 = 0.05, 2.0
+    blr = BayesianLinearRegression(s2, p2).fit(Psi, Y)
+    cov = np.linalg.inv(Psi.T @ Psi / s2 + np.eye(Psi.shape[1]) / p2)
+    mean = cov @ Psi.T @ Y / s2
+    np.testing.assert_allclose(blr.covariance, cov, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(blr.mean, mean, rtol=1e-9, atol=1e-12)
+    new = np.random.default_rng(0).standard_normal((5, Psi.shape[1]))
+    m, v = blr.predict(new, return_var=True)
+    np.testing.assert_allclose(m, new @ mean, rtol=1e-9)
+    np.testing.assert_allclose(v, np.einsum("ij,jk,ik->i", new, cov, new), rtol=1e-9)
+
+
+@pytest.mark.parametrize("refresh_every", [None, 10**9])
+def test_online_updates_equal_batch_posterior(refresh_every):
+    """Rank-one (eq. 16) and Woodbury updates, with and without the periodic refresh, give
+    the batch posterior of all rows to 1e-8."""
+    Psi, Y = _regression_data(n=400, d=60)
+    batch = BayesianLinearRegression(1e-3, 1.0).fit(Psi, Y)
+    online = BayesianLinearRegression(1e-3, 1.0, refresh_every=refresh_every).fit(Psi[:50], Y[:50])
+    for i in range(50, 250):  # one row at a time
+        online.update(Psi[i : i + 1], Y[i : i + 1])
+    online.update(Psi[250:262], Y[250:262])  # a small block: Woodbury
+    online.update(Psi[262:400], Y[262:400])  # a large block: refactorised
+    scale = np.abs(batch.covariance).max()
+    np.testing.assert_allclose(online.covariance, batch.covariance, atol=1e-8 * scale)
+    np.testing.assert_allclose(online.mean, batch.mean, atol=1e-8 * np.abs(batch.mean).max())
+    # predictive variances by both routes: ψᵀΣψ from the updated covariance (few rows, no
+    # current factor) and ‖L⁻¹ψ‖² from the precision's Cholesky factor (many rows)
+    online.update(Psi[:1], Y[:1])
+    batch.fit(np.vstack([Psi, Psi[:1]]), np.vstack([Y, Y[:1]]))
+    new = np.random.default_rng(1).standard_normal((400, Psi.shape[1])) / 8
+    want = np.einsum("ij,jk,ik->i", new, batch.covariance, new)
+    assert online.precision_cholesky is None
+    np.testing.assert_allclose(online.predict(new[:5], return_var=True)[1], want[:5], rtol=1e-7)
+    assert online.precision_cholesky is None
+    np.testing.assert_allclose(online.predict(new, return_var=True)[1], want, rtol=1e-7)
+    assert online.precision_cholesky is not None
+
+
+def test_log_marginal_likelihood_is_a_gaussian_density():
+    """log p(Y) = Σ_outputs log N(y; 0, σ₀² ΨΨᵀ + σ_y² I)."""
+    Psi, Y = _regression_data(n=60, d=20)
+    s2, p2 = 0.03, 1.5
+    K = p2 * Psi @ Psi.T + s2 * np.eye(60)
+    want = sum(stats.multivariate_normal(np.zeros(60), K).logpdf(Y[:, k]) for k in range(2))
+    assert log_marginal_likelihood(Psi, Y, s2, p2) == pytest.approx(want, rel=1e-10)
+
+
+def test_best_noise_variance_recovers_the_noise():
+    Psi, Y = _regression_data(n=2000, d=30, noise=0.1)
+    s2, evidence = best_noise_variance(Psi, Y, prior_variance=1.0)
+    assert 0.007 < s2 < 0.013
+    grid = [log_marginal_likelihood(Psi, Y, v, 1.0) for v in (s2 / 2, s2 * 2)]
+    assert evidence > max(grid)
+
+
+def test_beta_rule_survives_very_concentrated_messages():
+    """roots_jacobi returns NaN for many nodes and α = β = 10⁴; the rule falls back to fewer
+    nodes, and the expected feature matches the (here nearly exact) Gaussian approximation
+    cos(t/2 + b) exp(−t² v / 2), v = 1/(4(2α + 1))."""
+    nodes, weights = rf._beta_rule(400, 1e4, 1e4)
+    assert np.all(np.isfinite(nodes)) and weights.sum() == pytest.approx(1.0)
+    omega, b = np.array([[300.0], [-120.0], [40.0]]), np.array([0.3, 2.0, 5.0])
+    got = _expected_cosines(np.array([[1e4, 1e4]]), message_families("beta"), omega, b)[0]
+    v = 1.0 / (4.0 * (2e4 + 1.0))
+    want = np.cos(omega[:, 0] / 2 + b) * np.exp(-0.5 * omega[:, 0] ** 2 * v)
+    np.testing.assert_allclose(got, want, atol=1e-3)
