@@ -21,8 +21,18 @@ def test_demonstration_prints_a_table_for_every_method(capsys):
     assert "Streaming" in out
 
 
+def test_every_example_is_collected():
+    assert len(EXAMPLES) >= 8
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_example_runs(path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", [str(path)])
+def test_example_runs(path, tmp_path, monkeypatch, capsys):
+    """``--quick --out DIR`` runs in seconds, prints a table and writes its PNG into DIR."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(sys, "argv", [str(path), "--quick", "--out", str(tmp_path)])
     runpy.run_path(str(path), run_name="__main__")
-    assert capsys.readouterr().out.strip()
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) >= 3
+    assert "nan" not in out.lower()
+    pngs = list(tmp_path.glob("*.png"))
+    assert pngs and all(p.stat().st_size > 1000 for p in pngs)
