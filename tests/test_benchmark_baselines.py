@@ -1,0 +1,206 @@
+"""Tests for the CEP paper's baselines in ``benchmarks/baselines.py`` (LP, IS-EP, VB).
+
+References are independent of the code under test: closed-form Gaussian posteriors, the MAP by
+``scipy.optimize``, 1-D grid integration, skcep's exact probit tilted moments, skcep's
+factorized EP, and a direct numerical maximisation of the Jaakkola–Jordan bound.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+from scipy.optimize import minimize, minimize_scalar
+from scipy.special import expit, log_expit, log_ndtr, logsumexp
+
+from skcep.engines.glm import fit_factorized
+from skcep.engines.likelihoods import Probit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import baselines  # noqa: E402
+
+LOG_LIK = {"probit": log_ndtr, "logistic": log_expit}
+
+
+def toy(n=40, d=3, seed=0, corr=0.0):
+    """Small correlated design and label signs from a probit model."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    X[:, 1:] += corr * X[:, :1]
+    w = rng.standard_normal(d)
+    y = np.where(rng.random(n) < 0.5 * (1 + np.tanh(X @ w)), 1.0, -1.0)
+    return X, y
+
+
+def neg_log_posterior(X, y, lam, link):
+    def f(w):
+        return 0.5 * np.sum(w * w / lam) - np.sum(LOG_LIK[link](y * (X @ w)))
+
+    return f
+
+
+# ---------------------------------------------------------------------------------------------
+# Laplace propagation
+
+
+def test_lp_gaussian_likelihood_1d_is_exact_posterior():
+    """A Gaussian likelihood makes every tilted distribution Gaussian: LP is exact in 1-D."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((25, 1))
+    t = 0.7 * x[:, 0] + 0.5 * rng.standard_normal(25)
+    noise, lam = 0.25, 2.0
+    post = baselines.laplace_propagation(x, t, baselines.GaussianLikelihood(noise), lam, tol=1e-8)
+    prec = 1 / lam + np.sum(x[:, 0] ** 2) / noise
+    assert post.converged
+    assert_allclose(post.var, [1 / prec], rtol=1e-6)
+    assert_allclose(post.mean, [np.sum(x[:, 0] * t) / noise / prec], rtol=1e-5)
+
+
+@pytest.mark.parametrize("link", ["probit", "logistic"])
+def test_lp_one_site_is_laplace_of_the_posterior(link):
+    """With one data point, LP's single site gives N(mode, 1/curvature) of the exact posterior,
+    both found here on the 1-D log density by a scalar optimiser and finite differences."""
+    x, y, lam = 1.7, -1.0, 1.5
+    log_post = lambda w: LOG_LIK[link](y * x * w) - 0.5 * w * w / lam  # noqa: E731
+    mode = minimize_scalar(lambda w: -log_post(w), bracket=(-3, 0, 3), tol=1e-12).x
+    h = 1e-4
+    curv = -(log_post(mode + h) - 2 * log_post(mode) + log_post(mode - h)) / h**2
+    post = baselines.laplace_propagation(np.array([[x]]), np.array([y]), link, lam, tol=1e-10)
+    assert_allclose(post.mean, [mode], atol=1e-5)
+    assert_allclose(post.var, [1 / curv], rtol=1e-5)
+
+
+@pytest.mark.parametrize("link", ["probit", "logistic"])
+def test_lp_site_marginals_are_inverse_hessian_diagonal(link):
+    """One LP site update on a 3-D tilted distribution: mode and diag(H⁻¹) against the
+    tilted log density's numerical mode and finite-difference Hessian."""
+    X, y = toy(n=1, d=3, seed=3)
+    lam = np.array([0.5, 1.0, 2.0])
+    post = baselines.laplace_propagation(X, y, link, lam, max_iter=1)
+    f = neg_log_posterior(X, y, lam, link)
+    mode = minimize(f, np.zeros(3), method="BFGS", options=dict(gtol=1e-10)).x
+    h, H = 1e-4, np.zeros((3, 3))
+    for j in range(3):
+        for k in range(3):
+            ej, ek = np.eye(3)[j] * h, np.eye(3)[k] * h
+            H[j, k] = (f(mode + ej + ek) - f(mode + ej - ek) - f(mode - ej + ek)
+                       + f(mode - ej - ek)) / (4 * h * h)
+    assert_allclose(post.mean, mode, atol=1e-4)
+    assert_allclose(post.var, np.diag(np.linalg.inv(H)), rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# EP with importance sampling
+
+
+def test_is_tilted_moments_converge_to_exact_probit_moments():
+    """Self-normalised IS against the closed-form probit tilted moments: each estimate within
+    5 delta-method standard errors, and the RMS error over 30 repeats falls like 1/√n."""
+    m, s, y = 0.4, 2.5, -1.0
+    _, l1, l2 = Probit().derivatives(np.array(m), np.array(s), y, order=2)
+    exact_mean, exact_var = m + s * l1, s + s * s * l2
+    rng = np.random.default_rng(0)
+    rms = []
+    for n in (1_000, 100_000):
+        err = []
+        for _ in range(30):
+            mean, var = baselines.is_tilted_moments(m, s, y, "probit", n, rng)
+            err.append([mean - exact_mean, var - exact_var])
+        a = m + np.sqrt(s) * rng.standard_normal(n)  # delta-method standard errors
+        w = np.exp(log_ndtr(y * a))
+        w /= w.sum()
+        se_mean = np.sqrt(np.sum(w * w * (a - exact_mean) ** 2))
+        se_var = np.sqrt(np.sum(w * w * ((a - exact_mean) ** 2 - exact_var) ** 2))
+        err = np.array(err)
+        assert np.all(np.abs(err[:, 0]) < 5 * se_mean)
+        assert np.all(np.abs(err[:, 1]) < 5 * se_var)
+        rms.append(np.sqrt(np.mean(err**2, axis=0)))
+    ratio = rms[0] / rms[1]  # expected √100 = 10
+    assert np.all((ratio > 5) & (ratio < 20))
+
+
+def test_is_ep_approaches_exact_factorized_ep():
+    """IS-EP with many samples lands near skcep's factorized EP with exact probit moments
+    (same fixed point; schedule differences vanish at convergence)."""
+    X, y = toy(n=15, d=2, seed=5, corr=0.5)
+    lam = np.ones(2)
+    exact = fit_factorized(X, y, Probit(), np.zeros(2), lam, method="ep", max_iter=500,
+                           tol=1e-9, block_size=1)
+    post = baselines.ep_importance_sampling(X, y, "probit", lam, n_samples=50_000, max_iter=10,
+                                            random_state=0)
+    assert_allclose(post.mean, exact.mean, atol=0.05 * np.sqrt(exact.var).max())
+    assert_allclose(post.var, exact.var, rtol=0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variational Bayes
+
+
+@pytest.mark.parametrize("covariance", ["diagonal", "full"])
+def test_vb_probit_mean_is_map(covariance):
+    """In the augmented probit model the μ-dependent part of the ELBO is the log joint at μ,
+    so VB's mean is the MAP, found here by BFGS on the log posterior."""
+    X, y = toy(n=40, d=3, seed=2, corr=0.8)
+    lam = np.array([1.0, 2.0, 0.5])
+    post = baselines.vb_probit(X, y, lam, covariance=covariance, tol=1e-10, max_iter=20000)
+    map_ = minimize(neg_log_posterior(X, y, lam, "probit"), np.zeros(3), method="BFGS",
+                    options=dict(gtol=1e-10)).x
+    assert post.converged
+    assert_allclose(post.mean, map_, atol=1e-6)
+    if covariance == "full":
+        assert_allclose(post.cov, np.linalg.inv(np.diag(1 / lam) + X.T @ X), rtol=1e-12)
+    else:
+        assert_allclose(post.var, 1 / (1 / lam + np.sum(X * X, 0)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("vb", [baselines.vb_probit, baselines.vb_logistic])
+@pytest.mark.parametrize("covariance", ["diagonal", "full"])
+def test_vb_elbo_never_decreases(vb, covariance):
+    X, y = toy(n=60, d=4, seed=7, corr=1.0)
+    post = vb(X, y, 1.0, covariance=covariance, tol=1e-9, max_iter=300)
+    elbo = np.array(post.elbo)
+    assert len(elbo) > 3
+    assert np.all(np.diff(elbo) >= -1e-9 * np.abs(elbo[1:]))
+
+
+def test_vb_logistic_1d_maximises_jaakkola_jordan_bound_below_evidence():
+    """1-D: VB's (μ, v) and ELBO equal a direct numerical maximisation of the JJ bound over
+    (μ, log v, ξ_1..ξ_n), and the bound is below the log evidence from grid integration."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(8) * 1.5
+    y = np.where(rng.random(8) < expit(1.2 * x), 1.0, -1.0)
+    lam = 2.0
+
+    def neg_bound(p):
+        mu, v, xi = p[0], np.exp(p[1]), np.abs(p[2:]) + 1e-12
+        lj = np.tanh(xi / 2) / (4 * xi)
+        ea2 = x * x * (mu * mu + v)
+        kl = 0.5 * (v / lam + mu * mu / lam - 1 - np.log(v / lam))
+        return -(np.sum(log_expit(xi) + 0.5 * (y * x * mu - xi) - lj * (ea2 - xi * xi)) - kl)
+
+    best = minimize(neg_bound, np.r_[0.0, 0.0, np.ones(8)], method="L-BFGS-B",
+                    options=dict(ftol=1e-15, gtol=1e-10, maxiter=5000))
+    for cov in ("diagonal", "full"):
+        post = baselines.vb_logistic(x[:, None], y, lam, covariance=cov, tol=1e-10)
+        assert_allclose(post.mean, [best.x[0]], atol=1e-4)
+        assert_allclose(np.log(post.var), [best.x[1]], atol=1e-4)
+        assert_allclose(post.elbo[-1], -best.fun, atol=1e-7)
+    w = np.linspace(-15, 15, 30001)
+    log_joint = (np.sum(log_expit(y[:, None] * x[:, None] * w), 0)
+                 - 0.5 * w * w / lam - 0.5 * np.log(2 * np.pi * lam))
+    log_evidence = logsumexp(log_joint) + np.log(w[1] - w[0])
+    assert post.elbo[-1] < log_evidence
+
+
+def test_classifier_wrapper_scores_like_the_functions():
+    """The benchmark wrapper adds an intercept column with variance 100 and predicts with the
+    probit predictive Φ(m/√(1+s))."""
+    X, y01 = toy(n=30, d=2, seed=9)
+    y01 = (y01 > 0).astype(int)
+    clf = baselines.BaselineClassifier("vb", "probit").fit(X, y01)
+    A = np.hstack([X, np.ones((30, 1))])
+    post = baselines.vb_probit(A, 2.0 * y01 - 1, np.array([1.0, 1.0, 100.0]))
+    assert_allclose(clf.posterior_.mean, post.mean)
+    m, s = A @ post.mean, (A * A) @ post.var
+    assert_allclose(clf.predict_log_proba(X)[:, 1], log_ndtr(m / np.sqrt(1 + s)))
