@@ -5,6 +5,7 @@ API and the pure-numpy engine :mod:`skcep.engines.cp`.
 """
 
 import warnings
+from dataclasses import replace
 from numbers import Integral, Real
 
 import numpy as np
@@ -19,7 +20,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .engines import deep
-from .engines.cp import elbo, fit_cp, grow_posterior, init_posterior, predict_cp
+from .engines.cp import elbo, fit_cp, grow_posterior, init_posterior, predict_cp, put_rows, take_rows
 from .linear_model import unchanged_on_error
 
 __all__ = ["BayesianCPTensor", "StreamingDeepTensor"]
@@ -383,18 +384,25 @@ class BayesianCPTensor(BaseEstimator):
                 n_seen = [np.zeros(d, dtype=np.int64) for d in shape]
             else:
                 shape = self._resolve_shape(X, fixed_shape, self.shape_)
-                post = grow_posterior(
-                    self._posterior.as_prior(), shape, prior_variance=self.prior_variance,
-                    init_scale=self.init_scale, rng=rng, mode_offset_variance=self.bias_prior_variance,
+                full = grow_posterior(  # new objects at their prior N(0, vI)
+                    self._posterior, shape, prior_variance=self.prior_variance, init_scale=0.0, rng=rng,
+                    mode_offset_variance=self.bias_prior_variance,
                 )
                 n_seen = [np.r_[c, np.zeros(d - c.size, dtype=np.int64)] for c, d in zip(self._n_seen, shape)]
+                # only the rows the batch touches change: fit that sub-model, its current
+                # posterior as the prior (papers/001 eq. 30), and write it back
+                rows = [np.unique(X[:, k]) for k in range(X.shape[1])]
+                local = np.column_stack([np.searchsorted(r, X[:, k]) for k, r in enumerate(rows)])
+                sub = take_rows(full, rows).as_prior()
                 # objects never seen sit at the prior mean 0, a fixed point of the updates: they
                 # start the batch from random working means (their prior is unchanged; SPEC §5)
-                for f, c in zip(post.factors, n_seen):
-                    unseen = np.flatnonzero(c == 0)
+                for f, c, r in zip(sub.factors, n_seen, rows):
+                    unseen = np.flatnonzero(c[r] == 0)
                     f.mean[unseen] = self.init_scale * rng.standard_normal((unseen.size, self.rank))
                     f.cov[unseen] = self.init_scale**2 * np.eye(self.rank)
-                result = self._run(post, X, y, self.n_inner_iter, rng)
+                result = self._run(sub, local, y, self.n_inner_iter, rng)
+                put_rows(full, rows, result.posterior)
+                result = replace(result, posterior=full)
             self._rng = rng
             self._n_seen = [c + np.bincount(X[:, k], minlength=c.size) for k, c in enumerate(n_seen)]
             self._set_posterior(result, shape)

@@ -846,3 +846,38 @@ def test_hold_noise_keeps_q_tau_for_the_first_sweeps(method, schedule):
     assert not np.array_equal(states[3]["noise"], start)
     # no convergence is declared while q(τ) is held, even with a loose tolerance
     assert fit_cp(post0, index, y, method=method, schedule=schedule, max_iter=5, tol=1.0, hold_noise=3).n_iter == 4
+
+
+# --------------------------------------------------------------------------------------------
+# streaming on the sub-model of the rows a batch touches
+
+
+@pytest.mark.parametrize("likelihood,method", [("gaussian", "vmp"), ("probit", "cep"), ("probit", "vmp")])
+def test_batch_on_its_rows_equals_batch_on_the_whole_model(likelihood, method):
+    # papers/001 eq. 30: the posterior after batch 1 is the prior of batch 2.  Fitting batch 2 on
+    # the rows it touches (take_rows / put_rows) must equal fitting it on the whole model.
+    from skcep.engines.cp import put_rows, take_rows
+
+    shape = (12, 9, 7)
+    index, y, _ = make_tensor(shape, 2, 400, seed=11, offset=0.5, mode_offsets=True)
+    if likelihood == "probit":
+        y = (y > np.median(y)).astype(float)
+    first = np.arange(200)
+    batch = 200 + np.flatnonzero((index[200:, 0] < 6) & (index[200:, 1] < 5) & (index[200:, 2] < 4))  # touches part of each mode
+    post = new_posterior(shape, 2, seed=3, offsets=True, gaussian=likelihood == "gaussian")
+    post = fit_cp(post, index[first], y[first], likelihood=likelihood, method=method, max_iter=15, tol=0.0).posterior
+    X2, y2 = index[batch], y[batch]
+    rows = [np.unique(X2[:, k]) for k in range(3)]
+    assert all(r.size < d for r, d in zip(rows, shape))  # the batch leaves rows untouched
+    local = np.column_stack([np.searchsorted(r, X2[:, k]) for k, r in enumerate(rows)])
+
+    whole = fit_cp(post.as_prior(), X2, y2, likelihood=likelihood, method=method, max_iter=6, tol=0.0)
+    part = fit_cp(take_rows(post, rows).as_prior(), local, y2, likelihood=likelihood, method=method,
+                  max_iter=6, tol=0.0)
+    merged = post.copy()
+    put_rows(merged, rows, part.posterior)
+    assert_same_state(snapshot(merged), snapshot(whole.posterior), rtol=1e-9)
+    np.testing.assert_allclose(part.elbo, whole.elbo, rtol=1e-9)
+    for f_new, f_old, r in zip(merged.factors, post.factors, rows):  # untouched rows: exactly as before
+        keep = np.setdiff1d(np.arange(f_old.n_rows), r)
+        assert np.array_equal(f_new.mean[keep], f_old.mean[keep]) and np.array_equal(f_new.cov[keep], f_old.cov[keep])

@@ -188,6 +188,37 @@ class CPPosterior:
         )
 
 
+def take_rows(post, rows):
+    """The sub-model of the rows ``rows[k]`` of every mode k (and of their offsets), as copies.
+
+    A batch of entries touches only these rows; every other row keeps its posterior exactly
+    (it has no site in the batch, and its KL term to itself as prior is zero), so streaming
+    fits the sub-model at a cost that follows the batch, not the tensor.
+    """
+    def take(g, r):
+        return GaussianRows(g.mean[r], g.cov[r], g.prior_precision[r], g.prior_shift[r])
+
+    return CPPosterior(
+        [take(f, r) for f, r in zip(post.factors, rows)],
+        [take(g, np.zeros(1, dtype=np.intp) if m is None else rows[m]) for g, m in zip(post.offsets, post.offset_modes)],
+        list(post.offset_modes),
+        post.noise,
+        post.noise_prior,
+    )
+
+
+def put_rows(post, rows, sub):
+    """Write the sub-model ``sub`` of :func:`take_rows` back into ``post``, in place."""
+    def put(g, r, h):
+        g.mean[r], g.cov[r], g.prior_precision[r], g.prior_shift[r] = h.mean, h.cov, h.prior_precision, h.prior_shift
+
+    for f, r, h in zip(post.factors, rows, sub.factors):
+        put(f, r, h)
+    for g, m, h in zip(post.offsets, post.offset_modes, sub.offsets):
+        put(g, np.zeros(1, dtype=np.intp) if m is None else rows[m], h)
+    post.noise = sub.noise
+
+
 def _prior_rows(n_rows, rank, variance, mean, working_variance=None):
     """Rows with prior N(0, variance·I); q starts at N(mean, working_variance·I)."""
     working = variance if working_variance is None else working_variance
