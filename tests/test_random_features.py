@@ -269,11 +269,11 @@ def test_online_updates_equal_batch_posterior(refresh_every):
     batch.fit(np.vstack([Psi, Psi[:1]]), np.vstack([Y, Y[:1]]))
     new = np.random.default_rng(1).standard_normal((400, Psi.shape[1])) / 8
     want = np.einsum("ij,jk,ik->i", new, batch.covariance, new)
-    assert online.precision_cholesky is None
+    assert online.inverse_cholesky is None
     np.testing.assert_allclose(online.predict(new[:5], return_var=True)[1], want[:5], rtol=1e-7)
-    assert online.precision_cholesky is None
+    assert online.inverse_cholesky is None
     np.testing.assert_allclose(online.predict(new, return_var=True)[1], want, rtol=1e-7)
-    assert online.precision_cholesky is not None
+    assert online.inverse_cholesky is not None
 
 
 def test_log_marginal_likelihood_is_a_gaussian_density():

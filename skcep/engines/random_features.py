@@ -293,6 +293,11 @@ def median_outer_width(phi, max_rows=1000, random_state=None):
     return med if med > 0 else 1.0
 
 
+def _lower_inverse(chol):
+    """L⁻¹ of the lower Cholesky factor ``chol`` (its upper triangle is ignored)."""
+    return solve_triangular(chol, np.eye(chol.shape[0]), lower=True, check_finite=False)
+
+
 class BayesianLinearRegression:
     r"""w ∼ N(0, σ₀² I), y = ψᵀw + ε, ε ∼ N(0, σ_y²), one weight vector per output (eqs. 9–15).
 
@@ -336,7 +341,7 @@ class BayesianLinearRegression:
         chol = cho_factor(self.precision, lower=True)
         self.cov = np.asfortranarray(cho_solve(chol, np.eye(d)))
         self.mean = cho_solve(chol, self.shift)
-        self.precision_cholesky = chol[0]
+        self.inverse_cholesky = _lower_inverse(chol[0])
         self.n_updates_since_refresh = 0
 
     # Σ_w and the precision are symmetric; only their lower triangles are read (BLAS symv,
@@ -350,7 +355,7 @@ class BayesianLinearRegression:
             return self
         Y = np.asarray(Y, dtype=float).reshape(k, -1)
         s2 = self.noise_variance
-        self.precision_cholesky = None  # stale from here on
+        self.inverse_cholesky = None  # stale from here on
         if k == 1:
             self._update_one(Psi[0], Y[0])
         else:
@@ -401,9 +406,7 @@ class BayesianLinearRegression:
         new.mean = self.mean.copy()
         new.shift = self.shift.copy()
         new.n_updates_since_refresh = self.n_updates_since_refresh
-        new.precision_cholesky = (
-            None if self.precision_cholesky is None else self.precision_cholesky.copy()
-        )
+        new.inverse_cholesky = None if self.inverse_cholesky is None else self.inverse_cholesky.copy()
         return new
 
     # prediction ----------------------------------------------------------------------------
@@ -411,24 +414,25 @@ class BayesianLinearRegression:
         """Posterior predictive mean Ψ μ_w (n, D_y) and, optionally, the variance ψᵀΣ_wψ of the
         regression function (n,) — add ``noise_variance`` for the variance of an output.
 
-        The variance is ‖L⁻¹ψ‖² with L the Cholesky factor of the precision (a triangular
-        solve: D² flops per row) when that factor is at hand — it is after every refresh,
-        and it is computed for ≥ ``_CHOLESKY_ROWS`` rows, where its D³/3 flops pay off —
-        and ψᵀΣ_wψ by a symmetric product (2 D² flops per row) otherwise.
+        The variance is ‖L⁻¹ψ‖² with L the Cholesky factor of the precision (a matrix product
+        with the stored L⁻¹, which runs in parallel threads and stays accurate because L is
+        only as ill-conditioned as the square root of the precision) when L⁻¹ is at hand —
+        it is after every refresh, and it is computed for ≥ ``_CHOLESKY_ROWS`` rows, where its
+        D³ flops pay off — and ψᵀΣ_wψ by a symmetric product (2 D² flops per row) otherwise.
         """
         mean = Psi @ self.mean
         if not return_var:
             return mean
         n = Psi.shape[0]
-        if self.precision_cholesky is None and n >= _CHOLESKY_ROWS:
-            self.precision_cholesky = cho_factor(self.precision, lower=True)[0]
+        if self.inverse_cholesky is None and n >= _CHOLESKY_ROWS:
+            self.inverse_cholesky = _lower_inverse(cho_factor(self.precision, lower=True)[0])
         var = np.empty(n)
         step = max(1, _CHUNK_ELEMENTS // max(1, Psi.shape[1]))
         for start in range(0, n, step):
             P = Psi[start : start + step]
-            if self.precision_cholesky is not None:
-                V = solve_triangular(self.precision_cholesky, P.T, lower=True, check_finite=False)
-                var[start : start + step] = np.einsum("ij,ij->j", V, V)
+            if self.inverse_cholesky is not None:
+                V = P @ self.inverse_cholesky.T
+                var[start : start + step] = np.einsum("ij,ij->i", V, V)
             else:
                 var[start : start + step] = np.einsum("ij,ij->i", self._times_cov(P), P)
         return mean, np.maximum(var, 0.0)
