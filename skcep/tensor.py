@@ -70,7 +70,134 @@ def check_tensor_index(X, shape=None, estimator_name="BayesianCPTensor"):
     return X
 
 
-class BayesianCPTensor(BaseEstimator):
+class _TensorEstimator(BaseEstimator):
+    """What the tensor estimators share: entry indices as X, a likelihood that makes them a
+    regressor ("gaussian") or a classifier ("probit"), label encoding, and predictions from the
+    posterior mean and variance of the latent entry f that ``_latent_moments`` gives."""
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.estimator_type = "classifier" if self.likelihood == "probit" else "regressor"
+        tags.input_tags.categorical = True
+        tags.input_tags.positive_only = True
+        tags.input_tags.sparse = False
+        if self.likelihood == "probit":
+            from sklearn.utils import ClassifierTags
+
+            tags.classifier_tags = ClassifierTags(multi_class=False)
+            tags.target_tags.required = True
+        else:
+            from sklearn.utils import RegressorTags
+
+            tags.regressor_tags = RegressorTags()
+            tags.target_tags.required = True
+        return tags
+
+    def _validate(self, X, y="no_validation", reset=True):
+        kwargs = dict(dtype=None, ensure_min_samples=1, reset=reset)
+        if isinstance(y, str) and y == "no_validation":
+            X, y = validate_data(self, X, **kwargs), None
+        else:
+            X, y = validate_data(self, X, y, y_numeric=self.likelihood == "gaussian", **kwargs)
+        if X.shape[1] < 2:
+            raise ValueError(f"A tensor needs at least 2 modes (columns of X); got {X.shape[1]}.")
+        return X, y
+
+    def _encode(self, y, first_call, classes=None):
+        """Gaussian: finite floats.  Probit: two labels, encoded as 0/1 (``classes_[1]`` → 1)."""
+        if self.likelihood == "gaussian":
+            y = np.asarray(y, dtype=float)
+            if not np.all(np.isfinite(y)):
+                raise ValueError("y contains NaN or infinity.")
+            return y
+        target_type = type_of_target(y, input_name="y", raise_unknown=True)
+        if target_type not in ("binary", "multiclass"):
+            raise ValueError(
+                "Only binary classification is supported (likelihood='probit'): y needs binary "
+                f"labels; the type of the target is {target_type}."
+            )
+        if first_call:
+            labels = np.unique(y) if classes is None else np.unique(classes)
+            if target_type not in ("binary", "multiclass") or labels.size > 2:
+                raise ValueError(
+                    "Only binary classification is supported (likelihood='probit'). "
+                    f"The type of the target is {target_type}."
+                )
+            if labels.size < 2:
+                raise ValueError(
+                    "likelihood='probit' needs two classes; got 1 class. Pass classes= to "
+                    "partial_fit if the first batch holds only one."
+                )
+            self.classes_ = labels
+        unknown = np.setdiff1d(np.unique(y), self.classes_)
+        if unknown.size:
+            raise ValueError(f"y has labels {unknown.tolist()} not in classes_ {self.classes_.tolist()}.")
+        return (y == self.classes_[1]).astype(float)
+
+    def _resolve_shape(self, X, fixed_shape, current):
+        K = X.shape[1]
+        if fixed_shape is not None:
+            if len(fixed_shape) != K:
+                raise ValueError(f"shape has {len(fixed_shape)} modes but X has {K} columns.")
+            check_tensor_index(X, fixed_shape, estimator_name=type(self).__name__)
+            return fixed_shape
+        seen = tuple(int(v) + 1 for v in X.max(axis=0))
+        if current is None:
+            return seen
+        return tuple(max(a, b) for a, b in zip(current, seen))
+
+    def predict(self, X, return_std=False):
+        """Predictive mean of the entries (labels for probit).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_entries, n_modes)
+            Integer entry indices; indices never seen in training are predicted from the prior.
+        return_std : bool, default=False
+            Also return the predictive standard deviation (Gaussian: of y, noise included;
+            probit: of the latent f).  For StreamingDeepTensor the variance of f is the
+            delta method's β (papers/004 eq. 9).
+
+        Returns
+        -------
+        y_pred : ndarray of shape (n_entries,)
+        y_std : ndarray of shape (n_entries,), only if ``return_std``
+        """
+        mean, var = self._latent_moments(X)
+        if self.likelihood == "probit":
+            labels = self.classes_[(mean > 0).astype(int)]
+            return (labels, np.sqrt(var)) if return_std else labels
+        if return_std:
+            return mean, np.sqrt(var + 1.0 / self.noise_precision_)
+        return mean
+
+    @available_if(lambda self: self.likelihood == "probit")
+    def predict_proba(self, X):
+        """Class probabilities Φ(E f / √(1 + Var f)) (probit only; for StreamingDeepTensor
+        E f and Var f are the delta method's α and β, papers/004 eq. 10).
+
+        Returns
+        -------
+        proba : ndarray of shape (n_entries, 2)
+        """
+        mean, var = self._latent_moments(X)
+        p = ndtr(mean / np.sqrt(1.0 + var))
+        return np.column_stack([1.0 - p, p])
+
+    @available_if(lambda self: self.likelihood == "probit")
+    def decision_function(self, X):
+        """Posterior mean of the latent entry f (probit only; ``predict`` gives it for Gaussian;
+        the delta method's α for StreamingDeepTensor)."""
+        return self._latent_moments(X)[0]
+
+    def score(self, X, y, sample_weight=None):
+        """R² of the predicted means (Gaussian) or accuracy (probit)."""
+        if self.likelihood == "probit":
+            return accuracy_score(y, self.predict(X), sample_weight=sample_weight)
+        return r2_score(y, self.predict(X), sample_weight=sample_weight)
+
+
+class BayesianCPTensor(_TensorEstimator):
     r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
 
     Each observed entry i = (i_1, …, i_K) with value y_i is modelled as
@@ -240,24 +367,6 @@ class BayesianCPTensor(BaseEstimator):
     # ----------------------------------------------------------------------------------------
     # scikit-learn plumbing
 
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.estimator_type = "classifier" if self.likelihood == "probit" else "regressor"
-        tags.input_tags.categorical = True
-        tags.input_tags.positive_only = True
-        tags.input_tags.sparse = False
-        if self.likelihood == "probit":
-            from sklearn.utils import ClassifierTags
-
-            tags.classifier_tags = ClassifierTags(multi_class=False)
-            tags.target_tags.required = True
-        else:
-            from sklearn.utils import RegressorTags
-
-            tags.regressor_tags = RegressorTags()
-            tags.target_tags.required = True
-        return tags
-
     def _check_params(self):
         noise_prior = _check_noise_prior(self.noise_prior)
         if self.method == "vmp" and self.schedule != "group":
@@ -268,47 +377,6 @@ class BayesianCPTensor(BaseEstimator):
                 raise ValueError(f"shape must hold positive integers; got {self.shape!r}.")
             shape = tuple(int(d) for d in self.shape)
         return noise_prior, shape
-
-    def _validate(self, X, y="no_validation", reset=True):
-        kwargs = dict(dtype=None, ensure_min_samples=1, reset=reset)
-        if isinstance(y, str) and y == "no_validation":
-            X, y = validate_data(self, X, **kwargs), None
-        else:
-            X, y = validate_data(self, X, y, y_numeric=self.likelihood == "gaussian", **kwargs)
-        if X.shape[1] < 2:
-            raise ValueError(f"A tensor needs at least 2 modes (columns of X); got {X.shape[1]}.")
-        return X, y
-
-    def _encode(self, y, first_call, classes=None):
-        """Gaussian: finite floats.  Probit: two labels, encoded as 0/1 (``classes_[1]`` → 1)."""
-        if self.likelihood == "gaussian":
-            y = np.asarray(y, dtype=float)
-            if not np.all(np.isfinite(y)):
-                raise ValueError("y contains NaN or infinity.")
-            return y
-        target_type = type_of_target(y, input_name="y", raise_unknown=True)
-        if target_type not in ("binary", "multiclass"):
-            raise ValueError(
-                "Only binary classification is supported (likelihood='probit'): y needs binary "
-                f"labels; the type of the target is {target_type}."
-            )
-        if first_call:
-            labels = np.unique(y) if classes is None else np.unique(classes)
-            if target_type not in ("binary", "multiclass") or labels.size > 2:
-                raise ValueError(
-                    "Only binary classification is supported (likelihood='probit'). "
-                    f"The type of the target is {target_type}."
-                )
-            if labels.size < 2:
-                raise ValueError(
-                    "likelihood='probit' needs two classes; got 1 class. Pass classes= to "
-                    "partial_fit if the first batch holds only one."
-                )
-            self.classes_ = labels
-        unknown = np.setdiff1d(np.unique(y), self.classes_)
-        if unknown.size:
-            raise ValueError(f"y has labels {unknown.tolist()} not in classes_ {self.classes_.tolist()}.")
-        return (y == self.classes_[1]).astype(float)
 
     # ----------------------------------------------------------------------------------------
     # fitting
@@ -408,18 +476,6 @@ class BayesianCPTensor(BaseEstimator):
             self._set_posterior(result, shape)
         return self
 
-    def _resolve_shape(self, X, fixed_shape, current):
-        K = X.shape[1]
-        if fixed_shape is not None:
-            if len(fixed_shape) != K:
-                raise ValueError(f"shape has {len(fixed_shape)} modes but X has {K} columns.")
-            check_tensor_index(X, fixed_shape)
-            return fixed_shape
-        seen = tuple(int(v) + 1 for v in X.max(axis=0))
-        if current is None:
-            return seen
-        return tuple(max(a, b) for a, b in zip(current, seen))
-
     def _init_posterior(self, shape, y, noise_prior, rng):
         gaussian = self.likelihood == "gaussian"
         noise_init = None
@@ -487,53 +543,6 @@ class BayesianCPTensor(BaseEstimator):
                 f.mean[d:] = 0.0
         return predict_cp(post, X)
 
-    def predict(self, X, return_std=False):
-        """Predictive mean of the entries (labels for probit).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_entries, n_modes)
-            Integer entry indices; indices never seen in training are predicted from the prior.
-        return_std : bool, default=False
-            Also return the predictive standard deviation (Gaussian: of y, noise included;
-            probit: of the latent f).
-
-        Returns
-        -------
-        y_pred : ndarray of shape (n_entries,)
-        y_std : ndarray of shape (n_entries,), only if ``return_std``
-        """
-        mean, var = self._latent_moments(X)
-        if self.likelihood == "probit":
-            labels = self.classes_[(mean > 0).astype(int)]
-            return (labels, np.sqrt(var)) if return_std else labels
-        if return_std:
-            return mean, np.sqrt(var + 1.0 / self.noise_precision_)
-        return mean
-
-    @available_if(lambda self: self.likelihood == "probit")
-    def predict_proba(self, X):
-        """Class probabilities Φ(E f / √(1 + Var f)) (probit only).
-
-        Returns
-        -------
-        proba : ndarray of shape (n_entries, 2)
-        """
-        mean, var = self._latent_moments(X)
-        p = ndtr(mean / np.sqrt(1.0 + var))
-        return np.column_stack([1.0 - p, p])
-
-    @available_if(lambda self: self.likelihood == "probit")
-    def decision_function(self, X):
-        """Posterior mean of the latent entry f (probit only; ``predict`` gives it for Gaussian)."""
-        return self._latent_moments(X)[0]
-
-    def score(self, X, y, sample_weight=None):
-        """R² of the predicted means (Gaussian) or accuracy (probit)."""
-        if self.likelihood == "probit":
-            return accuracy_score(y, self.predict(X), sample_weight=sample_weight)
-        return r2_score(y, self.predict(X), sample_weight=sample_weight)
-
 
 # --------------------------------------------------------------------------------------------
 # StreamingDeepTensor (SBDT, SPEC §6)
@@ -551,7 +560,7 @@ def _check_positive_ints(value, name, allow_empty=False):
     return tuple(int(v) for v in items)
 
 
-class StreamingDeepTensor(BaseEstimator):
+class StreamingDeepTensor(_TensorEstimator):
     r"""Streaming Bayesian deep tensor factorization (SBDT, papers/004).
 
     Each observed entry i = (i_1, …, i_K) is modelled by a neural network over the
@@ -714,29 +723,6 @@ class StreamingDeepTensor(BaseEstimator):
         self.shape = shape
         self.random_state = random_state
 
-    # the index, label and shape handling is BayesianCPTensor's
-    _validate = BayesianCPTensor._validate
-    _encode = BayesianCPTensor._encode
-    _resolve_shape = BayesianCPTensor._resolve_shape
-    score = BayesianCPTensor.score
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.estimator_type = "classifier" if self.likelihood == "probit" else "regressor"
-        tags.input_tags.categorical = True
-        tags.input_tags.positive_only = True
-        tags.input_tags.sparse = False
-        tags.target_tags.required = True
-        if self.likelihood == "probit":
-            from sklearn.utils import ClassifierTags
-
-            tags.classifier_tags = ClassifierTags(multi_class=False)
-        else:
-            from sklearn.utils import RegressorTags
-
-            tags.regressor_tags = RegressorTags()
-        return tags
-
     def _check_params(self, n_modes):
         noise_prior = _check_noise_prior(self.noise_prior)
         hidden = _check_positive_ints(self.hidden_layer_sizes, "hidden_layer_sizes", allow_empty=True)
@@ -870,45 +856,3 @@ class StreamingDeepTensor(BaseEstimator):
         check_is_fitted(self, "_posterior")
         X = check_tensor_index(self._validate(X, reset=False)[0], estimator_name=type(self).__name__)
         return deep.predict_moments(self._posterior, X)
-
-    def predict(self, X, return_std=False):
-        """Predictive mean of the entries (labels for probit).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_entries, n_modes)
-            Integer entry indices; indices never seen in training are predicted from the prior
-            N(0, I) of their embeddings.
-        return_std : bool, default=False
-            Also return the predictive standard deviation: Gaussian √(β + 1/E[τ]) (of y, noise
-            included, β the delta-method variance of f); probit √β (of the latent f).
-
-        Returns
-        -------
-        y_pred : ndarray of shape (n_entries,)
-        y_std : ndarray of shape (n_entries,), only if ``return_std``
-        """
-        mean, var = self._latent_moments(X)
-        if self.likelihood == "probit":
-            labels = self.classes_[(mean > 0).astype(int)]
-            return (labels, np.sqrt(var)) if return_std else labels
-        if return_std:
-            return mean, np.sqrt(var + 1.0 / self.noise_precision_)
-        return mean
-
-    @available_if(lambda self: self.likelihood == "probit")
-    def predict_proba(self, X):
-        """Class probabilities Φ(α / √(1 + β)) (eq. 10; probit only).
-
-        Returns
-        -------
-        proba : ndarray of shape (n_entries, 2)
-        """
-        mean, var = self._latent_moments(X)
-        p = ndtr(mean / np.sqrt(1.0 + var))
-        return np.column_stack([1.0 - p, p])
-
-    @available_if(lambda self: self.likelihood == "probit")
-    def decision_function(self, X):
-        """Delta-method posterior mean α of the latent entry f (probit only)."""
-        return self._latent_moments(X)[0]
