@@ -1,10 +1,16 @@
-"""Helpers shared by ``bench_classification.py`` and ``bench_simulation.py`` (not a public API).
+"""Helpers shared by the benchmark scripts (not a public API).
 
 The scripts set ``OPENBLAS_NUM_THREADS=1`` before importing this module (and numpy).
 """
 import hashlib
+import json
+import os
+import platform
 import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -132,3 +138,86 @@ def maxrss_bytes():
 
 def verdict(ok):
     return "**met**" if ok else "**not met**"
+
+
+def warning_lines(seen):
+    """Markdown list of the warnings counted in ``seen`` ({message: count}), most frequent first."""
+    return [f"- {n} × {msg}" for msg, n in sorted(seen.items(), key=lambda kv: -kv[1])] or ["- none"]
+
+
+def hand_notes(notes, notes_source):
+    """A results file's hand-written reading, tied to the source it was written for."""
+    return [f"Written by hand after the run on source sha1 {notes_source} (this run: {_SOURCE_HASH}); "
+            "re-check it if they differ.", "", notes.strip(), ""]
+
+
+# ------------------------------------------------------------------------------------------
+# measuring in fresh interpreters on a frozen copy of the library (the scale benchmarks)
+
+
+def snapshot_library(check, prefix):
+    """Copy skcep/ to a temporary directory so that one run measures one version of the code
+    even while the library is being edited; ``check`` (Python source) must import it from the
+    copy, fit something and print the module's path.  Retried if the copy is mid-edit.
+
+    Returns dict(path, env, sha, time) for :func:`run_worker`.
+    """
+    root = Path(__file__).resolve().parent.parent
+    for attempt in range(10):
+        tmp = Path(tempfile.mkdtemp(prefix=prefix))
+        shutil.copytree(root / "skcep", tmp / "skcep", ignore=shutil.ignore_patterns("__pycache__"))
+        env = dict(os.environ, PYTHONPATH=str(tmp))
+        proc = subprocess.run([sys.executable, "-W", "ignore", "-c", check], capture_output=True,
+                              text=True, env=env, cwd=tmp)
+        if proc.returncode == 0 and str(tmp) in proc.stdout:
+            digest = hashlib.sha256()
+            for f in sorted((tmp / "skcep").rglob("*.py")):
+                digest.update(f.read_bytes())
+            return dict(path=tmp, env=env, sha=digest.hexdigest()[:12], time=time.strftime("%Y-%m-%d %H:%M"))
+        shutil.rmtree(tmp, ignore_errors=True)
+        time.sleep(20)
+    raise RuntimeError(f"skcep does not import or fit:\n{proc.stderr[-3000:]}")
+
+
+def run_worker(script, spec, snapshot, timeout=None, retry_after=10):
+    """Run ``script --worker <spec as JSON>`` in a fresh interpreter on the ``snapshot`` of skcep
+    and return the JSON it prints after "RESULT "; a crash is retried once."""
+    cmd = [sys.executable, str(Path(script).resolve()), "--worker", json.dumps(spec)]
+    for attempt in range(2):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              cwd=snapshot["path"], env=snapshot["env"])
+        for line in proc.stdout.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[len("RESULT "):])
+        if attempt == 0:
+            time.sleep(retry_after)
+    raise RuntimeError(f"worker {spec} failed:\n{proc.stderr[-3000:]}")
+
+
+def machine_lines():
+    """Markdown bullets: CPUs, RAM, OS, library versions and BLAS thread pools."""
+    import scipy
+    import sklearn
+    from threadpoolctl import threadpool_info
+
+    def first(path, key, parse):
+        try:
+            for line in open(path):
+                if line.startswith(key):
+                    return parse(line)
+        except OSError:
+            pass
+        return "unknown"
+
+    cpu = first("/proc/cpuinfo", "model name", lambda line: line.split(":", 1)[1].strip())
+    mem = first("/proc/meminfo", "MemTotal", lambda line: f"{int(line.split()[1]) / 2**20:.0f} GiB RAM")
+    blas = ", ".join(
+        f"{i['internal_api']} {i.get('version')} ({i['num_threads']} thread{'s' * (i['num_threads'] != 1)})"
+        for i in threadpool_info()
+    )
+    return [
+        f"- machine: {os.cpu_count()} CPUs (`nproc`), {cpu}, {mem}, {platform.system()} {platform.release()}",
+        f"- python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}, "
+        f"scikit-learn {sklearn.__version__}",
+        f"- thread pools: {blas}; OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=1 in every worker",
+    ]

@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
-from _common import RESULTS, command, library_state, md_table  # noqa: E402
+from _common import RESULTS, command, library_state, md_table, warning_lines  # noqa: E402
 from skcep.datasets import load_movielens  # noqa: E402
 from skcep.tensor import BayesianCPTensor  # noqa: E402
 
@@ -348,7 +348,7 @@ def report(base, val_rmse, val_auc, rows, tuning, args, elapsed, n_train, n_test
                 f"**{final['test']:.4f}** (bias baseline {bias_rmse:.4f}; {final['s']:.1f} s, "
                 f"{final['it']} sweeps, converged {final['conv']}, |U| {final['size']}).", ""]
     out += ["## Warnings raised during fits (count, message)", ""]
-    out += [f"- {n} × {msg}" for msg, n in sorted(WARNINGS_SEEN.items(), key=lambda kv: -kv[1])] or ["- none"]
+    out += warning_lines(WARNINGS_SEEN)
     out += ["", f"Total run time {elapsed / 60:.1f} min."]
     return "\n".join(out) + "\n"
 

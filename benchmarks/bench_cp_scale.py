@@ -47,21 +47,18 @@ os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["MKL_NUM_THREADS"] = "1"
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from _common import maxrss_bytes, reset_peak_rss, verdict  # noqa: E402
+import _common  # noqa: E402
+from _common import machine_lines, maxrss_bytes, reset_peak_rss, snapshot_library, verdict  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -229,44 +226,17 @@ def peer_worker(spec):
 SNAPSHOT = {}  # set by snapshot_library(): every worker imports this copy of skcep
 
 
-def snapshot_library():
-    """Copy skcep/ to a temporary directory so that one run measures one version of the code
-    even while the library is being edited; checked by a tiny CP fit, retried if mid-edit."""
-    check = (
-        "import numpy as np, skcep.tensor as t; rng = np.random.default_rng(0); "
-        "X = np.column_stack([rng.integers(0, d, 300) for d in (10, 8, 5)]); y = rng.standard_normal(300); "
-        "[t.BayesianCPTensor(rank=2, method=m, max_iter=3, tol=0).fit(X, y) for m in ('vmp', 'cep')]; "
-        "print(t.__file__)"
-    )
-    for attempt in range(10):
-        tmp = Path(tempfile.mkdtemp(prefix="skcep_cp_scale_"))
-        shutil.copytree(ROOT / "skcep", tmp / "skcep", ignore=shutil.ignore_patterns("__pycache__"))
-        env = dict(os.environ, PYTHONPATH=str(tmp))
-        proc = subprocess.run([sys.executable, "-W", "ignore", "-c", check], capture_output=True, text=True,
-                              env=env, cwd=tmp)
-        if proc.returncode == 0 and str(tmp) in proc.stdout:
-            digest = hashlib.sha256()
-            for f in sorted((tmp / "skcep").rglob("*.py")):
-                digest.update(f.read_bytes())
-            SNAPSHOT.update(path=tmp, env=env, sha=digest.hexdigest()[:12], time=time.strftime("%Y-%m-%d %H:%M"))
-            return
-        shutil.rmtree(tmp, ignore_errors=True)
-        time.sleep(20)
-    raise RuntimeError(f"skcep does not import or fit:\n{proc.stderr[-3000:]}")
+CP_CHECK = (
+    "import numpy as np, skcep.tensor as t; rng = np.random.default_rng(0); "
+    "X = np.column_stack([rng.integers(0, d, 300) for d in (10, 8, 5)]); y = rng.standard_normal(300); "
+    "[t.BayesianCPTensor(rank=2, method=m, max_iter=3, tol=0).fit(X, y) for m in ('vmp', 'cep')]; "
+    "print(t.__file__)"
+)
 
 
 def run_worker(spec):
-    """One measurement in a fresh interpreter on the snapshot of skcep; a crash is retried once."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-    for attempt in range(2):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=WORKER_TIMEOUT,
-                              cwd=SNAPSHOT["path"], env=SNAPSHOT["env"])
-        for line in proc.stdout.splitlines():
-            if line.startswith("RESULT "):
-                return json.loads(line[len("RESULT "):])
-        if attempt == 0:
-            time.sleep(10)
-    raise RuntimeError(f"worker {spec} failed:\n{proc.stderr[-3000:]}")
+    """One measurement in a fresh interpreter on the snapshot of skcep."""
+    return _common.run_worker(__file__, spec, SNAPSHOT, timeout=WORKER_TIMEOUT)
 
 
 def measure_fit(n, method, max_iter, repeats, log):
@@ -295,43 +265,10 @@ def measure_peer(n, repeats, log):
     return r
 
 
-def machine_lines():
-    import scipy
-    import sklearn
-    from threadpoolctl import threadpool_info
-
-    cpu = "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    blas = ", ".join(
-        f"{i['internal_api']} {i.get('version')} ({i['num_threads']} thread{'s' * (i['num_threads'] != 1)})"
-        for i in threadpool_info()
-    )
-    mem = "unknown"
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal"):
-                mem = f"{int(line.split()[1]) / 2**20:.0f} GiB RAM"
-                break
-    except OSError:
-        pass
-    return [
-        f"- machine: {os.cpu_count()} CPUs (`nproc`), {cpu}, {mem}, {platform.system()} {platform.release()}",
-        f"- python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}, "
-        f"scikit-learn {sklearn.__version__}",
-        f"- thread pools: {blas}; OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=1 in every worker",
-    ]
-
-
 def main(quick):
     plan = QUICK if quick else FULL
     command = "OPENBLAS_NUM_THREADS=1 python benchmarks/bench_cp_scale.py" + (" --quick" if quick else "")
-    snapshot_library()
+    SNAPSHOT.update(snapshot_library(CP_CHECK, "skcep_cp_scale_"))
     load_start = os.getloadavg()
     t_start = time.perf_counter()
 

@@ -38,7 +38,7 @@ import warnings  # noqa: E402
 import numpy as np  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
-from _common import RESULTS, command, library_state, md_table, pm  # noqa: E402
+from _common import RESULTS, command, hand_notes, library_state, md_table, pm, warning_lines  # noqa: E402
 from bench_cp_movielens import (LAMBDAS, bias_predict, fit_biases, movielens_split,  # noqa: E402
                                 validation_split)
 from skcep.datasets import load_movielens  # noqa: E402
@@ -359,13 +359,11 @@ def report(res, batch_sizes, args, elapsed, n_train, n_test):
                 rows.append(cells)
         out += [md_table(("setting", "change", "CEP AUC", "CEP s", "CEP |U|", "VMP AUC", "VMP s", "VMP |U|"), rows), ""]
     out += ["## Diagnosis", "",
-            f"Written by hand after the run on source sha1 {NOTES_SOURCE} (this run: "
-            f"{library_state().split('sha1 ')[1].split(' ')[0]}); re-check it if they differ.", "",
-            NOTES.strip(), ""]
+            *hand_notes(NOTES, NOTES_SOURCE)]
     if res["skipped"]:
         out += [f"## Skipped (budget {args.budget:g} min)", ""] + [f"- {s}" for s in res["skipped"]] + [""]
     out += ["## Warnings raised (count, message)", ""]
-    out += [f"- {n} × {msg}" for msg, n in sorted(WARNINGS_SEEN.items(), key=lambda kv: -kv[1])] or ["- none"]
+    out += warning_lines(WARNINGS_SEEN)
     out += ["", f"Total run time {elapsed / 60:.1f} min."]
     return "\n".join(out) + "\n"
 

@@ -58,7 +58,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
-from _common import RESULTS, command, library_state, md_table, pm, verdict  # noqa: E402
+from _common import RESULTS, command, hand_notes, library_state, md_table, pm, verdict, warning_lines  # noqa: E402
 from bench_cp_movielens import baselines, movielens_split, rmse, validation_split  # noqa: E402
 from skcep.datasets import load_movielens  # noqa: E402
 from skcep.tensor import BayesianCPTensor, StreamingDeepTensor  # noqa: E402
@@ -482,13 +482,11 @@ def report(rows, skipped, base, args, elapsed, n_train, n_test, files, load_text
     out += ["## Verdicts", ""] + (verdicts or ["- none (runs missing)"]) + [""]
     if not args.quick:
         out += ["## Reading", "",
-                f"Written by hand after the run on source sha1 {NOTES_SOURCE} (this run: "
-                f"{library_state().split('sha1 ')[1].split(' ')[0]}); re-check it if they differ.", "",
-                NOTES.strip(), ""]
+                *hand_notes(NOTES, NOTES_SOURCE)]
     if skipped:
         out += [f"## Skipped (budget {args.budget:g} min)", ""] + [f"- {s}" for s in skipped] + [""]
     out += ["## Warnings raised (count, message)", ""]
-    out += [f"- {n} × {msg}" for msg, n in sorted(WARNINGS_SEEN.items(), key=lambda kv: -kv[1])] or ["- none"]
+    out += warning_lines(WARNINGS_SEEN)
     out += ["", f"Total run time {elapsed / 60:.1f} min."]
     return "\n".join(out) + "\n"
 

@@ -32,23 +32,20 @@ os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["MKL_NUM_THREADS"] = "1"
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-import scipy  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 
-from _common import maxrss_bytes, reset_peak_rss, verdict  # noqa: E402
+import _common  # noqa: E402
+from _common import machine_lines, maxrss_bytes, reset_peak_rss, snapshot_library, verdict  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -169,44 +166,17 @@ def worker(spec):
 SNAPSHOT = {}  # set by snapshot_library(): every worker imports this copy of skcep
 
 
-def snapshot_library():
-    """Copy skcep/ to a temporary directory so that one run measures one version of the code
-    even while the library is being edited; checked by a tiny fit, retried if mid-edit."""
-    for attempt in range(10):
-        tmp = Path(tempfile.mkdtemp(prefix="skcep_scale_"))
-        shutil.copytree(ROOT / "skcep", tmp / "skcep", ignore=shutil.ignore_patterns("__pycache__"))
-        check = (
-            "import numpy as np, skcep; X = np.random.default_rng(0).standard_normal((200, 3)); "
-            "y = (X[:, 0] > 0).astype(int); [skcep.CEPProbitClassifier(method=m, covariance=c)"
-            ".fit(X, y) for m, c in [('cep1', 'diagonal'), ('cep2', 'diagonal'), ('ep', 'diagonal'), "
-            "('ep', 'full')]]; print(skcep.__file__)"
-        )
-        env = dict(os.environ, PYTHONPATH=str(tmp))
-        proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, cwd=tmp)
-        if proc.returncode == 0 and str(tmp) in proc.stdout:
-            digest = hashlib.sha256()
-            for f in sorted((tmp / "skcep").rglob("*.py")):
-                digest.update(f.read_bytes())
-            SNAPSHOT.update(path=tmp, env=env, sha=digest.hexdigest()[:12], time=time.strftime("%Y-%m-%d %H:%M"))
-            return
-        shutil.rmtree(tmp, ignore_errors=True)
-        time.sleep(20)
-    raise RuntimeError(f"skcep does not import or fit:\n{proc.stderr[-3000:]}")
+SCALE_CHECK = (
+    "import numpy as np, skcep; X = np.random.default_rng(0).standard_normal((200, 3)); "
+    "y = (X[:, 0] > 0).astype(int); [skcep.CEPProbitClassifier(method=m, covariance=c)"
+    ".fit(X, y) for m, c in [('cep1', 'diagonal'), ('cep2', 'diagonal'), ('ep', 'diagonal'), "
+    "('ep', 'full')]]; print(skcep.__file__)"
+)
 
 
 def run_worker(spec, timeout=None):
-    """One fit in a fresh interpreter on the snapshot of skcep; a crash is retried once."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-    for attempt in range(2):
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, cwd=SNAPSHOT["path"], env=SNAPSHOT["env"]
-        )
-        for line in proc.stdout.splitlines():
-            if line.startswith("RESULT "):
-                return json.loads(line[len("RESULT ") :])
-        if attempt == 0:
-            time.sleep(30)
-    raise RuntimeError(f"worker {spec} failed:\n{proc.stderr[-3000:]}")
+    """One fit in a fresh interpreter on the snapshot of skcep."""
+    return _common.run_worker(__file__, spec, SNAPSHOT, timeout=timeout, retry_after=30)
 
 
 def measure(spec, log, timeout=None):
@@ -235,34 +205,10 @@ def mib(b):
     return f"{b / 2**20:,.0f} MiB"
 
 
-def machine_lines():
-    import sklearn
-    from threadpoolctl import threadpool_info
-
-    cpu = "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    blas = ", ".join(
-        f"{i['internal_api']} {i.get('version')} ({i['num_threads']} thread{'s' * (i['num_threads'] != 1)})"
-        for i in threadpool_info()
-    )
-    return [
-        f"- machine: {os.cpu_count()} CPUs (`nproc`), {cpu}, {platform.system()} {platform.release()}",
-        f"- python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}, "
-        f"scikit-learn {sklearn.__version__}",
-        f"- thread pools: {blas}; OPENBLAS_NUM_THREADS=OMP_NUM_THREADS=1 in every worker",
-    ]
-
-
 def main(quick):
     sz = sizes(quick)
     command = "python benchmarks/bench_scale.py" + (" --quick" if quick else "")
-    snapshot_library()
+    SNAPSHOT.update(snapshot_library(SCALE_CHECK, "skcep_scale_"))
     load_start = os.getloadavg()
     t_start = time.perf_counter()
 
