@@ -61,7 +61,7 @@ from sklearn.metrics import roc_auc_score  # noqa: E402
 from _common import RESULTS, command, hand_notes, library_state, md_table, pm, verdict, warning_lines  # noqa: E402
 from bench_cp_movielens import baselines, movielens_split, rmse, validation_split  # noqa: E402
 from skcep.datasets import load_movielens  # noqa: E402
-from skcep.tensor import BayesianCPTensor, StreamingDeepTensor  # noqa: E402
+from skcep import BayesianCPTensor, StreamingDeepTensor  # noqa: E402
 
 BATCH = 256
 RANKS = (3, 8)

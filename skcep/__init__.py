@@ -3,7 +3,8 @@
 from . import datasets
 from .linear_model import CEPLogisticClassifier, CEPProbitClassifier
 from .message_operator import KJITMessageOperator
-from .tensor import BayesianCPTensor, StreamingDeepTensor
+from .deep import StreamingDeepTensor
+from .tensor import BayesianCPTensor
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,6 @@ EP whose tilted moments come from a learned message operator (``method="kjit"``,
 
 import copy
 import warnings
-from contextlib import contextmanager
 from numbers import Integral, Real
 
 import numpy as np
@@ -19,27 +18,13 @@ from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ._base import unchanged_on_error
 from .engines.glm import fit_factorized, fit_full
 from .engines.likelihoods import Logistic, Probit
 
 __all__ = ["CEPProbitClassifier", "CEPLogisticClassifier"]
 
 _MAX_FULL_BYTES = 2**31  # a d×d covariance larger than 2 GiB is refused with a clear message
-
-
-@contextmanager
-def unchanged_on_error(estimator):
-    """Restore every attribute of ``estimator`` if the block raises: a rejected call changes
-    nothing.  Fitted arrays are only ever replaced, never modified in place, so a shallow copy
-    of the instance dictionary is a complete snapshot.
-    """
-    saved = dict(estimator.__dict__)
-    try:
-        yield
-    except BaseException:
-        estimator.__dict__.clear()
-        estimator.__dict__.update(saved)
-        raise
 
 
 class _CEPClassifierBase(ClassifierMixin, BaseEstimator):

@@ -33,7 +33,7 @@ from .engines.random_features import (
     message_families,
     outer_features,
 )
-from .linear_model import unchanged_on_error
+from ._base import unchanged_on_error
 
 __all__ = ["KJITMessageOperator", "LogisticFactor", "OperatorSite"]
 

@@ -38,6 +38,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 PUBLIC_MODULES = [
     "skcep.linear_model",
     "skcep.tensor",
+    "skcep.deep",
     "skcep.datasets",
     "skcep.message_operator",
 ]

@@ -1,7 +1,16 @@
 """Natural-parameter Gaussian bookkeeping shared by every EP-style engine.
 
 A univariate Gaussian N(mean, var) is kept as (precision, shift) = (1/var, mean/var), so that
-multiplying densities adds natural parameters and dividing subtracts them (papers/000 eq. 3).
+multiplying densities adds natural parameters and dividing subtracts them (Wang & Zhe,
+"Conditional Expectation Propagation", UAI 2020, eq. 3).  This module holds the one cavity
+policy, the one damping rule and the one site update that every engine uses:
+
+* **cavity** — q / f̃; where the cavity precision is not positive (zero allowed with
+  ``flat_ok``: a flat cavity) the site is not updated and the returned cavity is the marginal
+  itself, so everything stays finite;
+* **damping** — a step δ ∈ (0, 1] moves natural parameters by δ × (proposed − current)
+  (δ = 1 is the undamped EP update); equivalently the new site is f̃_old^(1−δ) f̃_new^δ;
+* **site update** — the site that turns the cavity into the matched marginal.
 """
 
 import numpy as np
@@ -10,8 +19,10 @@ __all__ = [
     "to_natural",
     "to_moments",
     "cavity",
+    "cavity_natural",
     "site_from_marginal",
     "damped",
+    "damped_update",
 ]
 
 
@@ -27,18 +38,30 @@ def to_moments(precision, shift):
     return np.asarray(shift, dtype=float) * var, var
 
 
-def cavity(precision, shift, site_precision, site_shift):
-    """Remove a site from a marginal: q / f̃ (papers/000 §2, message deletion).
+def cavity_natural(precision, shift, site_precision, site_shift, flat_ok=False):
+    """Natural parameters of the cavity q / f̃ and where it may be updated.
 
-    Returns ``(mean, var, precision, shift, ok)`` of the cavity; ``ok`` is False where the
-    cavity precision is not positive (those sites must not be updated: SPEC §3). Where not ok,
-    the returned mean/var are those of the marginal itself, so they stay finite.
+    Returns ``(cav_precision, cav_shift, ok)``.  ``ok`` is False where the cavity precision is
+    negative, or zero unless ``flat_ok``; there the marginal's own parameters are returned, so
+    nothing downstream divides by zero, and the caller leaves those sites unchanged (and counts
+    them).  ``ok`` is the Python bool True when every cavity is proper.
     """
     cav_prec = precision - site_precision
     cav_shift = shift - site_shift
-    ok = cav_prec > 0
-    cav_prec = np.where(ok, cav_prec, precision)
-    cav_shift = np.where(ok, cav_shift, shift)
+    low = cav_prec.min(initial=np.inf) if isinstance(cav_prec, np.ndarray) else cav_prec
+    if low > 0 or (flat_ok and low >= 0):
+        return cav_prec, cav_shift, True
+    ok = cav_prec >= 0 if flat_ok else cav_prec > 0
+    return np.where(ok, cav_prec, precision), np.where(ok, cav_shift, shift), ok
+
+
+def cavity(precision, shift, site_precision, site_shift):
+    """Remove a site from a marginal: q / f̃ (EP's message deletion).
+
+    Returns ``(mean, var, precision, shift, ok)`` of the cavity (:func:`cavity_natural`'s policy:
+    where not ok, the marginal itself).
+    """
+    cav_prec, cav_shift, ok = cavity_natural(precision, shift, site_precision, site_shift)
     mean, var = to_moments(cav_prec, cav_shift)
     return mean, var, cav_prec, cav_shift, ok
 
@@ -61,13 +84,19 @@ def site_from_marginal(new_mean, new_var, cav_precision, cav_shift, ok=True):
 
 
 def damped(old, proposed, step, ok=True):
-    """Change ``step (proposed − old)`` where ``ok``, zero elsewhere.
+    """The damped change ``step × (proposed − old)`` where ``ok``, zero elsewhere.
 
-    Damping acts on natural parameters (SPEC §3); ``step`` = 1 is the undamped update.
+    This is the one damping rule: it acts on natural parameters, and ``step`` = 1 is the
+    undamped update.
     """
     change = proposed - old
     if step != 1.0:
         change *= step
-    if np.all(ok):
+    if ok is True or np.all(ok):
         return change
     return np.where(ok, change, 0.0)
+
+
+def damped_update(old, proposed, step, ok=True):
+    """``old`` moved by :func:`damped` — the new value of a damped site parameter."""
+    return old + damped(old, proposed, step, ok)

@@ -16,13 +16,14 @@ supplement 8.2.2 and 8.3.2) and, through L_3 and L_4, their second derivatives n
 (``value=False`` may skip L_0).
 """
 
+import math
 from functools import lru_cache
 
 import numpy as np
 from numpy.polynomial.hermite import hermgauss
 from scipy.special import erfcx, expit, log_expit, log_ndtr, logsumexp, ndtr
 
-__all__ = ["Probit", "Logistic", "log_phi_derivatives"]
+__all__ = ["Probit", "Logistic", "Gaussian", "log_phi_derivatives", "mills_ratio"]
 
 _SQRT_2_OVER_PI = np.sqrt(2.0 / np.pi)
 _SQRT_HALF = np.sqrt(0.5)
@@ -80,6 +81,18 @@ def log_phi_derivatives(u, order=2, value=True):
     return out
 
 
+def mills_ratio(u):
+    """φ(u)/Φ(u) of one float, finite for every real u (the scalar form used by per-entry ADF
+    loops, where a numpy call per entry would dominate the cost).
+
+    Above −5 the direct quotient is exact to rounding; below it the scaled complementary error
+    function avoids the underflow of φ and Φ: φ(u)/Φ(u) = √(2/π) / erfcx(−u/√2).
+    """
+    if u > -5.0:
+        return _SQRT_2_OVER_PI * math.exp(-0.5 * u * u) / math.erfc(-u * _SQRT_HALF)
+    return _SQRT_2_OVER_PI / float(erfcx(-u * _SQRT_HALF))
+
+
 class Probit:
     """lik(y a) = Φ(y a);  Z(m, s) = Φ(y m / √(1 + s))  (papers/000 supplement 8.3)."""
 
@@ -99,6 +112,28 @@ class Probit:
         """(log P(y = 0), log P(y = 1)), each computed without cancellation."""
         z = m / np.sqrt(1.0 + s)
         return log_ndtr(-z), log_ndtr(z)
+
+
+class Gaussian:
+    """lik(y | a) = N(y | a, σ²);  Z(m, s) = N(y | m, s + σ²) — the Gaussian-noise evidence of
+    a linear predictor a ~ N(m, s) (e.g. Fang et al., "Streaming Bayesian Deep Tensor
+    Factorization", ICML 2021, eq. 12).  ``y`` is the observed value, not a sign."""
+
+    name = "gaussian"
+
+    def __init__(self, noise_variance):
+        self.noise_variance = noise_variance
+
+    def derivatives(self, m, s, y, order=2, value=True):
+        total = s + self.noise_variance
+        resid = y - m
+        out = [-0.5 * (np.log(2.0 * np.pi * total) + resid * resid / total) if value else None]
+        if order >= 1:
+            out.append(resid / total)
+        if order >= 2:
+            out.append(-1.0 / total + 0.0 * resid)
+        out += [0.0 * resid] * max(order - 2, 0)
+        return out
 
 
 class Logistic:

@@ -1,0 +1,200 @@
+"""What the tensor estimators share: entry indices as X, checks of their parameters, a
+likelihood that makes them a regressor ("gaussian") or a classifier ("probit"), label encoding,
+and predictions from the posterior mean and variance of the latent entry.
+"""
+
+from numbers import Integral
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.metrics import accuracy_score, r2_score
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.multiclass import type_of_target
+from sklearn.utils.validation import validate_data
+
+from ._base import SkcepMixin
+from .engines.likelihoods import Probit
+
+def _check_noise_prior(noise_prior):
+    try:
+        a0, b0 = (float(v) for v in noise_prior)
+    except (TypeError, ValueError):
+        raise ValueError(f"noise_prior must be a pair (a0, b0) of positive numbers; got {noise_prior!r}.") from None
+    if not (np.isfinite(a0) and np.isfinite(b0) and a0 > 0 and b0 > 0):
+        raise ValueError(f"noise_prior must be a pair (a0, b0) of positive numbers; got {noise_prior!r}.")
+    return a0, b0
+
+
+_MAX_INDEX = 2**40  # far beyond any tensor whose factors fit in memory; guards the int cast
+
+
+def check_tensor_index(X, shape=None, estimator_name="BayesianCPTensor"):
+    """Entry indices as an (n, K) intp array; reject negative, non-integer or out-of-range ones."""
+    X = np.asarray(X)
+    if X.dtype == object:
+        try:
+            X = X.astype(float)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"Tensor indices must be integers; {error}") from None
+    if X.dtype.kind == "f":
+        if not np.all(np.isfinite(X)):
+            raise ValueError("Tensor indices contain NaN or infinity.")
+        if np.any(X != np.round(X)):
+            raise ValueError("Tensor indices must be integers; X has non-integer values.")
+    elif X.dtype.kind not in "iub":
+        raise TypeError(f"Tensor indices must be integers; X has dtype {X.dtype}.")
+    if X.size and X.min() < 0:
+        raise ValueError(f"Negative values in data passed to {estimator_name}: tensor indices must be "
+                         f"non-negative; X has {X.min()}.")
+    if X.size and X.max() >= _MAX_INDEX:
+        raise ValueError(f"Tensor index {X.max()} is too large (limit {_MAX_INDEX}).")
+    X = X.astype(np.intp)
+    if shape is not None:
+        too_big = X >= np.asarray(shape)
+        if np.any(too_big):
+            k = int(np.flatnonzero(too_big.any(axis=0))[0])
+            raise ValueError(
+                f"Tensor index {int(X[:, k].max())} in mode {k} is beyond shape[{k}] = {shape[k]}."
+            )
+    return X
+
+
+class TensorEstimator(SkcepMixin, BaseEstimator):
+    """What the tensor estimators share: entry indices as X, a likelihood that makes them a
+    regressor ("gaussian") or a classifier ("probit"), label encoding, and predictions from the
+    posterior mean and variance of the latent entry f that ``_latent_moments`` gives."""
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.estimator_type = "classifier" if self.likelihood == "probit" else "regressor"
+        tags.input_tags.categorical = True
+        tags.input_tags.positive_only = True
+        tags.input_tags.sparse = False
+        if self.likelihood == "probit":
+            from sklearn.utils import ClassifierTags
+
+            tags.classifier_tags = ClassifierTags(multi_class=False)
+            tags.target_tags.required = True
+        else:
+            from sklearn.utils import RegressorTags
+
+            tags.regressor_tags = RegressorTags()
+            tags.target_tags.required = True
+        return tags
+
+    def _validate(self, X, y="no_validation", reset=True):
+        kwargs = dict(dtype=None, ensure_min_samples=1, reset=reset)
+        if isinstance(y, str) and y == "no_validation":
+            X, y = validate_data(self, X, **kwargs), None
+        else:
+            X, y = validate_data(self, X, y, y_numeric=self.likelihood == "gaussian", **kwargs)
+        if X.shape[1] < 2:
+            raise ValueError(f"A tensor needs at least 2 modes (columns of X); got {X.shape[1]}.")
+        return X, y
+
+    def _encode(self, y, first_call, classes=None):
+        """Gaussian: finite floats.  Probit: two labels, encoded as 0/1 (``classes_[1]`` → 1)."""
+        if self.likelihood == "gaussian":
+            y = np.asarray(y, dtype=float)
+            if not np.all(np.isfinite(y)):
+                raise ValueError("y contains NaN or infinity.")
+            return y
+        target_type = type_of_target(y, input_name="y", raise_unknown=True)
+        if target_type not in ("binary", "multiclass"):
+            raise ValueError(
+                "Only binary classification is supported (likelihood='probit'): y needs binary "
+                f"labels; the type of the target is {target_type}."
+            )
+        if first_call:
+            labels = np.unique(y) if classes is None else np.unique(classes)
+            if target_type not in ("binary", "multiclass") or labels.size > 2:
+                raise ValueError(
+                    "Only binary classification is supported (likelihood='probit'). "
+                    f"The type of the target is {target_type}."
+                )
+            if labels.size < 2:
+                raise ValueError(
+                    "likelihood='probit' needs two classes; got 1 class. Pass classes= to "
+                    "partial_fit if the first batch holds only one."
+                )
+            self.classes_ = labels
+        unknown = np.setdiff1d(np.unique(y), self.classes_)
+        if unknown.size:
+            raise ValueError(f"y has labels {unknown.tolist()} not in classes_ {self.classes_.tolist()}.")
+        return (y == self.classes_[1]).astype(float)
+
+    def _resolve_shape(self, X, fixed_shape, current):
+        K = X.shape[1]
+        if fixed_shape is not None:
+            if len(fixed_shape) != K:
+                raise ValueError(f"shape has {len(fixed_shape)} modes but X has {K} columns.")
+            check_tensor_index(X, fixed_shape, estimator_name=type(self).__name__)
+            return fixed_shape
+        seen = tuple(int(v) + 1 for v in X.max(axis=0))
+        if current is None:
+            return seen
+        return tuple(max(a, b) for a, b in zip(current, seen))
+
+    def predict(self, X, return_std=False):
+        """Predictive mean of the entries (labels for probit).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_entries, n_modes)
+            Integer entry indices; indices never seen in training are predicted from the prior.
+        return_std : bool, default=False
+            Also return the predictive standard deviation (Gaussian: of y, noise included;
+            probit: of the latent f).  For StreamingDeepTensor the variance of f is the
+            delta method's β (papers/004 eq. 9).
+
+        Returns
+        -------
+        y_pred : ndarray of shape (n_entries,)
+        y_std : ndarray of shape (n_entries,), only if ``return_std``
+        """
+        mean, var = self._latent_moments(X)
+        if self.likelihood == "probit":
+            labels = self.classes_[(mean > 0).astype(int)]
+            return (labels, np.sqrt(var)) if return_std else labels
+        if return_std:
+            return mean, np.sqrt(var + 1.0 / self.noise_precision_)
+        return mean
+
+    @available_if(lambda self: self.likelihood == "probit")
+    def predict_proba(self, X):
+        """Class probabilities Φ(E f / √(1 + Var f)) (probit only; for StreamingDeepTensor
+        E f and Var f are the delta method's α and β, papers/004 eq. 10).
+
+        Returns
+        -------
+        proba : ndarray of shape (n_entries, 2)
+        """
+        mean, var = self._latent_moments(X)
+        p = Probit().predict_proba(mean, var)
+        return np.column_stack([1.0 - p, p])
+
+    @available_if(lambda self: self.likelihood == "probit")
+    def decision_function(self, X):
+        """Posterior mean of the latent entry f (probit only; ``predict`` gives it for Gaussian;
+        the delta method's α for StreamingDeepTensor)."""
+        return self._latent_moments(X)[0]
+
+    def score(self, X, y, sample_weight=None):
+        """R² of the predicted means (Gaussian) or accuracy (probit)."""
+        if self.likelihood == "probit":
+            return accuracy_score(y, self.predict(X), sample_weight=sample_weight)
+        return r2_score(y, self.predict(X), sample_weight=sample_weight)
+
+
+def _check_positive_ints(value, name, allow_empty=False):
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of positive integers; got {value!r}.") from None
+    if (not items and not allow_empty) or not all(
+        isinstance(v, Integral) and not isinstance(v, bool) and v >= 1 for v in items
+    ):
+        raise ValueError(f"{name} must be a sequence of positive integers; got {value!r}.")
+    return tuple(int(v) for v in items)
+
+

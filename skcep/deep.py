@@ -1,0 +1,317 @@
+"""Streaming Bayesian deep tensor factorization as a scikit-learn estimator.
+
+The estimator validates entry indices, holds the posterior and translates between
+scikit-learn's API and the pure-numpy engine :mod:`skcep.engines.deep`.
+"""
+
+from numbers import Integral, Real
+
+import numpy as np
+from scipy.special import expit
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted
+
+from ._base import unchanged_on_error
+from ._tensor import TensorEstimator, _check_noise_prior, _check_positive_ints, check_tensor_index
+from .engines import deep
+
+__all__ = ["StreamingDeepTensor"]
+
+
+class StreamingDeepTensor(TensorEstimator):
+    r"""Streaming Bayesian deep tensor factorization (SBDT, papers/004).
+
+    Each observed entry i = (i_1, …, i_K) is modelled by a neural network over the
+    concatenation of its K embeddings, x_i = [u¹_{i_1}; …; u^K_{i_K}]:
+    ``h_m = act(W_m [h_{m−1}; 1] / √(V_{m−1} + 1))``, ``f(x_i) = W_M [h_{M−1}; 1] / √(V_{M−1} + 1)
+    + b``, with ``y_i ~ N(f, 1/τ)`` (``likelihood="gaussian"``) or ``P(y_i = 1) = Φ(f)``
+    (``"probit"``) (papers/004 §3).  Priors: u ~ N(0, I); every weight spike-and-slab,
+    s ~ Bern(ρ0), w | s ~ s N(0, σ0²) + (1 − s) δ(w) (eq. 3); τ ~ Gam(a0, b0); the optional
+    global offset b ~ N(0, ``intercept_prior_variance``) is beyond the paper.
+
+    The posterior is fully factorized and updated in one pass by assumed density filtering
+    (Alg. 1): per entry, the delta method gives the output's mean α = f(E[W], E[x]) and variance
+    β = Σ_j g_j² Var_j with g = ∇f by backpropagation (eqs. 8–9), the running evidence
+    log Z = log Φ(sα/√(1+β)) (eq. 10) or log N(y | α, β + b/a) (eq. 12) updates every weight and
+    the entry's embeddings by moment matching (eq. 7), and q(τ) by conditional moment matching
+    (a += ½, b += ½((y − α)² + β), supplement §1).  After every batch an EP step refines each
+    weight's spike-and-slab approximation (supplement eqs. 5–9).
+
+    Parameters
+    ----------
+    rank : int or sequence of int, default=8
+        Embedding size r_k: one for all modes, or one per mode.
+    hidden_layer_sizes : sequence of int, default=(50, 50)
+        Widths of the hidden layers (the paper uses two of 50).  ``()`` gives a linear model of
+        the concatenated embeddings.
+    activation : {"relu", "tanh"}, default="relu"
+        Hidden activation.
+    likelihood : {"gaussian", "probit"}, default="gaussian"
+        Real-valued entries with Gaussian noise (a regressor) or binary entries with a probit
+        link (a classifier).
+    spike_prob : float in (0, 1), default=0.5
+        Prior inclusion probability ρ0 of every weight.  Smaller values prune more weights.
+    slab_variance : float, default=1.0
+        Variance σ0² of the slab.
+    damping : float in (0, 1], default=0.03
+        Step size ε of the EP refinement of the spike-and-slab terms after every batch: the new
+        term is A_old^(1−ε) A_new^ε in natural parameters.  ``1.0`` is the paper's undamped
+        update.  Undamped, the first refinement replaces the random initial weight means (the
+        only thing that breaks the symmetry between hidden units) by the projection of a cavity
+        that one batch barely informs, which is close to zero; a ReLU network can then stay at
+        the all-zero fixed point (measured: test R² ≈ 0 on synthetic tensors, and the RMSE of
+        the global mean on MovieLens-small, where ``damping=0.03`` gives 0.884).  Damping
+        changes the path, not the EP fixed point.
+    noise_prior : tuple (a0, b0), default=(1.0, 1.0)
+        Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
+    fit_intercept : bool, default=True
+        Add a global offset b ~ N(0, ``intercept_prior_variance``) to the network output, updated
+        with the weights (its gradient is 1).  Real entries are rarely zero-mean and a bias weight
+        of the output layer, scaled by 1/√(V_{M−1} + 1) under a unit slab, cannot carry a large
+        mean.  ``False`` gives exactly the model of the paper.
+    intercept_prior_variance : float, default=100.0
+        Prior variance of the global offset.
+    batch_size : int, default=256
+        Entries per streaming batch in ``fit`` (``partial_fit`` treats its input as one batch).
+        The spike-and-slab refinement runs once per batch.
+    shuffle : bool, default=True
+        Whether ``fit`` visits the entries in a random order (seeded by ``random_state``).
+    embedding_init_scale : float, default=0.0
+        0: embeddings start at their prior N(0, I) (the paper).  > 0: objects start from random
+        working means N(0, scale²) (their prior is unchanged for prediction of unseen objects).
+    shape : tuple of int or None, default=None
+        Tensor shape.  None: inferred from the largest index seen, and grown by ``partial_fit``;
+        given: indices beyond it are rejected.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the initial weight means (the spike-and-slab approximation starts with means drawn
+        from a standard normal truncated to [−σ0, σ0], variances σ0², papers/004 §4.2), the
+        random embedding means and the order of the entries in ``fit``.
+
+    Attributes
+    ----------
+    embeddings_ : list of ndarray of shape (d_k, r_k)
+        Posterior means of the embeddings of every mode.
+    embedding_variances_ : list of ndarray of shape (d_k, r_k)
+        Their posterior variances.
+    weights_ : list of ndarray of shape (n_out, n_in + 1)
+        Posterior means of every layer's weights; the last column is the bias.
+    weight_variances_ : list of ndarray of shape (n_out, n_in + 1)
+        Their posterior variances.
+    inclusion_prob_ : list of ndarray of shape (n_out, n_in + 1)
+        Posterior inclusion probability q(s = 1) = c(ρ* + logit ρ0) of every weight (equal to
+        the paper's c(ρ*) for ρ0 = ½).
+    intercept_, intercept_var_ : float
+        Posterior mean and variance of the global offset (0 and 0 without one).
+    noise_precision_ : float
+        E[τ] = a/b (Gaussian likelihood only).
+    n_seen_ : int
+        Entries processed since the last ``fit`` (or the first ``partial_fit``).
+    shape_ : tuple of int
+        Shape of the fitted tensor.
+    classes_ : ndarray of shape (2,)
+        The two labels (probit only).
+    n_features_in_ : int
+        Number of modes K.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skcep.deep import StreamingDeepTensor
+    >>> rng = np.random.default_rng(0)
+    >>> U = [rng.standard_normal((d, 2)) for d in (30, 20, 5)]
+    >>> X = np.column_stack([rng.integers(0, d, 4000) for d in (30, 20, 5)])
+    >>> y = np.tanh(np.sum(U[0][X[:, 0]] * U[1][X[:, 1]], axis=1)) + U[2][X[:, 2], 0]
+    >>> model = StreamingDeepTensor(rank=3, hidden_layer_sizes=(20,), random_state=0)
+    >>> model = model.fit(X[:3500], y[:3500])
+    >>> mean, std = model.predict(X[3500:], return_std=True)
+    >>> bool(model.score(X[3500:], y[3500:]) > 0.5)
+    True
+    """
+
+    _parameter_constraints = {
+        "rank": [Interval(Integral, 1, None, closed="left"), tuple, list],
+        "hidden_layer_sizes": [tuple, list],
+        "activation": [StrOptions({"relu", "tanh"})],
+        "likelihood": [StrOptions({"gaussian", "probit"})],
+        "spike_prob": [Interval(Real, 0, 1, closed="neither")],
+        "slab_variance": [Interval(Real, 0, None, closed="neither")],
+        "damping": [Interval(Real, 0, 1, closed="right")],
+        "noise_prior": [tuple, list],
+        "fit_intercept": ["boolean"],
+        "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "shuffle": ["boolean"],
+        "embedding_init_scale": [Interval(Real, 0, None, closed="left")],
+        "shape": [None, tuple, list],
+        "random_state": ["random_state"],
+    }
+
+    def __init__(
+        self,
+        rank=8,
+        *,
+        hidden_layer_sizes=(50, 50),
+        activation="relu",
+        likelihood="gaussian",
+        spike_prob=0.5,
+        slab_variance=1.0,
+        damping=0.03,
+        noise_prior=(1.0, 1.0),
+        fit_intercept=True,
+        intercept_prior_variance=100.0,
+        batch_size=256,
+        shuffle=True,
+        embedding_init_scale=0.0,
+        shape=None,
+        random_state=None,
+    ):
+        self.rank = rank
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.likelihood = likelihood
+        self.spike_prob = spike_prob
+        self.slab_variance = slab_variance
+        self.damping = damping
+        self.noise_prior = noise_prior
+        self.fit_intercept = fit_intercept
+        self.intercept_prior_variance = intercept_prior_variance
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.embedding_init_scale = embedding_init_scale
+        self.shape = shape
+        self.random_state = random_state
+
+    def _check_params(self, n_modes):
+        noise_prior = _check_noise_prior(self.noise_prior)
+        hidden = _check_positive_ints(self.hidden_layer_sizes, "hidden_layer_sizes", allow_empty=True)
+        if isinstance(self.rank, Integral):
+            ranks = (int(self.rank),) * n_modes
+        else:
+            ranks = _check_positive_ints(self.rank, "rank")
+            if len(ranks) != n_modes:
+                raise ValueError(f"rank has {len(ranks)} entries but X has {n_modes} modes (columns).")
+        shape = None
+        if self.shape is not None:
+            if not all(isinstance(d, Integral) and d >= 1 for d in self.shape):
+                raise ValueError(f"shape must hold positive integers; got {self.shape!r}.")
+            shape = tuple(int(d) for d in self.shape)
+        return noise_prior, hidden, ranks, shape
+
+    def _prepare(self, X, y, first_call, classes=None):
+        """Validate everything before any state changes; returns indices and targets (signs ±1
+        for probit)."""
+        X, y = self._validate(X, y, reset=first_call)
+        params = self._check_params(X.shape[1])
+        y = self._encode(y, first_call=first_call, classes=classes)
+        X = check_tensor_index(X, estimator_name=type(self).__name__)
+        if self.likelihood == "probit":
+            y = 2.0 * y - 1.0
+        return X, y, params
+
+    def _new_posterior(self, shape, ranks, hidden, noise_prior, rng):
+        return deep.init_posterior(
+            shape, ranks, hidden, self.activation, spike_prob=self.spike_prob,
+            slab_variance=self.slab_variance,
+            noise_prior=noise_prior if self.likelihood == "gaussian" else None, rng=rng,
+            embedding_init_scale=self.embedding_init_scale,
+            intercept_variance=self.intercept_prior_variance if self.fit_intercept else 0.0,
+        )
+
+    def _absorb(self, post, X, y):
+        """Alg. 1 on one batch: per-entry ADF, then EP on the spike-and-slab terms."""
+        deep.adf_pass(post, X, y, self.likelihood)
+        deep.refine_spike_slab(post, damping=self.damping)
+
+    def fit(self, X, y):
+        """Start from the prior and stream the entries once, in batches of ``batch_size``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_entries, n_modes)
+            Integer entry indices, one column per mode.
+        y : array-like of shape (n_entries,)
+            Entry values (real for "gaussian", two labels for "probit").
+
+        Returns
+        -------
+        self : StreamingDeepTensor
+        """
+        self._validate_params()
+        with unchanged_on_error(self):
+            for name in ("classes_", "shape_"):
+                self.__dict__.pop(name, None)
+            X, y, (noise_prior, hidden, ranks, fixed_shape) = self._prepare(X, y, first_call=True)
+            shape = self._resolve_shape(X, fixed_shape, None)
+            rng = check_random_state(self.random_state)
+            post = self._new_posterior(shape, ranks, hidden, noise_prior, rng)
+            order = rng.permutation(X.shape[0]) if self.shuffle else np.arange(X.shape[0])
+            for start in range(0, order.size, self.batch_size):
+                batch = order[start:start + self.batch_size]
+                self._absorb(post, X[batch], y[batch])
+            self._rng = rng
+            self._set_posterior(post, shape)
+        return self
+
+    def partial_fit(self, X, y, classes=None):
+        """Fold one batch of entries into the posterior (Alg. 1 lines 3–9).
+
+        The entries are absorbed one by one by assumed density filtering, then the
+        spike-and-slab approximation is refined by EP; the batch is not kept.  Indices beyond
+        the current shape grow the modes (new objects start at the prior).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_entries, n_modes)
+            Integer entry indices.
+        y : array-like of shape (n_entries,)
+            Entry values.
+        classes : array-like of shape (2,), default=None
+            Probit only: the two labels, needed on the first call if its batch holds only one.
+
+        Returns
+        -------
+        self : StreamingDeepTensor
+        """
+        first_call = not hasattr(self, "_posterior")
+        if first_call:
+            self._validate_params()
+        with unchanged_on_error(self):
+            X, y, (noise_prior, hidden, ranks, fixed_shape) = self._prepare(X, y, first_call, classes)
+            if first_call:
+                shape = self._resolve_shape(X, fixed_shape, None)
+                rng = check_random_state(self.random_state)
+                post = self._new_posterior(shape, ranks, hidden, noise_prior, rng)
+            else:
+                if ranks != self._posterior.ranks or hidden != self._posterior.layer_sizes[1:-1]:
+                    raise ValueError("rank and hidden_layer_sizes cannot change between partial_fit "
+                                     "calls; call fit to start again.")
+                shape = self._resolve_shape(X, fixed_shape, self.shape_)
+                rng = self._rng
+                post = deep.grow_posterior(self._posterior.copy(), shape, rng, self.embedding_init_scale)
+            self._absorb(post, X, y)
+            self._rng = rng
+            self._set_posterior(post, shape)
+        return self
+
+    def _set_posterior(self, post, shape):
+        self._posterior = post
+        self.shape_ = tuple(shape)
+        self.embeddings_ = [e[0] for e in post.emb]
+        self.embedding_variances_ = [e[1] for e in post.emb]
+        self.weights_ = post.weight_mean
+        self.weight_variances_ = post.weight_var
+        self.inclusion_prob_ = post.layer_views(expit(post.inclusion_logit))
+        self.intercept_, self.intercept_var_ = post.intercept
+        if self.likelihood == "gaussian":
+            self.noise_precision_ = float(post.noise_precision)
+        self.n_seen_ = int(post.n_seen)
+
+    # ----------------------------------------------------------------------------------------
+    # prediction
+
+    def _latent_moments(self, X):
+        """Delta-method mean and variance of f at the entries X (unseen indices: the prior)."""
+        check_is_fitted(self, "_posterior")
+        X = check_tensor_index(self._validate(X, reset=False)[0], estimator_name=type(self).__name__)
+        return deep.predict_moments(self._posterior, X)
