@@ -114,10 +114,10 @@ def fit_worker(spec):
         """The engine's fit_cp with a callback stamping the end of every sweep."""
         inner = kwargs.get("callback")
 
-        def callback(iteration, post):
+        def callback(iteration, *rest):
             stamps.append((time.perf_counter(), time.process_time()))
             if inner is not None:
-                inner(iteration, post)
+                inner(iteration, *rest)
 
         kwargs["callback"] = callback
         return engine_fit(*args, **kwargs)

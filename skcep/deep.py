@@ -1,9 +1,8 @@
-"""Streaming Bayesian deep tensor factorization as a scikit-learn estimator.
+"""Streaming Bayesian deep tensor factorization as a scikit-learn estimator: it validates entry
+indices, holds the posterior and runs the engine's one step, :func:`skcep.engines.deep.fold_batch`,
+on every batch."""
 
-The estimator validates entry indices, holds the posterior and translates between
-scikit-learn's API and the pure-numpy engine :mod:`skcep.engines.deep`.
-"""
-
+import copy
 from numbers import Integral, Real
 
 import numpy as np
@@ -12,7 +11,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from ._base import unchanged_on_error
+from ._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, fit_method
 from ._tensor import TensorEstimator, _check_noise_prior, _check_positive_ints, check_tensor_index
 from .engines import deep
 
@@ -20,15 +19,16 @@ __all__ = ["StreamingDeepTensor"]
 
 
 class StreamingDeepTensor(TensorEstimator):
-    r"""Streaming Bayesian deep tensor factorization (SBDT, papers/004).
+    r"""Streaming Bayesian deep tensor factorization (SBDT).
 
+    Fang, Wang, Pan, Liu and Zhe, "Streaming Bayesian Deep Tensor Factorization", ICML 2021.
     Each observed entry i = (i_1, …, i_K) is modelled by a neural network over the
     concatenation of its K embeddings, x_i = [u¹_{i_1}; …; u^K_{i_K}]:
     ``h_m = act(W_m [h_{m−1}; 1] / √(V_{m−1} + 1))``, ``f(x_i) = W_M [h_{M−1}; 1] / √(V_{M−1} + 1)
     + b``, with ``y_i ~ N(f, 1/τ)`` (``likelihood="gaussian"``) or ``P(y_i = 1) = Φ(f)``
-    (``"probit"``) (papers/004 §3).  Priors: u ~ N(0, I); every weight spike-and-slab,
-    s ~ Bern(ρ0), w | s ~ s N(0, σ0²) + (1 − s) δ(w) (eq. 3); τ ~ Gam(a0, b0); the optional
-    global offset b ~ N(0, ``intercept_prior_variance``) is beyond the paper.
+    (``"probit"``) (§3).  Priors: u ~ N(0, I); every weight spike-and-slab, s ~ Bern(ρ0),
+    w | s ~ s N(0, σ0²) + (1 − s) δ(w) (eq. 3); τ ~ Gam(a0, b0); the optional global offset
+    b ~ N(0, ``intercept_prior_variance``) is beyond the paper.
 
     The posterior is fully factorized and updated in one pass by assumed density filtering
     (Alg. 1): per entry, the delta method gives the output's mean α = f(E[W], E[x]) and variance
@@ -55,21 +55,19 @@ class StreamingDeepTensor(TensorEstimator):
     slab_variance : float, default=1.0
         Variance σ0² of the slab.
     damping : float in (0, 1], default=0.03
-        Step size ε of the EP refinement of the spike-and-slab terms after every batch: the new
-        term is A_old^(1−ε) A_new^ε in natural parameters.  ``1.0`` is the paper's undamped
-        update.  Undamped, the first refinement replaces the random initial weight means (the
-        only thing that breaks the symmetry between hidden units) by the projection of a cavity
-        that one batch barely informs, which is close to zero; a ReLU network can then stay at
-        the all-zero fixed point (measured: test R² ≈ 0 on synthetic tensors, and the RMSE of
-        the global mean on MovieLens-small, where ``damping=0.03`` gives 0.884).  Damping
-        changes the path, not the EP fixed point.
+        Damping of the EP refinement of the spike-and-slab terms after every batch, with the
+        meaning it has in every skcep estimator: each update moves a term's natural parameters
+        by ``damping`` × (proposed − current), so the new term is A_old^(1−ε) A_new^ε and 1 is
+        the paper's undamped update.  Undamped, the first refinement replaces the random
+        initial weight means (the only thing that breaks the symmetry between hidden units) by
+        the projection of a cavity that one batch barely informs, which is close to zero; a
+        ReLU network can then stay at the all-zero fixed point.  Damping changes the path, not
+        the EP fixed point.
     noise_prior : tuple (a0, b0), default=(1.0, 1.0)
         Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
     fit_intercept : bool, default=True
         Add a global offset b ~ N(0, ``intercept_prior_variance``) to the network output, updated
-        with the weights (its gradient is 1).  Real entries are rarely zero-mean and a bias weight
-        of the output layer, scaled by 1/√(V_{M−1} + 1) under a unit slab, cannot carry a large
-        mean.  ``False`` gives exactly the model of the paper.
+        with the weights (its gradient is 1).  ``False`` gives exactly the model of the paper.
     intercept_prior_variance : float, default=100.0
         Prior variance of the global offset.
     batch_size : int, default=256
@@ -77,16 +75,20 @@ class StreamingDeepTensor(TensorEstimator):
         The spike-and-slab refinement runs once per batch.
     shuffle : bool, default=True
         Whether ``fit`` visits the entries in a random order (seeded by ``random_state``).
-    embedding_init_scale : float, default=0.0
-        0: embeddings start at their prior N(0, I) (the paper).  > 0: objects start from random
-        working means N(0, scale²) (their prior is unchanged for prediction of unseen objects).
+    init_scale : float, default=0.0
+        Standard deviation of random initial embedding means.  0: embeddings start at their
+        prior mean 0 (the paper); > 0: objects start from working means drawn from
+        N(0, init_scale²) (their prior, used to predict unseen objects, is unchanged).
     shape : tuple of int or None, default=None
         Tensor shape.  None: inferred from the largest index seen, and grown by ``partial_fit``;
         given: indices beyond it are rejected.
+<N_JOBS>        SBDT's per-entry ADF loop is sequential: it runs in one thread whatever the value,
+        which is accepted for a uniform API.
+<VERBOSE>        Here the objective is the batch's mean log evidence (eqs. 10, 12).
     random_state : int, RandomState instance or None, default=None
         Seeds the initial weight means (the spike-and-slab approximation starts with means drawn
-        from a standard normal truncated to [−σ0, σ0], variances σ0², papers/004 §4.2), the
-        random embedding means and the order of the entries in ``fit``.
+        from a standard normal truncated to [−σ0, σ0], variances σ0², §4.2), the random
+        embedding means and the order of the entries in ``fit``.
 
     Attributes
     ----------
@@ -129,6 +131,8 @@ class StreamingDeepTensor(TensorEstimator):
     True
     """
 
+    __doc__ = __doc__.replace("<N_JOBS>", N_JOBS_DOC).replace("<VERBOSE>", VERBOSE_DOC)
+
     _parameter_constraints = {
         "rank": [Interval(Integral, 1, None, closed="left"), tuple, list],
         "hidden_layer_sizes": [tuple, list],
@@ -142,30 +146,17 @@ class StreamingDeepTensor(TensorEstimator):
         "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
         "batch_size": [Interval(Integral, 1, None, closed="left")],
         "shuffle": ["boolean"],
-        "embedding_init_scale": [Interval(Real, 0, None, closed="left")],
+        "init_scale": [Interval(Real, 0, None, closed="left")],
         "shape": [None, tuple, list],
         "random_state": ["random_state"],
+        **COMMON_CONSTRAINTS,
     }
+    _structural_params = ("rank", "hidden_layer_sizes", "activation", "likelihood", "fit_intercept", "shape")
 
-    def __init__(
-        self,
-        rank=8,
-        *,
-        hidden_layer_sizes=(50, 50),
-        activation="relu",
-        likelihood="gaussian",
-        spike_prob=0.5,
-        slab_variance=1.0,
-        damping=0.03,
-        noise_prior=(1.0, 1.0),
-        fit_intercept=True,
-        intercept_prior_variance=100.0,
-        batch_size=256,
-        shuffle=True,
-        embedding_init_scale=0.0,
-        shape=None,
-        random_state=None,
-    ):
+    def __init__(self, rank=8, *, hidden_layer_sizes=(50, 50), activation="relu", likelihood="gaussian",
+                 spike_prob=0.5, slab_variance=1.0, damping=0.03, noise_prior=(1.0, 1.0), fit_intercept=True,
+                 intercept_prior_variance=100.0, batch_size=256, shuffle=True, init_scale=0.0, shape=None,
+                 n_jobs=None, verbose=0, random_state=None):
         self.rank = rank
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
@@ -178,51 +169,52 @@ class StreamingDeepTensor(TensorEstimator):
         self.intercept_prior_variance = intercept_prior_variance
         self.batch_size = batch_size
         self.shuffle = shuffle
-        self.embedding_init_scale = embedding_init_scale
+        self.init_scale = init_scale
         self.shape = shape
+        self.n_jobs = n_jobs
+        self.verbose = verbose
         self.random_state = random_state
 
-    def _check_params(self, n_modes):
-        noise_prior = _check_noise_prior(self.noise_prior)
-        hidden = _check_positive_ints(self.hidden_layer_sizes, "hidden_layer_sizes", allow_empty=True)
-        if isinstance(self.rank, Integral):
-            ranks = (int(self.rank),) * n_modes
-        else:
+    def _prepare(self, X, y, first_call, classes=None):
+        """Validate everything before any state changes: indices, targets (signs ±1 for
+        probit) and the parameters that need X (ranks per mode, the shape)."""
+        X, y = self._validate(X, y, reset=first_call)
+        _check_noise_prior(self.noise_prior)
+        _check_positive_ints(self.hidden_layer_sizes, "hidden_layer_sizes", allow_empty=True)
+        n_modes = X.shape[1]
+        if not isinstance(self.rank, Integral):
             ranks = _check_positive_ints(self.rank, "rank")
             if len(ranks) != n_modes:
                 raise ValueError(f"rank has {len(ranks)} entries but X has {n_modes} modes (columns).")
-        shape = None
+        fixed = None
         if self.shape is not None:
             if not all(isinstance(d, Integral) and d >= 1 for d in self.shape):
                 raise ValueError(f"shape must hold positive integers; got {self.shape!r}.")
-            shape = tuple(int(d) for d in self.shape)
-        return noise_prior, hidden, ranks, shape
-
-    def _prepare(self, X, y, first_call, classes=None):
-        """Validate everything before any state changes; returns indices and targets (signs ±1
-        for probit)."""
-        X, y = self._validate(X, y, reset=first_call)
-        params = self._check_params(X.shape[1])
+            fixed = tuple(int(d) for d in self.shape)
         y = self._encode(y, first_call=first_call, classes=classes)
         X = check_tensor_index(X, estimator_name=type(self).__name__)
-        if self.likelihood == "probit":
-            y = 2.0 * y - 1.0
-        return X, y, params
+        shape = self._resolve_shape(X, fixed, None if first_call else self.shape_)
+        return X, (2.0 * y - 1.0 if self.likelihood == "probit" else y), shape
 
-    def _new_posterior(self, shape, ranks, hidden, noise_prior, rng):
+    def _new_posterior(self, n_modes, shape, rng):
+        ranks = (self.rank,) * n_modes if isinstance(self.rank, Integral) else self.rank
+        gaussian = self.likelihood == "gaussian"
         return deep.init_posterior(
-            shape, ranks, hidden, self.activation, spike_prob=self.spike_prob,
-            slab_variance=self.slab_variance,
-            noise_prior=noise_prior if self.likelihood == "gaussian" else None, rng=rng,
-            embedding_init_scale=self.embedding_init_scale,
+            shape, ranks, self.hidden_layer_sizes, self.activation, spike_prob=self.spike_prob,
+            slab_variance=self.slab_variance, noise_prior=self.noise_prior if gaussian else None,
+            rng=rng, init_scale=self.init_scale,
             intercept_variance=self.intercept_prior_variance if self.fit_intercept else 0.0,
         )
 
-    def _absorb(self, post, X, y):
-        """Alg. 1 on one batch: per-entry ADF, then EP on the spike-and-slab terms."""
-        deep.adf_pass(post, X, y, self.likelihood)
-        deep.refine_spike_slab(post, damping=self.damping)
+    def _fold(self, post, X, y, progress):
+        """The engine's step on one batch; with ``verbose``, one progress line."""
+        before = post.copy() if progress is not None else None
+        deep.fold_batch(post, X, y, self.likelihood, self.damping)
+        if progress is not None:
+            change, mean_log_z = deep.fold_summary(before, post)
+            progress(post.n_batches, change, mean_log_z)
 
+    @fit_method
     def fit(self, X, y):
         """Start from the prior and stream the entries once, in batches of ``batch_size``.
 
@@ -237,22 +229,21 @@ class StreamingDeepTensor(TensorEstimator):
         -------
         self : StreamingDeepTensor
         """
-        self._validate_params()
-        with unchanged_on_error(self):
-            for name in ("classes_", "shape_"):
-                self.__dict__.pop(name, None)
-            X, y, (noise_prior, hidden, ranks, fixed_shape) = self._prepare(X, y, first_call=True)
-            shape = self._resolve_shape(X, fixed_shape, None)
-            rng = check_random_state(self.random_state)
-            post = self._new_posterior(shape, ranks, hidden, noise_prior, rng)
-            order = rng.permutation(X.shape[0]) if self.shuffle else np.arange(X.shape[0])
-            for start in range(0, order.size, self.batch_size):
-                batch = order[start:start + self.batch_size]
-                self._absorb(post, X[batch], y[batch])
-            self._rng = rng
-            self._set_posterior(post, shape)
+        for name in ("classes_", "shape_", "noise_precision_"):  # fit starts afresh
+            self.__dict__.pop(name, None)
+        X, y, shape = self._prepare(X, y, first_call=True)
+        rng = check_random_state(self.random_state)
+        post = self._new_posterior(X.shape[1], shape, rng)
+        order = rng.permutation(X.shape[0]) if self.shuffle else np.arange(X.shape[0])
+        progress = self._progress(unit="batch", objective="mean log evidence")
+        for start in range(0, order.size, self.batch_size):
+            batch = order[start:start + self.batch_size]
+            self._fold(post, X[batch], y[batch], progress)
+        self._rng = rng
+        self._set_posterior(post)
         return self
 
+    @fit_method
     def partial_fit(self, X, y, classes=None):
         """Fold one batch of entries into the posterior (Alg. 1 lines 3–9).
 
@@ -274,29 +265,21 @@ class StreamingDeepTensor(TensorEstimator):
         self : StreamingDeepTensor
         """
         first_call = not hasattr(self, "_posterior")
+        X, y, shape = self._prepare(X, y, first_call, classes)
         if first_call:
-            self._validate_params()
-        with unchanged_on_error(self):
-            X, y, (noise_prior, hidden, ranks, fixed_shape) = self._prepare(X, y, first_call, classes)
-            if first_call:
-                shape = self._resolve_shape(X, fixed_shape, None)
-                rng = check_random_state(self.random_state)
-                post = self._new_posterior(shape, ranks, hidden, noise_prior, rng)
-            else:
-                if ranks != self._posterior.ranks or hidden != self._posterior.layer_sizes[1:-1]:
-                    raise ValueError("rank and hidden_layer_sizes cannot change between partial_fit "
-                                     "calls; call fit to start again.")
-                shape = self._resolve_shape(X, fixed_shape, self.shape_)
-                rng = self._rng
-                post = deep.grow_posterior(self._posterior.copy(), shape, rng, self.embedding_init_scale)
-            self._absorb(post, X, y)
-            self._rng = rng
-            self._set_posterior(post, shape)
+            rng = check_random_state(self.random_state)
+            post = self._new_posterior(X.shape[1], shape, rng)
+        else:  # work on copies (the generator draws only for init_scale > 0): a call that raises
+            rng = copy.deepcopy(self._rng) if self.init_scale > 0 else self._rng  # changes nothing
+            post = deep.grow_posterior(self._posterior.copy(), shape, rng, self.init_scale)
+        self._fold(post, X, y, self._progress(unit="batch", objective="mean log evidence"))
+        self._rng = rng
+        self._set_posterior(post)
         return self
 
-    def _set_posterior(self, post, shape):
+    def _set_posterior(self, post):
         self._posterior = post
-        self.shape_ = tuple(shape)
+        self.shape_ = post.shape
         self.embeddings_ = [e[0] for e in post.emb]
         self.embedding_variances_ = [e[1] for e in post.emb]
         self.weights_ = post.weight_mean
@@ -306,9 +289,6 @@ class StreamingDeepTensor(TensorEstimator):
         if self.likelihood == "gaussian":
             self.noise_precision_ = float(post.noise_precision)
         self.n_seen_ = int(post.n_seen)
-
-    # ----------------------------------------------------------------------------------------
-    # prediction
 
     def _latent_moments(self, X):
         """Delta-method mean and variance of f at the entries X (unseen indices: the prior)."""

@@ -1,4 +1,4 @@
-"""Tests for skcep.engines.cp (Bayesian CP decomposition by VMP and CEP; SPEC §5).
+"""Tests for skcep.engines.cp (Bayesian CP decomposition by VMP and CEP).
 
 Every reference is computed independently of the engine: the VMP and probit group-CEP sweeps
 re-implemented with explicit Python loops over entries and full R×R matrix inverses, the ELBO
@@ -14,7 +14,20 @@ from scipy.stats import gamma as gamma_dist
 from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
-from skcep.engines.cp import elbo, fit_cp, init_posterior, predict_cp, probit_site
+from skcep.engines.cp import (
+    SparseChunk,
+    absorb_batch,
+    elbo,
+    fit_cp,
+    gaussian_statistics,
+    init_posterior,
+    mode_chunks,
+    predict_cp,
+    probit_site,
+    probit_site_statistics,
+    reduce_rows,
+    start_sweeps,
+)
 
 A0, B0 = 1e-3, 1e-3
 
@@ -77,10 +90,20 @@ def assert_same_state(got, ref, rtol, where=""):
         assert r <= rtol, f"{where} {name}: relative difference {r:.3g}"
 
 
-def run(post, index, y, **kw):
-    """fit_cp with tol=0, recording a snapshot of q after every sweep."""
+def run(post, index, y, max_iter, hold_noise=0, seed=None, **kw):
+    """fit_cp with tol=0, and a snapshot of q after each of its sweeps: the sweeps of
+    ``start_sweeps``, which fit_cp loops over (checked: the last one is fit_cp's result).
+    ``seed`` seeds a fresh generator for each of the two runs (the entry schedule's order)."""
+    def rng():
+        return None if seed is None else np.random.default_rng(seed)
+
+    result = fit_cp(post, index, y, tol=0.0, max_iter=max_iter, hold_noise=hold_noise, rng=rng(), **kw)
+    sweeps = start_sweeps(post, index, y, rng=rng(), **kw)
     states = []
-    result = fit_cp(post, index, y, tol=0.0, callback=lambda it, p: states.append(snapshot(p)), **kw)
+    for it in range(1, max_iter + 1):
+        sweeps.sweep(update_noise=it > hold_noise)
+        states.append(snapshot(sweeps.posterior))
+    assert_same_state(states[-1], snapshot(result.posterior), 0.0, "start_sweeps is what fit_cp runs")
     return result, states
 
 
@@ -178,7 +201,8 @@ class BruteState:
 
 
 def brute_vmp_sweep(st, index, y, likelihood="gaussian"):
-    """One VMP sweep (papers/001 eq. 27; SPEC §5): factors 1..K, then the offsets, then q(τ)."""
+    """One VMP sweep (Li et al., "When VMP Meets CEP", eq. 27): factors 1..K, then the
+    offsets, then q(τ)."""
     n = len(y)
     tau = 1.0 if st.noise is None else st.noise[0] / st.noise[1]
     if likelihood == "probit":
@@ -606,7 +630,7 @@ def test_probit_site_is_finite_for_extreme_arguments():
 
 
 def brute_entry_cep(post0, index, y, order, block_size, n_sweeps, v, gvar, mvar):
-    """Entry CEP (papers/000 Alg. 1) for Gaussian entries with explicit loops and full-matrix sites.
+    """Entry CEP (Wang & Zhe, "Conditional Expectation Propagation", Algorithm 1) for Gaussian entries with explicit loops and full-matrix sites.
 
     Starting convention (cp._EntrySchedule): for a row with entries, q's excess over the prior
     (precision and shift) is spread evenly over the sites of its entries, so q is unchanged; a
@@ -719,8 +743,7 @@ def test_entry_cep_sweeps_match_brute_force(block_size, offsets):
     # prior variance 2 ≠ the starting covariance I: the starting precision excess is spread too
     index, y, _, post0 = entry_problem(offsets, prior_variance=2.0)
     order = np.random.default_rng(15).permutation(y.size)  # the engine's block order for this rng
-    _, states = run(post0, index, y, method="cep", schedule="entry", block_size=block_size, max_iter=3,
-                    rng=np.random.default_rng(15))
+    _, states = run(post0, index, y, method="cep", schedule="entry", block_size=block_size, max_iter=3, seed=15)
     ref = brute_entry_cep(post0, index, y, order, block_size, 3, 2.0, 10.0, 0.5)
     for it, (got, want) in enumerate(zip(states, ref), start=1):
         assert_same_state(got, want, 1e-10, f"sweep {it}")
@@ -853,11 +876,10 @@ def test_hold_noise_keeps_q_tau_for_the_first_sweeps(method, schedule):
 
 
 @pytest.mark.parametrize("likelihood,method", [("gaussian", "vmp"), ("probit", "cep"), ("probit", "vmp")])
-def test_batch_on_its_rows_equals_batch_on_the_whole_model(likelihood, method):
-    # papers/001 eq. 30: the posterior after batch 1 is the prior of batch 2.  Fitting batch 2 on
-    # the rows it touches (take_rows / put_rows) must equal fitting it on the whole model.
-    from skcep.engines.cp import put_rows, take_rows
-
+def test_absorb_batch_equals_batch_on_the_whole_model(likelihood, method):
+    # Li et al. eq. 30: the posterior after batch 1 is the prior of batch 2.  absorb_batch fits
+    # batch 2 on the rows it touches (take_rows / put_rows); that must equal fitting it on the
+    # whole model.
     shape = (12, 9, 7)
     index, y, _ = make_tensor(shape, 2, 400, seed=11, offset=0.5, mode_offsets=True)
     if likelihood == "probit":
@@ -869,15 +891,186 @@ def test_batch_on_its_rows_equals_batch_on_the_whole_model(likelihood, method):
     X2, y2 = index[batch], y[batch]
     rows = [np.unique(X2[:, k]) for k in range(3)]
     assert all(r.size < d for r, d in zip(rows, shape))  # the batch leaves rows untouched
-    local = np.column_stack([np.searchsorted(r, X2[:, k]) for k, r in enumerate(rows)])
+    seen = [np.bincount(index[first, k], minlength=d) for k, d in enumerate(shape)]
+    assert all(np.all(c[r] > 0) for c, r in zip(seen, rows))  # no random working means
 
     whole = fit_cp(post.as_prior(), X2, y2, likelihood=likelihood, method=method, max_iter=6, tol=0.0)
-    part = fit_cp(take_rows(post, rows).as_prior(), local, y2, likelihood=likelihood, method=method,
-                  max_iter=6, tol=0.0)
-    merged = post.copy()
-    put_rows(merged, rows, part.posterior)
+    part, n_seen = absorb_batch(post, X2, y2, seen, shape=shape, prior_variance=1.0, init_scale=0.5,
+                                mode_offset_variance=0.5, likelihood=likelihood, method=method, max_iter=6, tol=0.0)
+    merged = part.posterior
     assert_same_state(snapshot(merged), snapshot(whole.posterior), rtol=1e-9)
     np.testing.assert_allclose(part.elbo, whole.elbo, rtol=1e-9)
     for f_new, f_old, r in zip(merged.factors, post.factors, rows):  # untouched rows: exactly as before
         keep = np.setdiff1d(np.arange(f_old.n_rows), r)
         assert np.array_equal(f_new.mean[keep], f_old.mean[keep]) and np.array_equal(f_new.cov[keep], f_old.cov[keep])
+    for k, (c, c_old) in enumerate(zip(n_seen, seen)):
+        np.testing.assert_array_equal(c, c_old + np.bincount(X2[:, k], minlength=shape[k]))
+
+
+def test_absorb_batch_grows_modes_and_starts_new_objects_off_zero():
+    shape = (5, 4, 3)
+    index, y, _ = make_tensor(shape, 2, 40, seed=12)
+    post = fit_cp(new_posterior(shape, 2, seed=1, noise_init=100.0), index, y, max_iter=10, tol=0.0).posterior
+    assert min(np.linalg.norm(f.mean) for f in post.factors) > 0.5
+    seen = [np.bincount(index[:, k], minlength=d) for k, d in enumerate(shape)]
+    batch = np.array([[6, 0, 1], [6, 1, 2], [0, 4, 0]])  # new objects 6 (mode 0) and 4 (mode 1)
+    result, n_seen = absorb_batch(post, batch, np.array([0.3, -0.2, 0.5]), seen, shape=(7, 5, 3),
+                                  prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0),
+                                  max_iter=3, tol=0.0)
+    new = result.posterior
+    assert new.shape == (7, 5, 3) and [c.size for c in n_seen] == [7, 5, 3]
+    assert n_seen[0][6] == 2 and n_seen[0][5] == 0 and n_seen[1][4] == 1
+    np.testing.assert_array_equal(new.factors[0].mean[5], 0.0)  # never seen: still at the prior
+    np.testing.assert_array_equal(new.factors[0].cov[5], np.eye(2))
+    assert np.linalg.norm(new.factors[0].mean[6]) > 1e-3  # the new object learned from a random start
+    # the random working means come from rng, and only from it; init_scale = 0 needs no generator
+    again, _ = absorb_batch(post, batch, np.array([0.3, -0.2, 0.5]), seen, shape=(7, 5, 3),
+                            prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0), max_iter=3, tol=0.0)
+    assert_same_state(snapshot(again.posterior), snapshot(new), 0.0)
+    plain, _ = absorb_batch(post, batch, np.array([0.3, -0.2, 0.5]), seen, shape=(7, 5, 3),
+                            prior_variance=1.0, init_scale=0.0, max_iter=3, tol=0.0)
+    assert all(np.all(np.isfinite(f.mean)) for f in plain.posterior.factors)
+    assert not np.array_equal(plain.posterior.factors[0].mean[6], new.factors[0].mean[6])
+
+
+# --------------------------------------------------------------------------------------------
+# map/reduce: the statistics step of chunks sums to the step over all entries; n_jobs
+
+
+def factor_moments(post):
+    rows, cols = np.triu_indices(post.rank)
+    means = [f.mean for f in post.factors]
+    second = [f.second_moment()[:, rows, cols] for f in post.factors]
+    return means, second
+
+
+def unpacked(packed, rank):
+    rows, cols = np.triu_indices(rank)
+    out = np.zeros(packed.shape[:-1] + (rank, rank))
+    out[..., rows, cols] = packed
+    out[..., cols, rows] = packed
+    return out
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["sorted", "sparse"])
+def test_gaussian_statistics_of_chunks_sum_to_the_statistics_of_all_entries(sparse):
+    shape, rank = (12, 9, 4), 3
+    index, y, _ = make_tensor(shape, rank, 300, seed=21, noise=0.3)
+    post = new_posterior(shape, rank, seed=22)
+    means, second = factor_moments(post)
+    st = BruteState(post, 1.0)
+    for k, d in enumerate(shape):
+        whole = mode_chunks(index, shape, k, size=index.shape[0], sparse=sparse)
+        pieces = mode_chunks(index, shape, k, size=10, sparse=sparse)
+        assert len(whole) == 1 and len(pieces) > 2
+        assert all(isinstance(c, SparseChunk) == sparse for c in whole + pieces)
+        full = reduce_rows([gaussian_statistics(c, k, means, second, y[c.entries]) for c in whole], d, rank)
+        summed = reduce_rows([gaussian_statistics(c, k, means, second, y[c.entries]) for c in pieces], d, rank)
+        for a, b in ((summed.second, full.second), (summed.first, full.first)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * np.abs(b).max())
+        # and the statistics themselves, by explicit loops over the entries
+        G = np.zeros((d, rank, rank))
+        h = np.zeros((d, rank))
+        for i, target in zip(index, y):
+            Ez, Ezz = st.z_moments(i, skip=k)
+            G[i[k]] += Ezz
+            h[i[k]] += target * Ez
+        np.testing.assert_allclose(unpacked(full.second, rank), G, rtol=1e-12, atol=1e-12 * np.abs(G).max())
+        np.testing.assert_allclose(full.first, h, rtol=1e-12, atol=1e-12 * np.abs(h).max())
+
+
+def test_probit_site_statistics_of_chunks_sum_to_the_statistics_of_all_entries():
+    shape, rank = (12, 9, 4), 2
+    index, _, f = make_tensor(shape, rank, 300, seed=23, noise=0.0)
+    sign = np.where(f > np.median(f), 1.0, -1.0)
+    rest = 0.3 * np.random.default_rng(24).standard_normal(f.size)
+    post = new_posterior(shape, rank, seed=25, gaussian=False, init_scale=1.0)
+    means, second = factor_moments(post)
+    n = f.size
+    for k, g in enumerate(post.factors):
+        (whole,) = mode_chunks(index, shape, k, size=n, sparse=False)
+        pieces = mode_chunks(index, shape, k, size=37, sparse=False)
+        assert len(pieces) > 2
+        np.testing.assert_array_equal(np.concatenate([c.entries for c in pieces]), whole.entries)
+
+        def step(chunk, sites):
+            return probit_site_statistics(chunk, k, g.mean, g.cov, means, second, rest[chunk.entries],
+                                          sign[chunk.entries], sites, damping=0.7)
+
+        sites, _, _ = step(whole, (np.zeros((n, rank)), np.zeros(n), np.zeros(n)))  # non-zero current sites
+        assert np.all(sites[1] > 0)
+        new_sites, full, skipped = step(whole, sites)
+        assert skipped == 0
+        bounds = np.cumsum([0] + [c.entries.size for c in pieces])
+        parts = [step(c, tuple(s[a:b] for s in sites)) for c, a, b in zip(pieces, bounds[:-1], bounds[1:])]
+        for j in range(3):
+            np.testing.assert_array_equal(np.concatenate([p[0][j] for p in parts]), new_sites[j])
+        summed = reduce_rows([p[1] for p in parts], g.n_rows, rank)
+        full = reduce_rows([full], g.n_rows, rank)
+        for a, b in ((summed.second, full.second), (summed.first, full.first)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * np.abs(b).max())
+
+
+def test_probit_site_with_an_improper_cavity_is_kept_and_counted():
+    """The cavity policy: a site whose removal leaves a non-positive-definite cavity is not
+    updated (and counted), and everything stays finite."""
+    shape, rank = (6, 5, 4), 2
+    index, _, f = make_tensor(shape, rank, 60, seed=28, noise=0.0)
+    sign = np.where(f > 0, 1.0, -1.0)
+    post = new_posterior(shape, rank, seed=29, gaussian=False, init_scale=1.0)
+    means, second = factor_moments(post)
+    g = post.factors[0]
+    (chunk,) = mode_chunks(index, shape, 0, size=60, sparse=False)
+    n = chunk.entries.size
+    direction = np.tile([1.0, 0.0], (n, 1))
+    precision = np.full(n, 0.1)
+    bad = np.arange(n) % 3 == 0
+    precision[bad] = 2.0 / g.cov[chunk.columns[0][bad], 0, 0]  # π eᵀΣe = 2 > 1: improper cavity
+    shift = np.full(n, 0.05)
+    (new_dir, new_pi, new_beta), stats, skipped = probit_site_statistics(
+        chunk, 0, g.mean, g.cov, means, second, np.zeros(n), sign[chunk.entries], (direction, precision, shift))
+    assert skipped == bad.sum() > 0
+    np.testing.assert_array_equal(new_pi[bad], precision[bad])
+    np.testing.assert_array_equal(new_beta[bad], shift[bad])
+    np.testing.assert_array_equal(new_dir[bad], direction[bad])
+    assert not np.array_equal(new_pi[~bad], precision[~bad])
+    assert np.all(np.isfinite(stats.second)) and np.all(np.isfinite(stats.first))
+
+
+@pytest.mark.parametrize("likelihood, method, schedule", [
+    ("gaussian", "vmp", "group"), ("probit", "cep", "group"), ("probit", "vmp", "group"), ("gaussian", "cep", "entry"),
+])
+def test_fit_is_bit_identical_for_any_n_jobs(likelihood, method, schedule):
+    shape = (15, 12, 10)
+    index, y, f = make_tensor(shape, 2, 700, seed=26, noise=0.1, offset=0.5, mode_offsets=True)
+    if likelihood == "probit":
+        y = (f > np.median(f)).astype(float)
+    post0 = new_posterior(shape, 2, seed=27, offsets=True, gaussian=likelihood == "gaussian")
+    fits = [fit_cp(post0, index, y, likelihood=likelihood, method=method, schedule=schedule, max_iter=4, tol=0.0,
+                   chunk_size=64, n_jobs=n_jobs, rng=np.random.default_rng(0)) for n_jobs in (1, 2)]
+    a, b = (snapshot(r.posterior) for r in fits)
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+    assert fits[0].elbo == fits[1].elbo
+
+
+@pytest.mark.parametrize("schedule", ["group", "entry"])
+def test_callback_reports_every_sweep(schedule):
+    index, y, _, post0 = entry_problem()
+    calls = []
+    result = fit_cp(post0, index, y, method="cep", schedule=schedule, max_iter=4, tol=0.0,
+                    callback=lambda *args: calls.append(args))
+    assert [c[0] for c in calls] == [1, 2, 3, 4]
+    assert [c[2] for c in calls] == result.elbo
+    assert all(c[1] > 0 and np.isfinite(c[1]) for c in calls)
+    # the change is the largest move of a posterior mean in posterior standard deviations
+    sweeps = start_sweeps(post0, index, y, method="cep", schedule=schedule)
+    post = sweeps.posterior
+    before = [g.mean.copy() for g in post.factors + post.offsets]
+    sweeps.sweep()
+    expected = max(float(np.max(np.abs(g.mean - m) / np.sqrt(np.diagonal(g.cov, axis1=1, axis2=2))))
+                   for m, g in zip(before, post.factors + post.offsets))
+    assert calls[0][1] == pytest.approx(expected, rel=1e-12)
+    calls.clear()
+    fit_cp(post0, index, y, max_iter=2, tol=0.0, track_elbo=False, callback=lambda *args: calls.append(args))
+    assert [c[2] for c in calls] == [None, None]

@@ -1,11 +1,13 @@
-"""The SBDT engine (SPEC §6, papers/004): every update against an independent reference.
+"""The SBDT engine (Fang, Wang, Pan, Liu and Zhe, "Streaming Bayesian Deep Tensor
+Factorization", ICML 2021): every function the fit runs, against an independent reference.
 
-* the network's gradient against central finite differences (ReLU and tanh), and the fast
-  per-entry workspace against the readable reference;
-* the delta-method mean and variance of the output (eqs. 8–9) against Monte Carlo, with a
-  tolerance from the Monte Carlo standard error plus the delta method's second-order bias;
-* log Z and its derivatives (eqs. 10, 12) against finite differences; one ADF update (eq. 7)
-  against the moments of the tilted distribution computed on a 1-D grid;
+* the per-entry forward and backward pass (:meth:`Workspace.forward_backward`) against central
+  finite differences (ReLU and tanh) and a readable per-layer reference written here;
+* the delta-method mean and variance of the output (eqs. 8–9), per entry
+  (:meth:`Workspace.delta_method`) and vectorised (:func:`delta_moments`), against Monte Carlo,
+  with a tolerance from the Monte Carlo standard error plus the delta method's second-order bias;
+* the evidence derivatives (eqs. 10, 12) against central finite differences of log Z; one
+  moment update (eq. 7) against the moments of the tilted distribution on a 1-D grid;
 * the spike-and-slab EP step (supplement eqs. 5–9) against a 1-D grid over the weight;
 * the τ update against its closed form (supplement §1, eq. 4);
 * the loop itself against a step-by-step reference, and a long stream of extreme values.
@@ -29,13 +31,35 @@ def small_posterior(activation, ranks=(2, 3), hidden=(5, 4), shape=(6, 5), seed=
                                intercept_variance=intercept_variance)
 
 
-def flat_gradient(weights, x, activation):
-    _, gW, gx = deep.forward_backward(weights, x, activation)
-    return np.concatenate([g.ravel() for g in gW] + [gx])
+def reference_forward_backward(weights, x, activation):
+    """The test's readable reference: output f and its gradient with respect to every weight
+    matrix and the input, for one input vector, layer by layer."""
+    hs, derivs = [], []
+    h = np.asarray(x, dtype=float)
+    for m, W in enumerate(weights):
+        hs.append(np.append(h, 1.0) / math.sqrt(W.shape[1]))
+        a = W @ hs[-1]
+        if m < len(weights) - 1:
+            h = np.maximum(a, 0.0) if activation == "relu" else np.tanh(a)
+            derivs.append((a > 0).astype(float) if activation == "relu" else 1.0 - h * h)
+    delta, grads = np.ones(1), [None] * len(weights)
+    for m in range(len(weights) - 1, -1, -1):
+        grads[m] = np.outer(delta, hs[m])
+        back = (delta @ weights[m])[:-1] / math.sqrt(weights[m].shape[1])
+        delta = back * derivs[m - 1] if m > 0 else back
+    return float(a[0]), grads, delta
 
 
-def output(weights, x, activation):
-    return deep.forward_backward(weights, x, activation)[0]
+def reference_output(weights, x, activation):
+    return reference_forward_backward(weights, x, activation)[0]
+
+
+def unflatten(theta, shapes):
+    out, start = [], 0
+    for r, c in shapes:
+        out.append(theta[start:start + r * c].reshape(r, c))
+        start += r * c
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -43,40 +67,42 @@ def output(weights, x, activation):
 
 
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
-def test_gradient_matches_central_differences(activation):
-    post = small_posterior(activation, ranks=(3, 2, 2), hidden=(6, 5), shape=(4, 4, 4))
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal(7)
-    weights = [w.copy() for w in post.weight_mean]
-    shapes = [w.shape for w in weights]
-    sizes = [w.size for w in weights]
-
-    def f_of(theta):
-        ws, start = [], 0
-        for shp, n in zip(shapes, sizes):
-            ws.append(theta[start:start + n].reshape(shp))
-            start += n
-        return output(ws, theta[start:], activation)
-
-    theta = np.concatenate([w.ravel() for w in weights] + [x])
+def test_forward_backward_matches_central_differences(activation):
+    """The gradient the ADF loop uses, with respect to every weight, input coordinate and the
+    offset (the whole of ``theta[0]``), against central differences of the same pass."""
+    post = small_posterior(activation, ranks=(3, 2, 2), hidden=(6, 5), shape=(4, 4, 4), intercept_variance=1.0)
+    post.theta[0, -1] = 0.7
+    ws = deep.Workspace(post)
+    ws.x_mean[:] = np.random.default_rng(1).standard_normal(7)
+    alpha = ws.forward_backward()
+    analytic = ws.grad.copy()
+    theta = post.theta[0]  # a view: the pass reads the perturbed values in place
     h = 1e-6
-    numeric = np.array([(f_of(theta + h * e) - f_of(theta - h * e)) / (2 * h) for e in np.eye(theta.size)])
-    analytic = flat_gradient(weights, x, activation)
+    numeric = np.empty(theta.size)
+    for j in range(theta.size):
+        keep = theta[j]
+        theta[j] = keep + h
+        up = ws.forward_backward()
+        theta[j] = keep - h
+        down = ws.forward_backward()
+        theta[j] = keep
+        numeric[j] = (up - down) / (2 * h)
     # a ReLU kink within h of a pre-activation would spoil one difference; none is that close here
     np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-8)
+    assert ws.forward_backward() == alpha and analytic[-1] == 1.0  # ∂f/∂b = 1
     # and some gradient really flows to every layer and to the input
-    assert all(np.abs(g).max() > 1e-3 for g in deep.forward_backward(weights, x, activation)[1])
+    assert all(np.abs(g).max() > 1e-3 for g in ws.gW) and np.abs(ws.gx).max() > 1e-3
 
 
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
-def test_workspace_forward_backward_matches_reference(activation):
+def test_forward_backward_matches_the_reference(activation):
     post = small_posterior(activation, ranks=(4, 3, 2), hidden=(7, 6, 5), shape=(5, 5, 5), intercept_variance=2.0)
     post.theta[0, -1] = 0.7  # intercept mean
-    ws = deep._Workspace(post)
+    ws = deep.Workspace(post)
     x = np.random.default_rng(2).standard_normal(9)
     ws.x_mean[:] = x
-    alpha = ws.forward_backward(activation == "relu")
-    f, gW, gx = deep.forward_backward(post.weight_mean, x, activation)
+    alpha = ws.forward_backward()
+    f, gW, gx = reference_forward_backward(post.weight_mean, x, activation)
     assert alpha == pytest.approx(f + 0.7, abs=1e-13)
     for a, b in zip(ws.gW, gW):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
@@ -85,19 +111,23 @@ def test_workspace_forward_backward_matches_reference(activation):
 
 
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
-def test_vectorized_delta_moments_match_per_entry_gradients(activation):
+def test_vectorized_delta_moments_match_the_per_entry_delta_method(activation):
     post = small_posterior(activation, ranks=(2, 3), hidden=(5, 4), intercept_variance=0.3)
     post.theta[1, :post.n_weights] = np.random.default_rng(3).uniform(0.01, 1.0, post.n_weights)
+    post.theta[0, -1] = 0.4
     rng = np.random.default_rng(4)
     x_mean, x_var = rng.standard_normal((6, 5)), rng.uniform(0.1, 1.0, (6, 5))
     alpha, beta = deep.delta_moments(post.weight_mean, post.weight_var, x_mean, x_var, activation,
-                                     intercept=(0.4, 0.3))
-    w_var = post.var[:post.n_weights]
+                                     intercept=post.intercept)
+    ws = deep.Workspace(post)
     for i in range(6):
-        g = flat_gradient(post.weight_mean, x_mean[i], activation)
-        assert alpha[i] == pytest.approx(output(post.weight_mean, x_mean[i], activation) + 0.4, abs=1e-13)
-        expected = g[:post.n_weights] ** 2 @ w_var + g[post.n_weights:] ** 2 @ x_var[i] + 0.3
-        assert beta[i] == pytest.approx(expected, rel=1e-12)
+        ws.x_both[0], ws.x_both[1] = x_mean[i], x_var[i]
+        a, b = ws.delta_method()
+        assert alpha[i] == pytest.approx(a, abs=1e-13)
+        assert beta[i] == pytest.approx(b, rel=1e-12)
+        # β = Σ_j g_j² var_j over the weights, the input and the offset (eq. 9)
+        assert b == pytest.approx(ws.grad**2 @ post.var, rel=1e-12)
+        np.testing.assert_array_equal(ws.vg, post.var * ws.grad)
 
 
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
@@ -107,7 +137,9 @@ def test_delta_method_moments_against_monte_carlo(activation):
     estimated here by second differences); the variance's is of relative order var·|H|/|g|.
     For ReLU the point is chosen with every pre-activation more than 6 standard deviations
     from the kink: f is then multilinear in the independent parameters, E[f] = f(E[·])
-    exactly and H_jj = 0.  The Monte Carlo standard errors come from the sample itself."""
+    exactly and H_jj = 0.  The Monte Carlo standard errors come from the sample itself.
+    Both the per-entry delta method of the ADF loop and the vectorised one of prediction are
+    checked."""
     post = small_posterior(activation, ranks=(2, 2), hidden=(4,), shape=(3, 3), seed=37)
     rng = np.random.default_rng(6)
     P = post.n_weights
@@ -117,17 +149,16 @@ def test_delta_method_moments_against_monte_carlo(activation):
     w_var, x_var = np.full(P, v), np.full(4, v)
     shapes = post.shapes
 
-    def unflatten(theta):
-        out, start = [], 0
-        for r, c in shapes:
-            out.append(theta[start:start + r * c].reshape(r, c))
-            start += r * c
-        return out
-
-    alpha, beta = deep.delta_moments(unflatten(w_mean), unflatten(w_var), x_mean[None], x_var[None], activation)
+    alpha, beta = deep.delta_moments(unflatten(w_mean, shapes), unflatten(w_var, shapes), x_mean[None],
+                                     x_var[None], activation)
     alpha, beta = alpha[0], beta[0]
+    post.theta[1, :P] = v
+    ws = deep.Workspace(post)
+    ws.x_both[0], ws.x_both[1] = x_mean, x_var
+    alpha_ws, beta_ws = ws.delta_method()
+    assert alpha_ws == pytest.approx(alpha, abs=1e-13) and beta_ws == pytest.approx(beta, rel=1e-12)
     # distance of the hidden pre-activations from 0, in their delta-method standard deviations
-    W1 = unflatten(w_mean)[0]
+    W1 = unflatten(w_mean, shapes)[0]
     xt = np.append(x_mean, 1.0) / math.sqrt(5)
     a1 = W1 @ xt
     sd1 = np.sqrt((W1[:, :-1] ** 2 / 5) @ x_var + (xt**2).sum() * v)
@@ -149,9 +180,9 @@ def test_delta_method_moments_against_monte_carlo(activation):
 
     theta = np.concatenate([w_mean, x_mean])
     step = 1e-3
-    f0 = output(unflatten(theta[:P]), theta[P:], activation)
-    second = [(output(unflatten(t[:P]), t[P:], activation) - 2 * f0
-               + output(unflatten(s[:P]), s[P:], activation)) / step**2
+    f0 = reference_output(unflatten(theta[:P], shapes), theta[P:], activation)
+    second = [(reference_output(unflatten(t[:P], shapes), t[P:], activation) - 2 * f0
+               + reference_output(unflatten(s[:P], shapes), s[P:], activation)) / step**2
               for t, s in ((theta + step * e, theta - step * e) for e in np.eye(theta.size))]
     bias = 0.5 * v * np.sum(second)
     assert abs(f.mean() - alpha) <= 4 * se_mean + 2 * abs(bias) + 1e-12, (f.mean(), alpha, se_mean, bias)
@@ -162,31 +193,44 @@ def test_delta_method_moments_against_monte_carlo(activation):
 
 
 # --------------------------------------------------------------------------------------------
-# the running evidence and the ADF update
+# the running evidence, the ADF update and the noise
+
+
+def reference_log_z(likelihood, y, alpha, beta, noise=None):
+    """log Z of eqs. 10 and 12, straight from scipy."""
+    if likelihood == "probit":
+        return float(log_ndtr(y * alpha / math.sqrt(1 + beta)))
+    return float(norm.logpdf(y, alpha, math.sqrt(beta + noise)))
+
+
+def check_evidence_derivatives(likelihood, y, alpha, beta, noise=None, h_alpha=1e-6, h_beta=1e-6):
+    """∂log Z/∂α, and ∂log Z/∂β = ½(∂log Z/∂α)² − ½κ, against central differences; κ against
+    the second difference in α; the vectorised log Z against scipy."""
+    d_alpha, kappa = deep.evidence_derivatives(likelihood, y, alpha, beta, noise)
+    assert isinstance(d_alpha, float) and isinstance(kappa, float)
+    lz = lambda a, b: reference_log_z(likelihood, y, a, b, noise)  # noqa: E731
+    fd_alpha = (lz(alpha + h_alpha, beta) - lz(alpha - h_alpha, beta)) / (2 * h_alpha)
+    fd_beta = (lz(alpha, beta + h_beta) - lz(alpha, beta - h_beta)) / (2 * h_beta)
+    assert d_alpha == pytest.approx(fd_alpha, rel=1e-5)
+    assert 0.5 * (d_alpha**2 - kappa) == pytest.approx(fd_beta, rel=1e-5)
+    h2 = 1.0 if likelihood == "gaussian" else 1e-4 * max(1.0, abs(alpha))  # Gaussian: quadratic in α
+    fd_second = (lz(alpha + h2, beta) - 2 * lz(alpha, beta) + lz(alpha - h2, beta)) / h2**2
+    assert kappa == pytest.approx(-fd_second, rel=1e-3, abs=1e-6)
+    assert kappa > 0
+    log_z = deep.log_evidence(likelihood, np.array([y, y]), np.array([alpha, alpha]), np.array([beta, beta]),
+                              None if noise is None else np.array([noise, noise]))
+    np.testing.assert_allclose(log_z, lz(alpha, beta), rtol=1e-12)
 
 
 @pytest.mark.parametrize("y, alpha, beta", [(1.0, 0.3, 0.5), (-1.0, 0.3, 0.5), (1.0, -8.0, 0.2), (-1.0, 30.0, 1.0)])
-def test_probit_log_evidence_derivatives(y, alpha, beta):
-    log_z, d_alpha, d_beta = deep.log_evidence("probit", y, alpha, beta)
-    assert float(log_z) == pytest.approx(float(log_ndtr(y * alpha / math.sqrt(1 + beta))), rel=1e-12)
-    h = 1e-6
-    lz = lambda a, b: float(deep.log_evidence("probit", y, a, b)[0])  # noqa: E731
-    fd_alpha = (lz(alpha + h, beta) - lz(alpha - h, beta)) / (2 * h)
-    fd_beta = (lz(alpha, beta + h) - lz(alpha, beta - h)) / (2 * h)
-    assert float(d_alpha) == pytest.approx(float(fd_alpha), rel=1e-6)
-    assert float(d_beta) == pytest.approx(float(fd_beta), rel=1e-6)
-    assert np.isfinite(d_alpha) and np.isfinite(d_beta)
+def test_probit_evidence_derivatives(y, alpha, beta):
+    check_evidence_derivatives("probit", y, alpha, beta)
 
 
 @pytest.mark.parametrize("y, alpha, beta, noise", [(1.3, 0.2, 0.4, 0.5), (-2.0, 1.0, 3.0, 0.01), (1e6, 0.0, 1.0, 1.0)])
-def test_gaussian_log_evidence_derivatives(y, alpha, beta, noise):
-    log_z, d_alpha, d_beta = deep.log_evidence("gaussian", y, alpha, beta, noise)
-    assert float(log_z) == pytest.approx(norm.logpdf(y, alpha, math.sqrt(beta + noise)), rel=1e-12)
-    h = 1e-6 * max(1.0, abs(alpha))
-    lz = lambda a, b: float(deep.log_evidence("gaussian", y, a, b, noise)[0])  # noqa: E731
-    assert float(d_alpha) == pytest.approx((lz(alpha + h, beta) - lz(alpha - h, beta)) / (2 * h), rel=1e-5)
-    hb = 1e-6 * beta
-    assert float(d_beta) == pytest.approx((lz(alpha, beta + hb) - lz(alpha, beta - hb)) / (2 * hb), rel=1e-5)
+def test_gaussian_evidence_derivatives(y, alpha, beta, noise):
+    check_evidence_derivatives("gaussian", y, alpha, beta, noise, h_alpha=1e-6 * max(1.0, abs(alpha)),
+                               h_beta=1e-6 * beta)
 
 
 def grid_moments(log_density, center, scale, n=200_001, width=12.0):
@@ -204,23 +248,36 @@ def grid_moments(log_density, center, scale, n=200_001, width=12.0):
     ("gaussian", 1.4, 1.2, -0.5, 0.7),
     ("gaussian", -3.0, 0.4, 1.0, 4.0),
 ])
-def test_adf_update_matches_tilted_moments_on_a_grid(likelihood, y, g, mu, v):
+def test_moment_update_matches_tilted_moments_on_a_grid(likelihood, y, g, mu, v):
     """A single parameter θ ~ N(μ, v) entering f linearly, f = α0 + g (θ − μ): the delta
     method is exact, Z = ∫ N(θ | μ, v) lik(y | f(θ)) dθ has the closed forms of eqs. 10/12 and
     eq. 7 must give the exact tilted moments (computed on a 1-D grid)."""
     alpha0, noise = 0.4, 0.6
-    beta = g * g * v
-    _, d_alpha, d_beta = deep.log_evidence(likelihood, y, alpha0, beta, noise)
-    new_mean, new_var = deep.adf_moments(np.array([mu]), np.array([v]), np.array([g]), float(d_alpha), float(d_beta))
+    mean, var, grad = np.array([mu]), np.array([v]), np.array([g])
+    vg = var * grad
+    beta = float(vg @ grad)
+    d_alpha, kappa = deep.evidence_derivatives(likelihood, y, alpha0, beta, noise if likelihood == "gaussian" else None)
+    deep.moment_update(mean, var, vg, grad, beta, d_alpha, kappa, np.empty(1))
 
     def log_tilted(theta):
         f = alpha0 + g * (theta - mu)
         lik = log_ndtr(y * f) if likelihood == "probit" else norm.logpdf(y, f, math.sqrt(noise))
         return norm.logpdf(theta, mu, math.sqrt(v)) + lik
 
-    m, var = grid_moments(log_tilted, mu, math.sqrt(v))
-    assert new_mean[0] == pytest.approx(m, rel=1e-7, abs=1e-9)
-    assert new_var[0] == pytest.approx(var, rel=1e-6)
+    m, var_grid = grid_moments(log_tilted, mu, math.sqrt(v))
+    assert mean[0] == pytest.approx(m, rel=1e-7, abs=1e-9)
+    assert var[0] == pytest.approx(var_grid, rel=1e-6)
+
+
+def test_moment_update_keeps_variances_positive():
+    """κβ ≥ 1 happens only through rounding; the shrink factor 1 − κ v g² is then floored at
+    1e-12 and a coordinate without gradient is untouched."""
+    mean, var, grad = np.array([0.0, 1.0]), np.array([1.0, 2.0]), np.array([2.0, 0.0])
+    vg = var * grad
+    beta = float(vg @ grad)
+    deep.moment_update(mean, var, vg, grad, beta, 0.5, 2.0 / beta, np.empty(2))
+    np.testing.assert_allclose(var, [1e-12, 2.0], rtol=1e-12)
+    np.testing.assert_allclose(mean, [1.0, 1.0], rtol=1e-15)
 
 
 @pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
@@ -255,8 +312,9 @@ def test_engine_update_of_one_weight_matches_the_grid(likelihood):
 
 def test_noise_update_is_the_closed_form():
     """Supplement §1 eq. 4: a* = a + ½, b* = b + ½((y − α)² + β), i.e. the CEP expectation
-    E[h1] of h1 = â/b̂ with b̂ = b + ½(y² − 2y f + f²) (SPEC §9), Taylor-expanded to first
-    order in (f, f²) at (α, α² + β)."""
+    E[h1] of h1 = â/b̂ with b̂ = b + ½(y² − 2y f + f²), Taylor-expanded to first order in
+    (f, f²) at (α, α² + β)."""
+    assert deep.noise_update(2.0, 1.5, 0.7, 0.2, 0.3) == (2.5, 1.5 + 0.5 * (0.25 + 0.3))
     post = small_posterior("tanh", intercept_variance=1.0)
     X = np.array([[1, 2], [3, 4], [1, 4]])
     y = np.array([0.7, -1.2, 3.0])
@@ -273,19 +331,27 @@ def test_noise_update_is_the_closed_form():
 
 
 def reference_adf_step(post, row, y, likelihood):
-    """Alg. 1 lines 4–8 for one entry, written out with the reference gradient."""
+    """Alg. 1 lines 4–8 for one entry, written out with the reference gradient and the closed
+    forms of eqs. 7, 10 and 12.  Returns the entry's log Z."""
     P = post.n_weights
     x_mean = np.concatenate([post.emb[k][0, i] for k, i in enumerate(row)])
     x_var = np.concatenate([post.emb[k][1, i] for k, i in enumerate(row)])
-    f, gW, gx = deep.forward_backward(post.weight_mean, x_mean, post.activation)
+    f, gW, gx = reference_forward_backward(post.weight_mean, x_mean, post.activation)
     b_mean, b_var = post.intercept
     g = np.concatenate([w.ravel() for w in gW] + [gx, [1.0]])
     mean = np.concatenate([post.mean[:P], x_mean, [b_mean]])
     var = np.concatenate([post.var[:P], x_var, [b_var]])
     alpha, beta = f + b_mean, g**2 @ var
-    noise = post.noise[1] / post.noise[0] if likelihood == "gaussian" else None
-    _, d_alpha, d_beta = deep.log_evidence(likelihood, y, alpha, beta, noise)
-    mean, var = deep.adf_moments(mean, var, g, float(d_alpha), float(d_beta))
+    if likelihood == "gaussian":
+        s = beta + post.noise[1] / post.noise[0]
+        resid = y - alpha
+        log_z, d_alpha, d_beta = norm.logpdf(y, alpha, math.sqrt(s)), resid / s, 0.5 * (resid**2 / s**2 - 1 / s)
+    else:
+        root = math.sqrt(1 + beta)
+        z = y * alpha / root
+        ratio = math.exp(norm.logpdf(z) - log_ndtr(z))
+        log_z, d_alpha, d_beta = log_ndtr(z), y * ratio / root, -0.5 * ratio * z / (1 + beta)
+    mean, var = mean + var * g * d_alpha, var - var**2 * g**2 * (d_alpha**2 - 2 * d_beta)  # eq. 7
     post.theta[0, :P], post.theta[1, :P] = mean[:P], var[:P]
     post.theta[:, -1] = mean[-1], var[-1]
     start = P
@@ -296,6 +362,7 @@ def reference_adf_step(post, row, y, likelihood):
     if likelihood == "gaussian":
         a, b = post.noise
         post.noise = (a + 0.5, b + 0.5 * ((y - alpha) ** 2 + beta))
+    return float(log_z)
 
 
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
@@ -308,14 +375,14 @@ def test_adf_pass_matches_step_by_step_reference(activation, likelihood):
     y = rng.standard_normal(12) if likelihood == "gaussian" else np.sign(rng.standard_normal(12))
     ref = post.copy()
     deep.adf_pass(post, X, y, likelihood)
-    for row, yn in zip(X, y):
-        reference_adf_step(ref, row, yn, likelihood)
+    log_z = sum(reference_adf_step(ref, row, yn, likelihood) for row, yn in zip(X, y))
     np.testing.assert_allclose(post.theta[:, :post.n_weights], ref.theta[:, :ref.n_weights], rtol=1e-9, atol=1e-13)
     np.testing.assert_allclose(post.theta[:, -1], ref.theta[:, -1], rtol=1e-9)
     for a, b in zip(post.emb, ref.emb):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-13)
     if likelihood == "gaussian":
         np.testing.assert_allclose(post.noise, ref.noise, rtol=1e-12)
+    assert post.log_evidence == pytest.approx(log_z, rel=1e-9)  # the running evidence Σ log Z
     assert post.n_seen == 12
     assert np.all(post.var > 0)
 
@@ -403,10 +470,59 @@ def test_refine_spike_slab_is_an_ep_step(damping):
 def test_improper_cavity_is_skipped_and_counted():
     post = small_posterior("tanh")
     post.site_precision[3] = 1 / post.var[3] + 1.0  # cavity precision −1
-    before_mean = post.mean[3]
+    before_mean, before_var, before_site = post.mean[3], post.var[3], post.site_shift[3]
     assert deep.refine_spike_slab(post) == 1
-    assert post.n_skipped == 1 and post.mean[3] == before_mean
+    assert post.n_skipped == 1 and post.mean[3] == before_mean and post.var[3] == before_var
+    assert post.site_shift[3] == before_site  # the term is kept
     assert np.all(np.isfinite(post.theta))
+
+
+def test_flat_cavity_is_refined_to_the_projected_prior():
+    """Before any data q equals the spike-and-slab term itself: the cavity is flat (precision
+    exactly 0), which the cavity policy allows, and the undamped step makes q the projection
+    of the prior: mean 0, variance ρ0 σ0²."""
+    post = small_posterior("tanh")
+    P = post.n_weights
+    assert np.all(1 / post.var[:P] - post.site_precision == 0)
+    assert deep.refine_spike_slab(post, damping=1.0) == 0
+    np.testing.assert_allclose(post.mean[:P], 0.0, atol=1e-15)
+    np.testing.assert_allclose(post.var[:P], 0.5, rtol=1e-12)
+    np.testing.assert_allclose(expit(post.inclusion_logit), 0.5, rtol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# the partition step
+
+
+@pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
+def test_fold_batch_is_adf_then_the_spike_and_slab_step(likelihood):
+    post = small_posterior("relu", likelihood=likelihood, intercept_variance=1.0, seed=3)
+    rng = np.random.default_rng(4)
+    X = np.column_stack([rng.integers(0, 6, 30), rng.integers(0, 5, 30)])
+    y = rng.standard_normal(30) if likelihood == "gaussian" else np.sign(rng.standard_normal(30))
+    by_hand = post.copy()
+    deep.adf_pass(by_hand, X, y, likelihood)
+    deep.refine_spike_slab(by_hand, 0.2)
+    assert deep.fold_batch(post, X, y, likelihood, 0.2) is post
+    np.testing.assert_array_equal(post.theta, by_hand.theta)
+    np.testing.assert_array_equal(post.site_logit, by_hand.site_logit)
+    assert post.n_batches == 1 and post.n_seen == 30 and post.log_evidence == by_hand.log_evidence
+
+
+def test_fold_summary():
+    post = small_posterior("tanh", intercept_variance=1.0)
+    before = post.copy()
+    rng = np.random.default_rng(5)
+    X = np.column_stack([rng.integers(0, 6, 20), rng.integers(0, 5, 20)])
+    y = rng.standard_normal(20)
+    deep.fold_batch(post, X, y, "gaussian", 0.5)
+    change, mean_log_z = deep.fold_summary(before, post)
+    P = post.n_weights
+    expected = max([np.max(np.abs(post.mean[:P] - before.mean[:P]) / np.sqrt(post.var[:P])),
+                    abs(post.theta[0, -1] - before.theta[0, -1]) / math.sqrt(post.theta[1, -1])]
+                   + [np.max(np.abs(a[0] - b[0]) / np.sqrt(a[1])) for a, b in zip(post.emb, before.emb)])
+    assert change == pytest.approx(expected, rel=1e-12) and change > 0
+    assert mean_log_z == pytest.approx(post.log_evidence / 20, rel=1e-12) and mean_log_z < 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,16 +542,16 @@ def test_long_stream_of_extreme_values_stays_finite(activation, likelihood):
         batches = [(one, np.ones(600)), (mixed, np.sign(rng.standard_normal(600))), (one, -np.ones(600))]
     for X, y in batches:
         for start in range(0, 600, 100):
-            deep.adf_pass(post, X[start:start + 100], y[start:start + 100], likelihood)
-            deep.refine_spike_slab(post, damping=0.5)
+            deep.fold_batch(post, X[start:start + 100], y[start:start + 100], likelihood, 0.5)
             assert np.all(np.isfinite(post.theta)), "NaN/inf in the weights"
             assert np.all(post.theta[1] >= 0) and np.all(post.var[:post.n_weights] > 0)
             assert all(np.all(np.isfinite(e)) and np.all(e[1] > 0) for e in post.emb)
     if likelihood == "gaussian":
         assert np.all(np.isfinite(post.noise)) and post.noise[1] > 0
+    assert np.isfinite(post.log_evidence)
     alpha, beta = deep.predict_moments(post, mixed)
     assert np.all(np.isfinite(alpha)) and np.all(beta >= 0)
-    assert post.n_seen == 1800
+    assert post.n_seen == 1800 and post.n_batches == 18
 
 
 def test_predict_moments_use_the_prior_for_unseen_indices():
@@ -448,7 +564,7 @@ def test_predict_moments_use_the_prior_for_unseen_indices():
                                  post.emb[1][0, b] if b < 5 else np.zeros(3)])
         x_var = np.concatenate([post.emb[0][1, a] if a < 6 else np.ones(2),
                                 post.emb[1][1, b] if b < 5 else np.ones(3)])
-        f, gW, gx = deep.forward_backward(post.weight_mean, x_mean, "tanh")
+        f, gW, gx = reference_forward_backward(post.weight_mean, x_mean, "tanh")
         g = np.concatenate([w.ravel() for w in gW])
         assert alpha[i] == pytest.approx(f + 0.25, rel=1e-12)
         assert beta[i] == pytest.approx(g**2 @ post.var[:post.n_weights] + gx**2 @ x_var + 0.5, rel=1e-12)
@@ -456,8 +572,11 @@ def test_predict_moments_use_the_prior_for_unseen_indices():
 
 def test_probit_evidence_stays_finite_far_in_the_tail():
     for z_alpha in (-40.0, -1e3, -1e8):
-        log_z, d_alpha, d_beta = deep.log_evidence("probit", 1.0, z_alpha, 0.0)
-        assert np.isfinite(log_z) and np.isfinite(d_alpha) and np.isfinite(d_beta)
+        d_alpha, kappa = deep.evidence_derivatives("probit", 1.0, z_alpha, 0.0)
+        log_z = deep.log_evidence("probit", np.array([1.0]), np.array([z_alpha]), np.array([0.0]))
+        assert np.all(np.isfinite(log_z)) and np.isfinite(d_alpha) and np.isfinite(kappa)
+        assert kappa > 0  # −∂²log Φ/∂z² ∈ (0, 1); r(r + z) cancels beyond |z| ≈ 1e4
+        assert kappa < 1 or z_alpha < -1e4
         # the inverse Mills ratio ~ −z in the tail
-        assert float(d_alpha) == pytest.approx(-z_alpha, rel=1e-2)
+        assert d_alpha == pytest.approx(-z_alpha, rel=1e-2)
     assert float(ndtr(0.0)) == 0.5

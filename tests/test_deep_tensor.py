@@ -1,9 +1,11 @@
-"""StreamingDeepTensor as a scikit-learn estimator (SPEC §3, §6).
+"""StreamingDeepTensor as a scikit-learn estimator (Fang, Wang, Pan, Liu and Zhe, "Streaming
+Bayesian Deep Tensor Factorization", ICML 2021).
 
 ``check_estimator`` for the Gaussian and the probit model, streaming (``partial_fit`` over
 batches = ``fit`` with the same batch order), growth of the modes, prior predictions for
-unseen objects, the prediction API against the engine's delta-method moments, bad input that
-leaves a fitted model unchanged, clone / pickle, and the quality of one streaming pass.
+unseen objects, the prediction API against the engine's delta-method moments, bad input and
+changed structural parameters that leave a fitted model unchanged, progress lines, clone /
+pickle, and the quality of one streaming pass.
 """
 
 import copy
@@ -150,12 +152,11 @@ def test_unseen_objects_are_predicted_from_the_prior():
     for i, row in enumerate(unseen):
         parts = [(post.emb[k][0, j], post.emb[k][1, j]) if j < post.emb[k].shape[1] else (np.zeros(2), np.ones(2))
                  for k, j in enumerate(row)]
-        x_mean = np.concatenate([p[0] for p in parts])
-        x_var = np.concatenate([p[1] for p in parts])
-        f, gW, gx = deep.forward_backward(est.weights_, x_mean, "tanh")
-        g = np.concatenate([w.ravel() for w in gW])
-        beta = g**2 @ np.concatenate([v.ravel() for v in est.weight_variances_]) + gx**2 @ x_var + est.intercept_var_
-        assert mean[i] == pytest.approx(f + est.intercept_, rel=1e-12)
+        ws = deep.Workspace(post.copy())  # the per-entry delta method of the ADF loop
+        ws.x_both[0] = np.concatenate([p[0] for p in parts])
+        ws.x_both[1] = np.concatenate([p[1] for p in parts])
+        alpha, beta = ws.delta_method()
+        assert mean[i] == pytest.approx(alpha, rel=1e-12)
         assert std[i] == pytest.approx(np.sqrt(beta + 1 / est.noise_precision_), rel=1e-12)
 
 
@@ -406,11 +407,72 @@ def test_invalid_parameters(params, match):
     assert not hasattr(est, "_posterior")
 
 
-def test_changing_the_network_between_partial_fit_calls_is_an_error():
+@pytest.mark.parametrize("name, value", [
+    ("rank", 3),
+    ("rank", (2, 2, 3)),
+    ("hidden_layer_sizes", (9,)),
+    ("hidden_layer_sizes", (8, 8)),
+    ("activation", "tanh"),
+    ("likelihood", "probit"),
+    ("fit_intercept", False),
+    ("shape", (9, 9, 9)),
+])
+def test_changing_a_structural_parameter_between_partial_fit_calls_is_an_error(name, value):
     est, X, y = fitted()
     before = copy.deepcopy(est.__dict__)
-    est.set_params(hidden_layer_sizes=(9,))
-    with pytest.raises(ValueError, match="cannot change between partial_fit"):
+    embeddings = [e.copy() for e in est.embeddings_]
+    old = est.get_params()[name]
+    est.set_params(**{name: value})
+    with pytest.raises(ValueError, match=rf"^{name} changed from .* partial_fit .* cannot change {name}"):
         est.partial_fit(X, y)
-    est.set_params(hidden_layer_sizes=SMALL["hidden_layer_sizes"])
+    for a, b in zip(est.embeddings_, embeddings):
+        np.testing.assert_array_equal(a, b)
+    est.set_params(**{name: old})
     assert_same(before, est.__dict__)
+    est.partial_fit(X, y)  # unchanged parameters: the stream goes on
+    est.set_params(**{name: value}).fit(X, y if name != "likelihood" else (y > np.median(y)))  # fit starts again
+
+
+# --------------------------------------------------------------------------------------------
+# progress and n_jobs
+
+
+def test_verbose_prints_one_line_per_batch(capsys):
+    X, y, _ = additive_tensor(shape=(5, 4, 3), n=100, seed=11)
+    est = StreamingDeepTensor(**SMALL, random_state=0).fit(X, y)
+    assert capsys.readouterr().out == ""
+    loud = StreamingDeepTensor(**SMALL, random_state=0, verbose=1).fit(X, y)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4  # 100 entries in batches of 32
+    for t, line in enumerate(lines, start=1):
+        assert line.startswith(f"[StreamingDeepTensor] batch {t}, max change ")
+        assert " sd, mean log evidence " in line and line.endswith(" s")
+    np.testing.assert_array_equal(loud.predict(X), est.predict(X))  # progress changes nothing
+    loud.partial_fit(X[:10], y[:10])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[StreamingDeepTensor] batch 5, ")
+    est.partial_fit(X[:10], y[:10])
+    assert capsys.readouterr().out == ""
+    # the objective printed is the batch's mean log evidence
+    post = loud._posterior
+    value = float(lines[0].split("mean log evidence ")[1].split(",")[0])
+    assert value < 0 and np.isfinite(post.log_evidence)
+
+
+def test_n_jobs_is_accepted_and_changes_nothing():
+    X, y, _ = additive_tensor(shape=(5, 4, 3), n=100, seed=12)
+    one = StreamingDeepTensor(**SMALL, random_state=0).fit(X, y)
+    two = StreamingDeepTensor(**SMALL, random_state=0, n_jobs=2).fit(X, y)
+    np.testing.assert_array_equal(one.predict(X), two.predict(X))
+
+
+def test_init_scale_draws_random_initial_embedding_means():
+    X, y, _ = additive_tensor(shape=(5, 4, 3), n=40, seed=13)
+    est = StreamingDeepTensor(**SMALL, init_scale=0.5, random_state=0).partial_fit(X, y)
+    est.partial_fit(np.array([[7, 0, 0]]), [0.3])
+    unseen = est.embeddings_[0][5:7]  # objects 5 and 6: working means drawn from N(0, 0.5²)
+    assert np.all(unseen != 0) and np.abs(unseen).max() < 0.5 * 5
+    np.testing.assert_array_equal(est.embedding_variances_[0][5:7], 1.0)
+    again = StreamingDeepTensor(**SMALL, init_scale=0.5, random_state=0).partial_fit(X, y)
+    again.partial_fit(np.array([[7, 0, 0]]), [0.3])
+    np.testing.assert_array_equal(again.embeddings_[0], est.embeddings_[0])  # seeded by random_state

@@ -20,7 +20,7 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
 from skcep.engines import glm
-from skcep.engines.glm import _DenseBlock, _refine_factorized
+from skcep.engines.glm import _DenseBlock, refine_sites
 from skcep.engines.likelihoods import Logistic, Probit
 
 LOG_LIK = {"probit": log_ndtr, "logistic": log_expit}
@@ -42,6 +42,16 @@ def fit(method, X, y, lik, prior_mean, prior_var, **kw):
             cov = np.diag(prior_var) if np.ndim(prior_var) == 1 else prior_var
             return glm.fit_full(X, y, lik, prior_mean, cov, **kw)
         return glm.fit_factorized(X, y, lik, prior_mean, prior_var, method=method, **kw)
+
+
+def refined_marginals(block, y, lik, method, prec, shift, site_prec, site_shift):
+    """The marginals N(mean, var) that the sites :func:`refine_sites` proposes give with their
+    cavity, and the cavity's natural parameters: (new_mean, new_var, cav_prec, cav_shift, ok)."""
+    new_prec, new_shift, ok = refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift)
+    cav_prec = block.at_cols(prec) - site_prec
+    cav_shift = block.at_cols(shift) - site_shift
+    new_var = 1.0 / (cav_prec + new_prec)
+    return (cav_shift + new_shift) * new_var, new_var, cav_prec, cav_shift, ok
 
 
 def tilted_moments_1d(log_lik, y, mean, var, n_points=8001, half_width=30.0):
@@ -123,7 +133,7 @@ def _ep_reference(log_lik, y, cav_mean, cav_var):
 @pytest.mark.parametrize("y", [1.0, -1.0])
 @pytest.mark.parametrize("method", FACTORIZED)
 def test_one_site_update_matches_quadrature(lik_name, lik, y, method):
-    """``_refine_factorized`` (and the sweep itself) against quadrature of the (conditional)
+    """``refine_sites`` (and the sweep itself) against quadrature of the (conditional)
     tilted distribution; CEP-2 against the Taylor expectation built from finite differences of
     the quadrature h1(c), h2(c)."""
     log_lik = LOG_LIK[lik_name]
@@ -135,7 +145,7 @@ def test_one_site_update_matches_quadrature(lik_name, lik, y, method):
         if method == "cep2":  # this problem is inside the expansion's domain (no fallback)
             assert ((expected[1] > 0) & (expected[1] <= cav_var)).all()
     block = _DenseBlock(X_ONE[None, :], slice(0, 1))
-    new_mean, new_var, cav_prec, cav_shift, ok = _refine_factorized(
+    new_mean, new_var, cav_prec, cav_shift, ok = refined_marginals(
         block, np.array([y]), lik, method, prec, shift, SITE_PREC[None], SITE_SHIFT[None]
     )
     assert np.all(ok)
@@ -173,7 +183,7 @@ def test_cep2_beats_cep1_for_small_outer_variance(lik_name, lik, y):
     block = _DenseBlock(X_ONE[None, :], slice(0, 1))
     errors = {}
     for method in ("cep1", "cep2"):
-        new_mean, new_var, *_ = _refine_factorized(
+        new_mean, new_var, *_ = refined_marginals(
             block, np.array([y]), lik, method, prec, shift, SITE_PREC[None], SITE_SHIFT[None]
         )
         errors[method] = np.abs(np.stack([new_mean.ravel(), new_var.ravel()]) - exact)
@@ -194,8 +204,8 @@ def test_cep2_falls_back_to_cep1_outside_its_domain():
     block = _DenseBlock(x[None, :], slice(0, 1))
     zeros = np.zeros((1, 2))
     args = (block, np.array([y]), Probit())
-    cep1 = _refine_factorized(*args, "cep1", 1 / q_var, q_mean / q_var, zeros, zeros)
-    cep2 = _refine_factorized(*args, "cep2", 1 / q_var, q_mean / q_var, zeros, zeros)
+    cep1 = refined_marginals(*args, "cep1", 1 / q_var, q_mean / q_var, zeros, zeros)
+    cep2 = refined_marginals(*args, "cep2", 1 / q_var, q_mean / q_var, zeros, zeros)
     assert_allclose(cep2[0][0, m], cep1[0][0, m], rtol=1e-12)
     assert_allclose(cep2[1][0, m], cep1[1][0, m], rtol=1e-12)
     h1, h2 = f(c_bar)

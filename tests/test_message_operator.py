@@ -1,4 +1,5 @@
-"""KJITMessageOperator, the logistic factor's oracles and the EP adapter (papers/002, SPEC §7).
+"""KJITMessageOperator, the logistic factor's oracles and the EP adapter (Jitkrittum et al.,
+"Kernel-Based Just-In-Time Learning for Passing Expectation Propagation Messages", UAI 2015).
 
 References: a brute-force fine grid and rejection sampling for the exact oracle (tolerances
 from the Monte Carlo standard error), the importance sampler's convergence to the exact
@@ -8,6 +9,7 @@ recomputed in one batch, and oracles that record what they are asked.
 
 import doctest
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -16,7 +18,9 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
+import skcep.engines.factors
 import skcep.message_operator
+from skcep.engines import factors
 from skcep.engines.likelihoods import Logistic
 from skcep.engines.random_features import BayesianLinearRegression
 from skcep.message_operator import KJITMessageOperator, LogisticFactor, OperatorSite
@@ -162,12 +166,39 @@ def test_factor_matches_logistic_likelihood_tilted_moments():
 
 
 def test_factor_rejects_bad_rows():
+    """Plain numpy checks (the engine does not use scikit-learn): 2-D, 4 columns, finite,
+    σ², α, β > 0, each with a message that says what is wrong."""
     with pytest.raises(ValueError, match="positive variance"):
         LogisticFactor().exact([[0.0, -1.0, 2.0, 1.0]])
     with pytest.raises(ValueError, match="need 4"):
         LogisticFactor().exact([[0.0, 1.0, 2.0]])
+    with pytest.raises(ValueError, match="2-D array"):
+        LogisticFactor().exact([0.0, 1.0, 2.0, 1.0])
+    with pytest.raises(ValueError, match="NaN or infinity: row 1, column 0"):
+        LogisticFactor().exact([[0.0, 1.0, 2.0, 1.0], [np.inf, 1.0, 2.0, 1.0]])
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        LogisticFactor(oracle="importance_sampling", n_samples=10).importance_sampling(
+            [[0.0, np.nan, 2.0, 1.0]]
+        )
     with pytest.raises(ValueError):
         LogisticFactor(oracle="quadrature")
+    assert LogisticFactor().exact(np.empty((0, 4))).shape == (0, 4)
+
+
+def test_engines_do_not_import_scikit_learn():
+    """The factor module and the random-feature engine are pure numpy/scipy."""
+    import ast
+    from pathlib import Path
+
+    from skcep.engines import random_features
+
+    for module in (factors, random_features):
+        tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [name for name in names if name.startswith("sklearn")], module.__name__
+    assert skcep.message_operator.LogisticFactor is factors.LogisticFactor
+    assert skcep.message_operator.OperatorSite is factors.OperatorSite
 
 
 # --------------------------------------------------------------------------------------------
@@ -193,7 +224,7 @@ def test_online_updates_equal_batch_posterior():
     op.partial_fit(X[160:170], Y[160:170])
     op.partial_fit(X[170:], Y[170:])
     batch = BayesianLinearRegression(op.noise_variance_, op.prior_variance).fit(
-        op._features(X), Y - op.intercept_
+        op._feature_map(X), Y - op.intercept_
     )
     np.testing.assert_allclose(op.coef_, batch.mean, atol=1e-8 * np.abs(batch.mean).max())
     np.testing.assert_allclose(
@@ -552,8 +583,9 @@ def test_bad_oracle_answers_leave_the_operator_unchanged():
         assert pickle.dumps(op) == state
 
 
-def test_docstring_examples():
-    result = doctest.testmod(skcep.message_operator, optionflags=doctest.NORMALIZE_WHITESPACE)
+@pytest.mark.parametrize("module", [skcep.message_operator, skcep.engines.factors])
+def test_docstring_examples(module):
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
 
 
@@ -591,3 +623,116 @@ def test_operator_site_in_weight_space_ep():
     assert np.abs(kjit.mean - exact.mean).max() < 0.05 * np.abs(exact.mean).max()
     np.testing.assert_allclose(kjit.var, exact.var, rtol=0.3)
     assert op.n_oracle_calls_ < 0.3 * n_messages
+
+
+# --------------------------------------------------------------------------------------------
+# concurrency, structure between calls, progress
+# --------------------------------------------------------------------------------------------
+def _state(op):
+    return pickle.dumps(op)
+
+
+def test_predict_from_many_threads_equals_serial():
+    """8 threads predicting at once on one fitted operator give bit-identical results to a
+    serial call, and predicting writes nothing: both on a freshly fitted posterior (stored
+    variance factor) and after online updates (stale factor, recomputed per call for large
+    batches, ψᵀΣψ for small ones)."""
+    X = logistic_messages(5200, seed=30)
+    Y = LogisticFactor().exact(X)[:, :2]
+    op = KJITMessageOperator(n_inner_features=100, n_outer_features=200, random_state=0)
+    op.fit(X[:5000], Y[:5000])
+    queries = logistic_messages(3000, seed=31)
+    for stale in (False, True):
+        if stale:
+            for i in range(5000, 5003):
+                op.partial_fit(X[i : i + 1], Y[i : i + 1])
+            assert op._blr.inverse_cholesky is None
+        state = _state(op)
+        calls = [queries, queries[:100]] * 8
+        serial = [op.predict(q, return_std=True) for q in calls]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            parallel = list(pool.map(lambda q: op.predict(q, return_std=True), calls))
+        for (m1, s1), (m2, s2) in zip(serial, parallel):
+            assert np.array_equal(m1, m2) and np.array_equal(s1, s2)
+        assert _state(op) == state
+
+
+def test_results_do_not_depend_on_n_jobs():
+    """Chunk boundaries come from the row count, never from n_jobs: fit (statistics of
+    several chunks), predictions and online updates are bit-identical for n_jobs=1 and 2."""
+    X = logistic_messages(4500, seed=32)
+    Y = LogisticFactor().exact(X)[:, :2]
+    queries = logistic_messages(2500, seed=33)
+    ops = {}
+    for n_jobs in (1, 2):
+        op = KJITMessageOperator(**SMALL, n_jobs=n_jobs, random_state=0).fit(X[:4400], Y[:4400])
+        op.partial_fit(X[4400:4401], Y[4400:4401])  # rank-one
+        op.partial_fit(X[4401:4406], Y[4401:4406])  # Woodbury
+        op.partial_fit(X[4406:], Y[4406:])  # refactorised
+        ops[n_jobs] = op
+    np.testing.assert_array_equal(ops[1].coef_, ops[2].coef_)
+    np.testing.assert_array_equal(ops[1].coef_cov_, ops[2].coef_cov_)
+    m1, s1 = ops[1].predict(queries, return_std=True)
+    m2, s2 = ops[2].predict(queries, return_std=True)
+    assert np.array_equal(m1, m2) and np.array_equal(s1, s2)
+    assert np.array_equal(ops[1].predict(queries), ops[2].predict(queries))
+
+
+@pytest.mark.parametrize(
+    "param, value",
+    [
+        ("n_outer_features", 70),
+        ("n_inner_features", 30),
+        ("message_families", ("gaussian", "gamma")),
+    ],
+)
+def test_structural_parameter_change_is_refused(param, value):
+    """partial_fit (and send) continue the fitted posterior: a changed structural parameter
+    raises a ValueError naming it and leaves the model as it was; fit starts again."""
+    X = logistic_messages(120, seed=34)
+    Y = LogisticFactor().exact(X)[:, :2]
+    oracle = RecordingOracle()
+    op = KJITMessageOperator(**SMALL, oracle=oracle, random_state=0).fit(X[:100], Y[:100])
+    op.set_params(**{param: value})
+    state = _state(op)
+    with pytest.raises(ValueError, match=param):
+        op.partial_fit(X[100:], Y[100:])
+    assert _state(op) == state
+    with pytest.raises(ValueError, match=param):
+        op.send(X[100:])
+    assert _state(op) == state and oracle.n_rows == 0
+    op.fit(X[:100], Y[:100]).partial_fit(X[100:], Y[100:])  # a new fit takes the new value
+    assert getattr(op, "n_outer_features") == op.coef_.shape[0]
+
+
+def test_non_structural_parameters_may_change_between_calls():
+    X = logistic_messages(120, seed=35)
+    Y = LogisticFactor().exact(X)[:, :2]
+    op = KJITMessageOperator(**SMALL, random_state=0).fit(X[:100], Y[:100])
+    op.set_params(uncertainty_threshold=-5.0, verbose=0, n_jobs=2)
+    op.partial_fit(X[100:], Y[100:])
+    with pytest.raises(ValueError, match="n_initial"):  # still validated
+        op.set_params(n_initial=0).partial_fit(X[:2], Y[:2])
+
+
+def test_verbose_prints_one_line_per_batch(capsys):
+    X = logistic_messages(130, seed=36)
+    factor = LogisticFactor()
+    Y = factor.exact(X)[:, :2]
+    quiet = KJITMessageOperator(**SMALL, random_state=0, oracle=lambda Z: factor.exact(Z)[:, :2])
+    quiet.fit(X[:100], Y[:100]).partial_fit(X[100:110], Y[100:110]).send(X[110:])
+    quiet.predict(X)
+    assert capsys.readouterr().out == ""
+    loud = KJITMessageOperator(
+        **SMALL, random_state=0, verbose=1, noise_variance="auto",
+        oracle=lambda Z: factor.exact(Z)[:, :2], uncertainty_threshold=-50.0,
+    )
+    loud.fit(X[:100], Y[:100])
+    loud.partial_fit(X[100:110], Y[100:110])
+    loud.send(X[110:])
+    loud.predict(X)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(line.startswith("[KJITMessageOperator] batch") for line in lines)
+    assert "of 100 rows" in lines[0] and "log evidence" in lines[0]
+    assert "of 10 rows" in lines[1] and "of 20 rows, 20 oracle calls in all" in lines[2]
+    assert all(line.endswith(" s") for line in lines)

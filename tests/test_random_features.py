@@ -1,4 +1,5 @@
-"""Two-stage random features on message tuples and Bayesian linear regression (papers/002).
+"""Two-stage random features on message tuples and Bayesian linear regression (Jitkrittum et
+al., "Kernel-Based Just-In-Time Learning for Passing Expectation Propagation Messages", UAI 2015).
 
 References are independent of the code under test: the closed-form expected-product kernel of
 Gaussian messages (supplement B.3), adaptive quadrature (``scipy.integrate.quad``, with the
@@ -17,12 +18,19 @@ from skcep.engines.random_features import (
     BayesianLinearRegression,
     best_noise_variance,
     check_messages,
+    check_outputs,
+    draw_features,
+    fit_first_batch,
     inner_features,
     log_marginal_likelihood,
     median_inner_widths,
     median_outer_width,
     message_families,
     outer_features,
+    predictive_moments,
+    regression_posterior,
+    regression_statistics,
+    sum_statistics,
 )
 
 
@@ -222,6 +230,17 @@ def test_message_checks():
         check_messages(families, np.array([[0.0, 1.0, -1.0, 1.0]]))
     with pytest.raises(ValueError, match="Unknown message family"):
         message_families(("gaussian", "poisson"))
+    with pytest.raises(ValueError, match="2-D array"):
+        check_messages(families, np.ones(4))
+    with pytest.raises(ValueError, match="NaN or infinity: row 0, column 2"):
+        check_messages(families, np.array([[0.0, 1.0, np.nan, 1.0]]))
+    np.testing.assert_array_equal(check_outputs([1.0, 2.0], 2), [[1.0], [2.0]])
+    with pytest.raises(ValueError, match="The oracle's answer contains NaN"):
+        check_outputs([[np.nan]], 1, what="The oracle's answer")
+    with pytest.raises(ValueError, match="has 2 outputs, but the operator was fitted with 3"):
+        check_outputs(np.ones((4, 2)), 4, n_outputs=3)
+    with pytest.raises(ValueError, match="shape"):
+        check_outputs(np.ones((4, 2)), 5)
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,16 +283,20 @@ def test_online_updates_equal_batch_posterior(refresh_every):
     np.testing.assert_allclose(online.covariance, batch.covariance, atol=1e-8 * scale)
     np.testing.assert_allclose(online.mean, batch.mean, atol=1e-8 * np.abs(batch.mean).max())
     # predictive variances by both routes: ψᵀΣψ from the updated covariance (few rows, no
-    # current factor) and ‖L⁻¹ψ‖² from the precision's Cholesky factor (many rows)
+    # current factor) and ‖L⁻¹ψ‖² from the precision's Cholesky factor (many rows), computed
+    # for the call and never stored (prediction has no side effects)
     online.update(Psi[:1], Y[:1])
     batch.fit(np.vstack([Psi, Psi[:1]]), np.vstack([Y, Y[:1]]))
     new = np.random.default_rng(1).standard_normal((400, Psi.shape[1])) / 8
     want = np.einsum("ij,jk,ik->i", new, batch.covariance, new)
     assert online.inverse_cholesky is None
+    assert online.variance_factor(5) is None and online.variance_factor(400) is not None
     np.testing.assert_allclose(online.predict(new[:5], return_var=True)[1], want[:5], rtol=1e-7)
-    assert online.inverse_cholesky is None
     np.testing.assert_allclose(online.predict(new, return_var=True)[1], want, rtol=1e-7)
-    assert online.inverse_cholesky is not None
+    for factor in (None, online.variance_factor(400)):
+        got = online.predict(new, return_var=True, factor=factor)[1]
+        np.testing.assert_allclose(got, want, rtol=1e-7)
+    assert online.inverse_cholesky is None
 
 
 def test_log_marginal_likelihood_is_a_gaussian_density():
@@ -282,15 +305,135 @@ def test_log_marginal_likelihood_is_a_gaussian_density():
     s2, p2 = 0.03, 1.5
     K = p2 * Psi @ Psi.T + s2 * np.eye(60)
     want = sum(stats.multivariate_normal(np.zeros(60), K).logpdf(Y[:, k]) for k in range(2))
-    assert log_marginal_likelihood(Psi, Y, s2, p2) == pytest.approx(want, rel=1e-10)
+    got = log_marginal_likelihood(regression_statistics(Psi, Y), s2, p2)
+    assert got == pytest.approx(want, rel=1e-10)
+    # from statistics summed over partitions: the same number
+    parts = [regression_statistics(Psi[r], Y[r]) for r in (slice(0, 25), slice(25, 60))]
+    assert log_marginal_likelihood(sum_statistics(parts), s2, p2) == pytest.approx(want, rel=1e-10)
 
 
 def test_best_noise_variance_recovers_the_noise():
     Psi, Y = _regression_data(n=2000, d=30, noise=0.1)
-    s2, evidence = best_noise_variance(Psi, Y, prior_variance=1.0)
+    stats_all = regression_statistics(Psi, Y)
+    s2, evidence = best_noise_variance(stats_all, prior_variance=1.0)
     assert 0.007 < s2 < 0.013
-    grid = [log_marginal_likelihood(Psi, Y, v, 1.0) for v in (s2 / 2, s2 * 2)]
+    grid = [log_marginal_likelihood(stats_all, v, 1.0) for v in (s2 / 2, s2 * 2)]
     assert evidence > max(grid)
+
+
+# --------------------------------------------------------------------------------------------
+# the regression as map/reduce: statistics of chunks, posterior from their sum
+# --------------------------------------------------------------------------------------------
+def test_statistics_are_sums_over_rows():
+    Psi, Y = _regression_data(n=100, d=12)
+    one = regression_statistics(Psi, Y)
+    np.testing.assert_allclose(one.gram, Psi.T @ Psi, rtol=1e-14)
+    np.testing.assert_allclose(one.moment, Psi.T @ Y, rtol=1e-14)
+    np.testing.assert_allclose(one.sum_of_squares, (Y * Y).sum(axis=0), rtol=1e-14)
+    rows = (slice(0, 10), slice(10, 70), slice(70, 100))
+    parts = [regression_statistics(Psi[r], Y[r]) for r in rows]
+    summed = sum_statistics(parts)
+    assert summed.n_rows == 100
+    for a, b in zip(summed[:3], one[:3]):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
+    first = parts[0].gram.copy()
+    sum_statistics(parts)
+    np.testing.assert_array_equal(parts[0].gram, first)  # the parts are not modified
+
+
+def test_chunked_posterior_equals_one_chunk_and_online_updates():
+    """The posterior from statistics summed over several chunks equals the one-chunk posterior
+    (1e-10) and the posterior reached by online updates row by row (eqs. 16–17, ~1e-8)."""
+    Psi, Y = _regression_data(n=600, d=50, noise=0.05)
+    s2, p2 = 1e-3, 1.0
+    whole = regression_posterior(regression_statistics(Psi, Y), s2, p2)
+    chunks = [regression_statistics(Psi[r], Y[r]) for r in (slice(0, 128), slice(128, 256),
+                                                              slice(256, 384), slice(384, 600))]
+    chunked = regression_posterior(sum_statistics(chunks), s2, p2)
+    scale_m, scale_c = np.abs(whole.mean).max(), np.abs(whole.covariance).max()
+    np.testing.assert_allclose(chunked.mean, whole.mean, rtol=0, atol=1e-10 * scale_m)
+    np.testing.assert_allclose(chunked.covariance, whole.covariance, rtol=0, atol=1e-10 * scale_c)
+    online = regression_posterior(chunks[0], s2, p2, refresh_every=10**9)
+    for i in range(128, 600):
+        online.update(Psi[i : i + 1], Y[i : i + 1])
+    np.testing.assert_allclose(online.mean, whole.mean, rtol=0, atol=1e-8 * scale_m)
+    np.testing.assert_allclose(online.covariance, whole.covariance, rtol=0, atol=1e-8 * scale_c)
+
+
+def _logistic_rows(n, seed):
+    rng = np.random.default_rng(seed)
+    y = rng.random(n) < 0.5
+    return np.column_stack([rng.normal(0, 3, n), np.exp(rng.uniform(-2, 2, n)),
+                            np.where(y, 2.0, 1.0), np.where(y, 1.0, 2.0)])
+
+
+@pytest.mark.parametrize("noise_variance", [1e-3, None])
+def test_first_batch_fit_does_not_depend_on_chunks(noise_variance):
+    """fit_first_batch (what KJITMessageOperator.fit runs) gives the same features, σ_y² and
+    posterior whether its statistics are summed over one chunk or many (1e-10), and the
+    posterior is that of all rows' features with the centred outputs."""
+    X = _logistic_rows(700, seed=40)
+    Y = np.column_stack([np.tanh(X[:, 0] / 3) + 0.01 * X[:, 1], X[:, 0] ** 2 / 10])
+    families = message_families(("gaussian", "beta"))
+    fits = {}
+    for chunk_size in (10_000, 97):
+        fits[chunk_size] = fit_first_batch(
+            X, Y, families, 40, 60, np.random.RandomState(0), noise_variance=noise_variance,
+            chunk_size=chunk_size,
+        )
+    one, many = fits[10_000], fits[97]
+    np.testing.assert_array_equal(one.features.outer_frequencies, many.features.outer_frequencies)
+    assert one.noise_variance == pytest.approx(many.noise_variance, rel=1e-8)
+    assert (one.log_evidence is None) == (noise_variance is not None)
+    scale = np.abs(one.posterior.mean).max()
+    np.testing.assert_allclose(many.posterior.mean, one.posterior.mean, rtol=0, atol=1e-10 * scale)
+    np.testing.assert_allclose(one.intercept, Y.mean(axis=0), rtol=1e-14)
+    ref = BayesianLinearRegression(one.noise_variance, 1.0).fit(one.features(X), Y - one.intercept)
+    np.testing.assert_allclose(one.posterior.mean, ref.mean, rtol=0, atol=1e-10 * scale)
+
+
+def test_draw_features_and_outer_width():
+    """The draws in their documented order, the median heuristic for σ_l², and γ² rescaling
+    only the outer frequencies."""
+    X = _logistic_rows(50, seed=41)
+    families = message_families(("gaussian", "beta"))
+    features = draw_features(X, families, 7, 9, np.random.RandomState(3))
+    rng = np.random.RandomState(3)
+    widths = median_inner_widths(families, X)
+    np.testing.assert_array_equal(features.inner_widths, widths)
+    np.testing.assert_array_equal(features.inner_frequencies,
+                                  rng.standard_normal((7, 2)) / np.sqrt(widths))
+    np.testing.assert_array_equal(features.inner_offsets, rng.uniform(0, 2 * np.pi, 7))
+    nu = rng.standard_normal((7, 9))
+    np.testing.assert_array_equal(features.outer_frequencies, nu)
+    wide = features.with_outer_width(4.0)
+    np.testing.assert_array_equal(wide.outer_frequencies, nu / 2.0)
+    np.testing.assert_array_equal(wide.inner_frequencies, features.inner_frequencies)
+    np.testing.assert_allclose(wide.with_outer_width(1.0).outer_frequencies, nu, rtol=1e-15)
+    np.testing.assert_array_equal(
+        wide(X), outer_features(inner_features(X, families, wide.inner_frequencies,
+                                               wide.inner_offsets), nu / 2.0, wide.outer_offsets)
+    )
+    with pytest.raises(ValueError, match="inner_widths"):
+        draw_features(X, families, 7, 9, np.random.RandomState(3), inner_widths=[1.0, -1.0])
+
+
+def test_predictive_moments_in_chunks_and_threads():
+    """Chunked prediction equals the posterior's prediction on all rows, for every chunk size
+    and number of threads (bit for bit across n_jobs)."""
+    X = _logistic_rows(900, seed=42)
+    Y = np.column_stack([np.tanh(X[:, 0] / 3)])
+    fitted = fit_first_batch(X, Y, message_families(("gaussian", "beta")), 30, 50,
+                             np.random.RandomState(0))
+    f, post = fitted.features, fitted.posterior
+    mean, var = post.predict(f(X), return_var=True)
+    serial = predictive_moments(X, f, post, return_var=True, chunk_size=128)
+    threaded = predictive_moments(X, f, post, return_var=True, chunk_size=128, n_jobs=2)
+    np.testing.assert_allclose(serial[0], mean, rtol=1e-12)
+    np.testing.assert_allclose(serial[1], var, rtol=1e-12)
+    assert np.array_equal(serial[0], threaded[0]) and np.array_equal(serial[1], threaded[1])
+    only_mean, none = predictive_moments(X, f, post, chunk_size=128)
+    assert none is None and np.array_equal(only_mean, serial[0])
 
 
 def test_beta_rule_survives_very_concentrated_messages():

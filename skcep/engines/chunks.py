@@ -28,6 +28,7 @@ def map_chunks(step, chunks, n_jobs=None):
     otherwise, −1 all cores.
     """
     chunks = list(chunks)
-    if len(chunks) <= 1 or effective_n_jobs(n_jobs) == 1:
+    n_jobs = effective_n_jobs(n_jobs)  # resolves None through joblib.parallel_config
+    if len(chunks) <= 1 or n_jobs == 1:
         return [step(c) for c in chunks]
     return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(step)(c) for c in chunks)

@@ -1,6 +1,7 @@
-r"""Bayesian CP decomposition of a partly observed tensor by VMP and CEP (SPEC §5).
+r"""Bayesian CP decomposition of a partly observed tensor by VMP and CEP, as map/reduce steps.
 
-Model (papers/000 eqs. 12–13, papers/001 eq. 26), for entry i = (i_1, …, i_K):
+Model (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.1 eqs. 12–13; Li, Fang,
+Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.1 eq. 26), for entry i = (i_1, …, i_K):
 
     f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k},
     y_i ~ N(f_i, τ⁻¹)  (Gaussian)   or   P(y_i = 1) = Φ(f_i)  (probit),
@@ -11,46 +12,113 @@ q = q(τ) Π q(u^k_s) Π q(b) Π q(c^k_s), each Gaussian with full R×R covarian
 
 Everything is organised in *groups* of rows (the K factor matrices and the offsets, which are
 groups of rank 1).  An entry sees a group through a design vector x_i: for factor k it is
-z^{\k}_i = ∘_{j≠k} u^j_{i_j}, whose moments under q are Hadamard products (papers/000 eqs.
-16–17); for an offset it is the constant 1.  Everything else in f_i (the "rest") enters through
-its mean.
+z^{\k}_i = ∘_{j≠k} u^j_{i_j}, whose moments under q are Hadamard products (Wang & Zhe §4.1
+eqs. 16–17); for an offset it is the constant 1.  Everything else in f_i (the "rest") enters
+through its mean.
 
 Updates
 -------
-* **VMP** (papers/001 eq. 27): q(u_s) ∝ prior × exp E[log lik], i.e. precision
+* **VMP** (Li et al. §4.2 eq. 27): q(u_s) ∝ prior × exp E[log lik], i.e. precision
   P0 + E[τ] Σ_{i∈s} E[x xᵀ], shift h0 + E[τ] Σ_{i∈s} (y_i − E[rest_i]) E[x_i]; then
   q(τ) = Gam(a0 + n/2, b0 + ½ Σ E[(y − f)²]).  Probit uses the augmented model (latent
   z_i ~ N(f_i, 1) truncated to the sign of y_i), whose E[z_i] replaces y_i.
-* **Group CEP** (papers/001 §4.3): each entry sends a site to the rows it touches; for Gaussian
-  entries Lemma 4 gives it in closed form (precision E[τ] E[x xᵀ], shift E[τ] y E[x]) and
-  merging the sites per row (eq. 28) reproduces VMP (Theorem 1).  The τ sites are
-  a_i = ½, b_i = ½ E[(y_i − f_i)²].
-* **Probit CEP** (papers/000 supplement 8.1.2): the conditional tilted distribution of u_s
+* **Group CEP** (Li et al. §4.3): each entry sends a site to the rows it touches; for Gaussian
+  entries Lemma 4 (§3.1) gives it in closed form — precision E[τ] E[x xᵀ], shift
+  E[τ] y E[x] — and merging the sites per row (eq. 28) is the VMP update (eq. 29 = eq. 27,
+  Theorem 1), so both run the same statistics and global step.  The τ sites are a_i = ½,
+  b_i = ½ E[(y_i − f_i)²].
+* **Probit CEP** (Wang & Zhe, supplement §8.1.2): the conditional tilted distribution of u_s
   given the rest is the probit EP problem; with cavity N(m, S), t = x̄ᵀm + E[rest],
   q2 = tr(S E[x xᵀ]), ζ = s t/√(1 + q2) and r = φ(ζ)/Φ(ζ), its moments are
   m + S x̄ s r/√(1+q2) and S − S x̄ x̄ᵀ S r(ζ + r)/(1 + q2).  The site they imply has rank-one
   precision along x̄ = E[x], stored as a direction and two scalars.
-* **Entry CEP** (papers/000 Alg. 1): the same sites, updated block by block with EP
+* **Entry CEP** (Wang & Zhe §3, Algorithm 1): the same sites, updated block by block with EP
   bookkeeping (sites kept, q refreshed after every block).
 
-Per-row sums over entries are accumulated chunk by chunk over entries sorted by row
-(``np.add.reduceat``); no n×R×R array is ever formed.  Symmetric R×R quantities travel packed
-(upper triangle, R(R+1)/2 numbers).
+Map/reduce steps
+----------------
+A group sweep updates mode 1, …, mode K, then the offsets, then q(τ).  The update of mode k is
+a *statistics (partition) step* run on every chunk of entries and one *global step* on the
+sum of their results.  The steps take and return plain arrays (no closures over big state),
+so the same functions run on the chunks of :func:`fit_cp` and on the partitions of a cluster.
+The global state they read is ``means[j]`` (d_j, R) and ``second[j]`` (d_j, R(R+1)/2), the
+first and packed second moments of every factor under q.
+
+``mode_chunks(index, shape, k, size=CHUNK_SIZE, sparse=True) -> list of ModeChunk | SparseChunk``
+    How the entries ``index`` (n, K) are cut into chunks for the mode-k statistics step: a pure
+    function of the indices and a fixed chunk size, never of the number of workers.  A
+    :class:`ModeChunk` holds ``entries`` (positions of its entries in ``index``), ``columns``
+    (K, c) their indices sorted by the mode-k row, and the segments (``starts``, ``rows``) of
+    equal rows; a :class:`SparseChunk` (K = 3 with a small other mode) a range of mode-k rows
+    as a CSR product.  ``sparse=False`` always gives ModeChunks (probit CEP needs them; its
+    chunks hold at most 2¹⁷/R² entries, so that the per-entry R×R work stays cache-sized).
+
+``gaussian_statistics(chunk, k, means, second, target) -> RowStatistics(rows, second, first)``
+    Gaussian VMP and group CEP (and probit VMP with the augmented targets of
+    :func:`augmented_target`): for every row s of mode k that the chunk touches,
+    Σ_{i: i_k = s} E[z zᵀ] (packed) and Σ_{i: i_k = s} target_i E[z_i];
+    ``target = (y − E[offsets])[chunk.entries]``.
+
+``probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites, damping)``
+    ``-> (sites, RowStatistics(rows, Σ π x̄ x̄ᵀ packed, Σ β x̄), n_skipped)``: probit group CEP.
+    ``mean``, ``cov`` are q of mode k; ``rest``, ``sign`` and ``sites`` = (direction (c, R),
+    π (c,), β (c,)) the chunk's per-entry rest of the predictor, label sign and rank-one
+    sites (zeros before the first sweep).  Returns the chunk's new (damped) sites and their
+    sums per row; a site whose cavity is improper is kept and counted.
+
+``offset_statistics(rows, precision, shift, n_rows) -> RowStatistics``
+    An offset group (rank 1): Σ precision_i and Σ shift_i per row.  Gaussian: precision 1 and
+    shift y_i − E[rest_i]; probit CEP: the sites of :func:`probit_offset_sites`
+    ``(rows, mean, cov, rest, sign, sites, damping) -> ((π, β), n_skipped)``.
+
+``entry_mean(columns, means)``, ``entry_second_moment(columns, second)``
+    E[1ᵀz_i] and E[(1ᵀz_i)²] of the CP term at the entries ``columns`` (K, c) of a chunk, for
+    q(τ), the ELBO and the convergence test (whose sums reduce like the statistics).
+
+Global steps:
+
+``reduce_rows(parts, n_rows, rank) -> RowStatistics``
+    The chunks' statistics summed per row, in chunk order (bit-for-bit the same for any
+    ``n_jobs``).
+``group_update(group, statistics, scale=None)``
+    q(u_s) = prior_s × exp(scale × statistics): precision P0_s + scale Σ…, shift
+    h0_s + scale Σ… (scale = E[τ] for Gaussian VMP / group CEP, none for probit sites).
+``noise_update(noise_prior, n, sum_squared_error) -> (a, b)``
+    q(τ) = Gam(a0 + n/2, b0 + ½ Σ_i E[(y_i − f_i)²]) (Li et al. §4.2; the merged CEP τ sites
+    of §4.3).
+
+The single-machine loop: :func:`start_sweeps` sets up the schedule, :func:`fit_cp` runs sweeps
+until convergence (each group's steps through ``map_chunks(step, chunks, n_jobs)``), and
+:func:`absorb_batch` folds a streaming batch into the posterior (assumed density filtering).
+The entry schedule is sequential by design (block after block, each refreshing q).
+
+Symmetric R×R quantities travel packed (upper triangle, R(R+1)/2 numbers); no n×R×R array is
+ever formed.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.special import digamma, gammaln, log_ndtr
+from scipy.special import digamma, gammaln
 
-from .likelihoods import log_phi_derivatives
-from .parallel import map_chunks
+from .chunks import chunk_slices, map_chunks
+from .gaussian import cavity_natural, damped_update
+from .likelihoods import Probit, log_phi_derivatives
 
-__all__ = ["GaussianRows", "CPPosterior", "fit_cp", "predict_cp", "init_posterior", "grow_posterior"]
+__all__ = [
+    "GaussianRows", "CPPosterior", "CPFitResult", "ModeChunk", "SparseChunk", "RowStatistics",
+    "init_posterior", "grow_posterior", "starting_noise_precision", "take_rows", "put_rows",
+    "mode_chunks", "gaussian_statistics", "probit_site_statistics", "probit_offset_sites",
+    "offset_statistics", "entry_mean", "entry_second_moment", "augmented_target", "reduce_rows", "group_update",
+    "noise_update", "probit_site", "start_sweeps", "fit_cp", "absorb_batch", "predict_cp", "elbo",
+]
 
-_CHUNK = 8192
+CHUNK_SIZE = 8192
 _LOG_2PI = np.log(2.0 * np.pi)
+_PROBIT = Probit()
 
 
 class _Packing:
@@ -60,6 +128,8 @@ class _Packing:
         self.rank = rank
         self.rows, self.cols = np.triu_indices(rank)
         self.weight = np.where(self.rows == self.cols, 1.0, 2.0)
+        for a in (self.rows, self.cols, self.weight):
+            a.setflags(write=False)  # shared by every caller of _packing(rank)
 
     def pack(self, A):
         return A[..., self.rows, self.cols]
@@ -75,10 +145,19 @@ class _Packing:
         return x[..., self.rows] * x[..., self.cols]
 
 
+@lru_cache(maxsize=None)
+def _packing(rank):
+    return _Packing(rank)
+
+
 def _inverse(precision):
     """Batched inverse of symmetric positive-definite matrices, symmetrised."""
     cov = np.linalg.inv(precision)
     return 0.5 * (cov + np.swapaxes(cov, -1, -2))
+
+
+# --------------------------------------------------------------------------------------------
+# the posterior
 
 
 @dataclass
@@ -137,7 +216,7 @@ class GaussianRows:
         return GaussianRows(self.mean.copy(), self.cov.copy(), self.prior_precision.copy(), self.prior_shift.copy())
 
     def as_prior(self):
-        """This posterior as the prior of the next batch (papers/001 eq. 30)."""
+        """This posterior as the prior of the next batch (Li et al. §4.4 eq. 30)."""
         precision, shift = self.natural()
         return GaussianRows(self.mean.copy(), self.cov.copy(), precision, shift)
 
@@ -168,6 +247,10 @@ class CPPosterior:
     @property
     def noise_precision(self):
         return 1.0 if self.noise is None else self.noise[0] / self.noise[1]
+
+    @property
+    def groups(self):
+        return self.factors + self.offsets
 
     def copy(self):
         return CPPosterior(
@@ -219,35 +302,44 @@ def put_rows(post, rows, sub):
     post.noise = sub.noise
 
 
-def _prior_rows(n_rows, rank, variance, mean, working_variance=None):
-    """Rows with prior N(0, variance·I); q starts at N(mean, working_variance·I)."""
+def _prior_rows(n_rows, rank, variance, mean=None, working_variance=None):
+    """Rows with prior N(0, variance·I); q starts at N(mean (default 0), working_variance·I)."""
     working = variance if working_variance is None else working_variance
+    mean = np.zeros((n_rows, rank)) if mean is None else mean
     cov = np.broadcast_to(working * np.eye(rank), (n_rows, rank, rank)).copy()
     precision = np.broadcast_to(np.eye(rank) / variance, (n_rows, rank, rank)).copy()
     return GaussianRows(mean, cov, precision, np.zeros((n_rows, rank)))
 
 
-def init_posterior(shape, rank, *, prior_variance, init_scale, rng, global_offset=None,
+def _random_rows(n_rows, rank, variance, init_scale, rng):
+    """Prior rows whose q starts at random working means N(m, init_scale²·I), m ~ N(0, init_scale²);
+    with init_scale = 0 they start at the prior and need no generator."""
+    if init_scale == 0:
+        return _prior_rows(n_rows, rank, variance)
+    if rng is None:
+        raise ValueError("random working means (init_scale > 0) need a random generator rng.")
+    return _prior_rows(n_rows, rank, variance, init_scale * rng.standard_normal((n_rows, rank)), init_scale**2)
+
+
+def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_offset=None,
                    mode_offsets=None, noise_prior=None, noise_init=None):
     """Posterior to start from: embeddings N(m, init_scale²·I) with random m ~ N(0, init_scale²)
-    under priors N(0, prior_variance·I) (SPEC §5).  All-zero means are a fixed point, and so,
-    in practice, is a start at the prior covariance: partners that uncertain give every update
-    a large E[zzᵀ] and almost no E[z], and VMP shrinks every embedding to zero.
+    drawn from ``rng`` under priors N(0, prior_variance·I).  All-zero means are a fixed point,
+    and so, in practice, is a start at the prior covariance: partners that uncertain give every
+    update a large E[zzᵀ] and almost no E[z], and VMP shrinks every embedding to zero.
 
     ``global_offset`` / ``mode_offsets`` are prior variances (None: no such offset);
-    ``noise_prior`` (a0, b0) is None for probit; ``noise_init`` the starting E[τ].
+    ``noise_prior`` (a0, b0) is None for probit; ``noise_init`` the starting E[τ] (None: the
+    prior mean a0/b0).
     """
-    factors = [
-        _prior_rows(d, rank, prior_variance, init_scale * rng.standard_normal((d, rank)), init_scale**2)
-        for d in shape
-    ]
+    factors = [_random_rows(d, rank, prior_variance, init_scale, rng) for d in shape]
     post = CPPosterior(factors, noise_prior=noise_prior)
     if global_offset is not None:
-        post.offsets.append(_prior_rows(1, 1, global_offset, np.zeros((1, 1))))
+        post.offsets.append(_prior_rows(1, 1, global_offset))
         post.offset_modes.append(None)
     if mode_offsets is not None:
         for k, d in enumerate(shape):
-            post.offsets.append(_prior_rows(d, 1, mode_offsets, np.zeros((d, 1))))
+            post.offsets.append(_prior_rows(d, 1, mode_offsets))
             post.offset_modes.append(k)
     if noise_prior is not None:
         a0, b0 = noise_prior
@@ -256,23 +348,27 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng, global_offse
     return post
 
 
-def grow_posterior(post, shape, *, prior_variance, init_scale, rng, mode_offset_variance=None):
-    """Add prior rows (with random working means, as :func:`init_posterior`) so that mode k
-    has ``shape[k]`` rows."""
+def starting_noise_precision(y, noise_prior):
+    """E[τ] to start a Gaussian fit from: 10 / Var(y), a noise that leaves 90 % of the spread of
+    y to the model (the prior mean a0/b0 of a vague prior would let the random start's large
+    residuals shrink every embedding to zero); a0/b0 when y is constant."""
+    spread = float(np.var(y)) if y.size > 1 else 0.0
+    return 10.0 / spread if spread > 0 else noise_prior[0] / noise_prior[1]
+
+
+def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mode_offset_variance=None):
+    """A copy of ``post`` with prior rows added so that mode k has ``shape[k]`` rows (working
+    means as in :func:`init_posterior`; at the prior, without a generator, when init_scale = 0)."""
     post = post.copy()
-    rank = post.rank
     for k, d in enumerate(shape):
         extra = d - post.factors[k].n_rows
         if extra <= 0:
             continue
-        new = _prior_rows(extra, rank, prior_variance, init_scale * rng.standard_normal((extra, rank)),
-                          init_scale**2 if init_scale > 0 else None)
+        new = _random_rows(extra, post.rank, prior_variance, init_scale, rng)
         post.factors[k] = _concat_rows(post.factors[k], new)
         for j, mode in enumerate(post.offset_modes):
             if mode == k:
-                post.offsets[j] = _concat_rows(
-                    post.offsets[j], _prior_rows(extra, 1, mode_offset_variance, np.zeros((extra, 1)))
-                )
+                post.offsets[j] = _concat_rows(post.offsets[j], _prior_rows(extra, 1, mode_offset_variance))
     return post
 
 
@@ -282,7 +378,48 @@ def _concat_rows(a, b):
 
 
 # --------------------------------------------------------------------------------------------
-# entry index: entries sorted by the row of each mode, cut into chunks
+# chunks of entries for the statistics step of one mode
+
+
+class ModeChunk(NamedTuple):
+    """Entries sorted by their mode-k row: ``entries`` (c,) their positions in the index,
+    ``columns`` (K, c) their indices, ``starts`` the first position of every run of equal
+    mode-k rows and ``rows`` (unique) the row of every run."""
+
+    entries: np.ndarray
+    columns: np.ndarray
+    starts: np.ndarray
+    rows: np.ndarray
+
+
+class SparseChunk(NamedTuple):
+    """The mode-k rows ``rows`` (a range) of a 3-mode tensor as a CSR matrix over the other two
+    modes: CSR row (r − rows[0])·n_small + c holds, at columns ``indices`` (the ``big`` mode's
+    index), the entries with mode-k row r and ``small``-mode index c; ``entries`` are their
+    positions in the index, in CSR order.
+
+    Then Σ_{i: i_k = r} w_i E[x_i x_iᵀ] = Σ_c E[u^small_c u^small_cᵀ] ∘ (A_c · E[u^big u^bigᵀ])[r]
+    with A_c holding the weights w_i of the entries with i_small = c: one sparse product per
+    chunk replaces the per-entry gathers of R² numbers (an MTTKRP by rows).
+    """
+
+    entries: np.ndarray
+    rows: np.ndarray
+    small: int
+    big: int
+    n_small: int
+    n_big: int
+    indptr: np.ndarray
+    indices: np.ndarray
+
+
+class RowStatistics(NamedTuple):
+    """Sums over entries per row: ``rows`` (unique), ``second`` (len(rows), R(R+1)/2) packed,
+    ``first`` (len(rows), R)."""
+
+    rows: np.ndarray
+    second: np.ndarray
+    first: np.ndarray
 
 
 def _sort_by(primary, secondary, n_secondary):
@@ -290,92 +427,59 @@ def _sort_by(primary, secondary, n_secondary):
     return np.argsort(primary * np.int64(n_secondary) + secondary, kind="stable")
 
 
-class _EntryIndex:
-    """Per mode k, the layouts of the entries that per-row sums need.
+def mode_chunks(index, shape, k, size=CHUNK_SIZE, sparse=True):
+    """The chunks of the entries ``index`` (n, K) for the statistics step of mode k.
 
-    ``sparse[k]``: a :class:`_SparseMode` where it applies.  ``modes[k]`` (built on first use)
-    = (order, columns, chunks): the entries sorted by their mode-k index (ties by the largest
-    other mode, so that gathers from its rows stay local), ``columns`` (K, n) their indices as
-    contiguous rows, each chunk (c0, c1, segment starts, segment rows).
+    Sparse chunks (:class:`SparseChunk`) when ``sparse``, K = 3 and d_small · d_k ≤ 4 n for the
+    smaller other mode, so that the (d_small · d_k, R²) intermediate stays within the data's
+    size; they hold about 4 · ``size`` entries each (a sparse product costs a fraction of the
+    per-entry gathers per entry).  :class:`ModeChunk` otherwise, of ``size`` entries.  Either
+    way the chunk boundaries depend on the indices and ``size`` only.
     """
-
-    def __init__(self, index, shape, chunk=_CHUNK):
-        self.index = index
-        self.n = index.shape[0]
-        self.shape = shape
-        self.chunk = chunk
-        self._modes = {}
-        self.sparse = [_SparseMode.build(index, shape, k) for k in range(index.shape[1])]
-
-    @property
-    def modes(self):
-        return self
-
-    def __getitem__(self, k):
-        if k not in self._modes:
-            self._modes[k] = self._chunked(k)
-        return self._modes[k]
-
-    def _chunked(self, k):
-        index, shape, n, chunk = self.index, self.shape, self.n, self.chunk
-        others = [j for j in range(index.shape[1]) if j != k]
-        tie = max(others, key=lambda j: shape[j])
-        order = _sort_by(index[:, k], index[:, tie], shape[tie])
-        columns = np.ascontiguousarray(index[order].T)
-        rows = columns[k]
-        bounds = np.arange(0, n, chunk)
-        starts = np.union1d(np.flatnonzero(rows[1:] != rows[:-1]) + 1, bounds)
-        cut = np.searchsorted(starts, np.r_[bounds, n])
-        chunks = [
-            (c0, min(c0 + chunk, n), starts[a:b] - c0, rows[starts[a:b]])
-            for c0, a, b in zip(bounds, cut[:-1], cut[1:])
-        ]
-        return order, columns, chunks
+    index = np.asarray(index)
+    n, K = index.shape
+    others = [j for j in range(K) if j != k]
+    if sparse and K == 3:
+        small, big = sorted(others, key=lambda j: shape[j])
+        if shape[small] * shape[k] <= 4 * max(n, 1):
+            return _sparse_chunks(index, shape, k, small, big, 4 * size)
+    tie = max(others, key=lambda j: shape[j])  # ties by the largest other mode: local gathers
+    order = _sort_by(index[:, k], index[:, tie], shape[tie])
+    columns = np.ascontiguousarray(index[order].T)
+    rows = columns[k]
+    bounds = np.arange(0, n, size)
+    starts = np.union1d(np.flatnonzero(rows[1:] != rows[:-1]) + 1, bounds)
+    cut = np.searchsorted(starts, np.r_[bounds, n])
+    return [
+        ModeChunk(order[c0:c0 + size], columns[:, c0:c0 + size], starts[a:b] - c0, rows[starts[a:b]])
+        for c0, a, b in zip(bounds, cut[:-1], cut[1:])
+    ]
 
 
-class _SparseMode:
-    """Per-row sums of mode k as sparse products, for K = 3 and one small other mode s:
+def _sparse_chunks(index, shape, k, small, big, size):
+    d_k, d_small = shape[k], shape[small]
+    key = index[:, k] * d_small + index[:, small]
+    order = _sort_by(key, index[:, big], shape[big])
+    indptr = np.r_[0, np.cumsum(np.bincount(key, minlength=d_k * d_small))]
+    row_start = indptr[::d_small]  # first sorted entry of every mode-k row, and n
+    n = index.shape[0]
+    ends = np.searchsorted(row_start[1:], np.arange(size, n, size), side="left") + 1
+    cuts = np.unique(np.r_[0, ends, d_k])
+    chunks = []
+    for r0, r1 in zip(cuts[:-1], cuts[1:]):
+        e0, e1 = row_start[r0], row_start[r1]
+        entries = order[e0:e1]
+        chunks.append(SparseChunk(entries, np.arange(r0, r1), small, big, d_small, shape[big],
+                                  indptr[r0 * d_small:r1 * d_small + 1] - e0, index[entries, big]))
+    return chunks
 
-        Σ_{i: i_k = r} w_i E[x_i x_iᵀ] = Σ_c E[u^s_c u^s_cᵀ] ∘ (A_c · E[u^b u^bᵀ])[r],
 
-    where A_c (d_k × d_b) holds the weights w_i of the entries with i_s = c.  One sparse
-    product per mode replaces the per-entry gathers of R² numbers (an MTTKRP by rows).
-    Used when d_s · d_k ≤ 4 n, so the (d_s·d_k, R²) intermediate stays within the data's size.
-    """
-
-    def __init__(self, k, small, big, shape, order, indices, indptr):
-        self.k, self.small, self.big = k, small, big
-        self.blocks = (shape[small], shape[k])
-        self.shape = (shape[small] * shape[k], shape[big])
-        self.order, self.indices, self.indptr = order, indices, indptr
-
-    @classmethod
-    def build(cls, index, shape, k):
-        n, K = index.shape
-        if K != 3:
-            return None
-        small, big = sorted((j for j in range(K) if j != k), key=lambda j: shape[j])
-        if shape[small] * shape[k] > 4 * max(n, 1):
-            return None
-        rows = index[:, small] * shape[k] + index[:, k]
-        order = _sort_by(rows, index[:, big], shape[big])
-        indptr = np.r_[0, np.cumsum(np.bincount(rows, minlength=shape[small] * shape[k]))]
-        return cls(k, small, big, shape, order, index[order, big], indptr)
-
-    def statistics(self, moments, target, weight=None):
-        d_small, d_k = self.blocks
-        w = np.ones(self.order.size) if weight is None else weight[self.order]
-        A = sp.csr_matrix((w, self.indices, self.indptr), shape=self.shape)
-        A_t = sp.csr_matrix((target[self.order], self.indices, self.indptr), shape=self.shape)
-        T = (A @ moments.second[self.big]).reshape(d_small, d_k, -1)
-        G = np.einsum("cdp,cp->dp", T, moments.second[self.small])
-        T = (A_t @ moments.means[self.big]).reshape(d_small, d_k, -1)
-        h = np.einsum("cdr,cr->dr", T, moments.means[self.small])
-        return G, h
+# --------------------------------------------------------------------------------------------
+# statistics (partition) steps
 
 
 def _hadamard(arrays, columns, skip=None):
-    """∘_{j≠skip} arrays[j][columns[j]]: Hadamard moments of z^{\\skip} (papers/000 eqs. 16–17).
+    """∘_{j≠skip} arrays[j][columns[j]]: Hadamard moments of z^{\\skip} (Wang & Zhe eqs. 16–17).
 
     ``columns[j]`` is the (contiguous) index array of mode j.
     """
@@ -390,34 +494,184 @@ def _hadamard(arrays, columns, skip=None):
     return out
 
 
-class _Moments:
-    """Per-row first and packed second moments of every factor, refreshed after each update."""
+def gaussian_statistics(chunk, k, means, second, target):
+    """Σ E[z zᵀ] (packed) and Σ target_i E[z_i] per mode-k row of the chunk's entries.
 
-    def __init__(self, post, packing):
-        self.packing = packing
-        self.means = [f.mean for f in post.factors]
-        self.second = [packing.pack(f.second_moment()) for f in post.factors]
+    The statistics of VMP (Li et al. §4.2 eq. 27) and of group CEP with Gaussian sites
+    (§4.3 eq. 29); ``target`` (c,) is in the chunk's entry order.
+    """
+    if isinstance(chunk, SparseChunk):
+        shape = (chunk.rows.size * chunk.n_small, chunk.n_big)
+        A = sp.csr_matrix((np.ones(target.size), chunk.indices, chunk.indptr), shape=shape)
+        A_t = sp.csr_matrix((target, chunk.indices, chunk.indptr), shape=shape)
+        T = (A @ second[chunk.big]).reshape(chunk.rows.size, chunk.n_small, -1)
+        G = np.einsum("dcp,cp->dp", T, second[chunk.small])
+        T = (A_t @ means[chunk.big]).reshape(chunk.rows.size, chunk.n_small, -1)
+        return RowStatistics(chunk.rows, G, np.einsum("dcr,cr->dr", T, means[chunk.small]))
+    xbar = _hadamard(means, chunk.columns, skip=k)
+    xx = _hadamard(second, chunk.columns, skip=k)
+    xbar *= target[:, None]
+    return RowStatistics(chunk.rows, np.add.reduceat(xx, chunk.starts, axis=0),
+                         np.add.reduceat(xbar, chunk.starts, axis=0))
 
-    def refresh(self, k, factor, rows=None):
-        self.means[k] = factor.mean
-        if rows is None:
-            self.second[k] = self.packing.pack(factor.second_moment())
-        else:
-            m = factor.mean[rows]
-            self.second[k][rows] = self.packing.pack(factor.cov[rows]) + self.packing.outer(m)
+
+def _rank_one_site(t, a, alpha, c):
+    """The site that turns a cavity N(m, S) into N(m + S x̄ α, S − c S x̄ x̄ᵀ S).
+
+    With t = x̄ᵀm and a = x̄ᵀ S x̄, it has precision π x̄ x̄ᵀ and shift β x̄:
+    π = c/(1 − c a),  β = α(1 + π a) + π t.  Returns (π, β).
+    """
+    pi = c / np.maximum(1.0 - c * a, 1e-12)
+    return pi, alpha * (1.0 + pi * a) + pi * t
 
 
-def _entry_map(fn, n):
-    """Evaluate ``fn(slice)`` -> (len,) over chunks of n entries, in parallel threads."""
-    out = np.empty(n)
-    chunks = [slice(c0, min(c0 + _CHUNK, n)) for c0 in range(0, n, _CHUNK)]
+def probit_site(t, a, q2, sign, rest=0.0):
+    """Rank-one site of one probit entry from its conditional tilted moments (Wang & Zhe,
+    supplement §8.1.2, first-order Taylor expansion).
 
-    def work(part):
-        for sl in part:
-            out[sl] = fn(sl)
+    With cavity N(m, S) of a group and design mean x̄, t = x̄ᵀm, a = x̄ᵀ S x̄,
+    q2 = tr(S E[x xᵀ]) and ``rest`` the mean of the rest of the predictor, the predictor is
+    N(t + rest, q2) under the cavity and the matched Gaussian has mean m + S x̄ α and covariance
+    S − c S x̄ x̄ᵀ S with α = ∂ log Z/∂m and c = −∂² log Z/∂m² of the probit evidence
+    Z = Φ(s (t + rest)/√(1 + q2)) (:class:`~skcep.engines.likelihoods.Probit`).  π ≥ 0 since
+    c·a ≤ c·q2 < 1.
+    """
+    _, alpha, curvature = _PROBIT.derivatives(t + rest, q2, sign, order=2, value=False)
+    return _rank_one_site(t, a, alpha, -curvature)
 
-    map_chunks(work, chunks)
-    return out
+
+def _damped_probit_site(t, a, q2, sign, rest, precision, shift, damping, ok):
+    """New (π, β) of rank-one probit sites: :func:`probit_site` damped toward the current site;
+    where the cavity is improper (``ok`` False) the site is kept."""
+    pi, beta = probit_site(t, a, q2, sign, rest)
+    return damped_update(precision, pi, damping, ok), damped_update(shift, beta, damping, ok)
+
+
+def _site_chunk_size(rank, chunk_size):
+    """Entries per chunk of the probit CEP site step: at most ``chunk_size``, and few enough that
+    a (c, R, R) temporary stays near 1 MB.  The step's work is then cache-sized, and its
+    temporaries stay below the size at which the C allocator hands memory back to the system
+    when a chunk returns (and faults it in again for the next chunk: 40 % of a sweep at R = 8)."""
+    return int(min(chunk_size, max(64, 2**17 // rank**2)))
+
+
+def _n_skipped(ok):
+    return 0 if ok is True else int(np.size(ok) - np.count_nonzero(ok))
+
+
+def _cavity_terms(cov, mean, e, pi, beta, xbar, xx, packing):
+    """For each entry: cavity mean m, a = x̄ᵀ S x̄, q2 = tr(S E[xxᵀ]) and whether the cavity is
+    proper, by Sherman–Morrison.
+
+    The cavity removes the site π e eᵀ, β e from q = N(μ, Σ): S = Σ + γ g gᵀ with g = Σ e,
+    γ = π/(1 − π eᵀΣe).  Its precision Σ⁻¹ − π e eᵀ is positive definite iff 1 − π eᵀΣe > 0;
+    where it is not, the site is not updated (the cavity policy of
+    :func:`~skcep.engines.gaussian.cavity_natural`).
+    """
+    g = np.einsum("cij,cj->ci", cov, e)
+    c0 = np.einsum("ci,ci->c", e, g)
+    denominator = 1.0 - pi * c0
+    ok = denominator > 0
+    ok = True if ok.all() else ok
+    gamma = pi / np.maximum(denominator, 1e-12)
+    m = mean + g * (gamma * np.einsum("ci,ci->c", e, mean) - beta * (1.0 + gamma * c0))[:, None]
+    gx = np.einsum("ci,ci->c", g, xbar)
+    a = np.einsum("ci,cij,cj->c", xbar, cov, xbar) + gamma * gx**2
+    q2 = (packing.pack(cov) * xx) @ packing.weight + gamma * ((packing.outer(g) * xx) @ packing.weight)
+    return m, a, q2, ok
+
+
+def probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites, damping=1.0):
+    """Probit group CEP for the chunk's entries in mode k (Wang & Zhe, supplement §8.1.2).
+
+    Every site is recomputed from the cavity q(u_s) / (its current site), with q of mode k
+    given by ``mean`` (d_k, R), ``cov`` (d_k, R, R).  Returns the new sites (direction x̄,
+    π, β), their sums per row (Σ π x̄ x̄ᵀ packed, Σ β x̄) and the number of sites kept because
+    their cavity was improper.
+    """
+    packing = _packing(mean.shape[1])
+    s = chunk.columns[k]
+    xbar = _hadamard(means, chunk.columns, skip=k)
+    xx = _hadamard(second, chunk.columns, skip=k)
+    direction, precision, shift = sites
+    m, a, q2, ok = _cavity_terms(cov[s], mean[s], direction, precision, shift, xbar, xx, packing)
+    t = np.einsum("ci,ci->c", xbar, m)
+    pi, beta = _damped_probit_site(t, a, q2, sign, rest, precision, shift, damping, ok)
+    if ok is not True:
+        xbar = np.where(ok[:, None], xbar, direction)
+    statistics = RowStatistics(chunk.rows, np.add.reduceat(packing.outer(xbar) * pi[:, None], chunk.starts, axis=0),
+                               np.add.reduceat(xbar * beta[:, None], chunk.starts, axis=0))
+    return (xbar, pi, beta), statistics, _n_skipped(ok)
+
+
+def probit_offset_sites(rows, mean, cov, rest, sign, sites, damping=1.0):
+    """Probit CEP sites (π, β) of a rank-1 offset group (scalar EP, direction 1): the cavity of
+    entry i is q(c_{rows_i}) / its site.  Returns the new sites and the number kept."""
+    precision = 1.0 / cov[rows, 0, 0]
+    cav_prec, cav_shift, ok = cavity_natural(precision, precision * mean[rows, 0], *sites)
+    variance = 1.0 / cav_prec
+    pi, beta = _damped_probit_site(cav_shift / cav_prec, variance, variance, sign, rest, *sites, damping, ok)
+    return (pi, beta), _n_skipped(ok)
+
+
+def offset_statistics(rows, precision, shift, n_rows):
+    """Σ precision_i and Σ shift_i per row of a rank-1 offset group (all of its rows)."""
+    return RowStatistics(np.arange(n_rows), np.bincount(rows, precision, minlength=n_rows)[:, None],
+                         np.bincount(rows, shift, minlength=n_rows)[:, None])
+
+
+def entry_mean(columns, means):
+    """E[1ᵀz_i] = Σ_r ∘_k E[u^k]_r for the entries ``columns`` (K, c)."""
+    return _hadamard(means, columns).sum(axis=1)
+
+
+def entry_second_moment(columns, second):
+    """E[(1ᵀz_i)²] = Σ_p w_p ∘_k E[u^k u^kᵀ]_p for the entries ``columns`` (K, c), from the
+    packed second moments (w_p = 2 off the diagonal)."""
+    rank = int(np.sqrt(2 * second[0].shape[1] + 0.25) - 0.5)
+    return _hadamard(second, columns) @ _packing(rank).weight
+
+
+def augmented_target(mean, sign):
+    """E[z_i] of the augmented probit model: N(mean, 1) truncated to sign·z > 0 (the target of
+    probit VMP)."""
+    _, r = log_phi_derivatives(sign * mean, order=1, value=False)
+    return mean + sign * r
+
+
+# --------------------------------------------------------------------------------------------
+# global steps
+
+
+def reduce_rows(parts, n_rows, rank):
+    """Sum the chunks' :class:`RowStatistics` per row, in chunk order."""
+    second = np.zeros((n_rows, rank * (rank + 1) // 2))
+    first = np.zeros((n_rows, rank))
+    for part in parts:
+        second[part.rows] += part.second
+        first[part.rows] += part.first
+    return RowStatistics(np.arange(n_rows), second, first)
+
+
+def group_update(group, statistics, scale=None):
+    """q(u_s) ∝ prior_s × N-site(scale × statistics) for every row of the group: precision
+    P0_s + scale Σ…, shift h0_s + scale Σ… (``statistics`` summed over all entries)."""
+    second, first = statistics.second, statistics.first
+    if scale is not None:
+        second, first = scale * second, scale * first
+    unpack = _packing(group.mean.shape[1]).unpack
+    group.set_natural(group.prior_precision + unpack(second), group.prior_shift + first)
+
+
+def noise_update(noise_prior, n, sum_squared_error):
+    """q(τ) = Gam(a0 + n/2, b0 + ½ Σ_i E[(y_i − f_i)²]) — VMP's update (Li et al. §4.2), and the
+    merged CEP τ sites a_i = ½, b_i = ½ E[(y_i − f_i)²] (§4.3)."""
+    a0, b0 = noise_prior
+    return a0 + 0.5 * n, b0 + 0.5 * sum_squared_error
+
+
+# --------------------------------------------------------------------------------------------
+# moments of f at the entries
 
 
 def _columns(index):
@@ -425,18 +679,21 @@ def _columns(index):
     return np.ascontiguousarray(index.T)
 
 
-def _cp_mean(post, index):
+def _map_entries(step, columns, n_jobs):
+    parts = map_chunks(lambda sl: step(columns[:, sl]), chunk_slices(columns.shape[1], CHUNK_SIZE), n_jobs)
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _cp_mean(post, index, n_jobs=None):
     """E[1ᵀ z_i] for every entry."""
     means = [f.mean for f in post.factors]
-    cols = _columns(index)
-    return _entry_map(lambda sl: _hadamard(means, cols[:, sl]).sum(axis=1), index.shape[0])
+    return _map_entries(lambda cols: entry_mean(cols, means), _columns(index), n_jobs)
 
 
-def _cp_second(post, index, packing):
-    """E[(1ᵀ z_i)²] = Σ_p w_p ∘_k E[u uᵀ]_p for every entry."""
-    second = [packing.pack(f.second_moment()) for f in post.factors]
-    cols = _columns(index)
-    return _entry_map(lambda sl: _hadamard(second, cols[:, sl]) @ packing.weight, index.shape[0])
+def _cp_second(post, index, n_jobs=None):
+    """E[(1ᵀ z_i)²] for every entry."""
+    second = [_packing(post.rank).pack(f.second_moment()) for f in post.factors]
+    return _map_entries(lambda cols: entry_second_moment(cols, second), _columns(index), n_jobs)
 
 
 def _offset_moments(post, index, skip=None):
@@ -456,290 +713,12 @@ def _offset_rows(mode, index):
     return np.zeros(index.shape[0], dtype=np.intp) if mode is None else index[:, mode]
 
 
-# --------------------------------------------------------------------------------------------
-# VMP and group CEP for one factor
-
-
-def _factor_statistics(k, entries, moments, target, weight=None):
-    """Per-row Σ E[x xᵀ] (packed) and Σ target_i E[x_i] over the entries of each row of mode k.
-
-    ``weight`` (n,), if given, multiplies each entry's E[x xᵀ] before summation (a per-entry
-    site precision); this is how group CEP merges sites.  Chunks are shared among threads,
-    each with its own accumulators.
-    """
-    if entries.sparse[k] is not None:
-        return entries.sparse[k].statistics(moments, target, weight)
-    order, columns, chunks = entries.modes[k]
-    d = entries.shape[k]
-    packing = moments.packing
-    t = target[order]
-    w = None if weight is None else weight[order]
-
-    def work(part):
-        G = np.zeros((d, packing.weight.size))
-        h = np.zeros((d, packing.rank))
-        for c0, c1, starts, rows in part:
-            idx = columns[:, c0:c1]
-            xbar = _hadamard(moments.means, idx, skip=k)
-            xx = _hadamard(moments.second, idx, skip=k)
-            if w is not None:
-                xx *= w[c0:c1, None]
-            xbar *= t[c0:c1, None]
-            G[rows] += np.add.reduceat(xx, starts, axis=0)
-            h[rows] += np.add.reduceat(xbar, starts, axis=0)
-        return G, h
-
-    parts = map_chunks(work, chunks)
-    return sum(p[0] for p in parts), sum(p[1] for p in parts)
-
-
-def _vmp_factor(k, post, entries, moments, target, tau):
-    """VMP update of factor k (papers/001 eq. 27); returns the statistics for the τ update."""
-    G, h = _factor_statistics(k, entries, moments, target)
-    f = post.factors[k]
-    f.set_natural(f.prior_precision + tau * moments.packing.unpack(G), f.prior_shift + tau * h)
-    moments.refresh(k, f)
-    return G, h
-
-
-def _cep_group_factor_gaussian(k, post, entries, moments, target, tau):
-    """Group CEP for factor k with Gaussian entries: per-entry sites (Lemma 4) merged per row (eq. 28).
-
-    Entry i's site has natural parameters (τ̄ E[x_i x_iᵀ], τ̄ y_i E[x_i]); the merged q is the
-    prior times every site of the row.
-    """
-    site_precision = np.full(entries.n, tau)
-    G, h = _factor_statistics(k, entries, moments, site_precision * target, weight=site_precision)
-    f = post.factors[k]
-    f.set_natural(f.prior_precision + moments.packing.unpack(G), f.prior_shift + h)
-    moments.refresh(k, f)
-    return G / tau, h / tau
-
-
-def _vmp_offset(j, post, index, target, tau):
-    """VMP (= group CEP) update of a rank-1 offset group."""
-    g = post.offsets[j]
-    rows = _offset_rows(post.offset_modes[j], index)
-    d = g.n_rows
-    count = np.bincount(rows, minlength=d)
-    total = np.bincount(rows, weights=target, minlength=d)
-    g.set_natural(g.prior_precision + tau * count[:, None, None], g.prior_shift + tau * total[:, None])
-
-
-# --------------------------------------------------------------------------------------------
-# probit CEP: rank-one sites
-
-
-def rank_one_site(t, a, alpha, c):
-    """The site that turns a cavity N(m, S) into N(m + S x̄ α, S − c S x̄ x̄ᵀ S).
-
-    With t = x̄ᵀm and a = x̄ᵀ S x̄, it has precision π x̄ x̄ᵀ and shift β x̄:
-    π = c/(1 − c a),  β = α(1 + π a) + π t.  Returns (π, β).
-    """
-    pi = c / np.maximum(1.0 - c * a, 1e-12)
-    return pi, alpha * (1.0 + pi * a) + pi * t
-
-
-def probit_site(t, a, q2, sign, rest=0.0):
-    """Rank-one site of one probit entry from its conditional tilted moments (supplement 8.1.2).
-
-    With cavity N(m, S) of a group and design mean x̄, t = x̄ᵀm, a = x̄ᵀ S x̄,
-    q2 = tr(S E[x xᵀ]) and ``rest`` the mean of the rest of the predictor, the matched Gaussian
-    has mean m + S x̄ α and covariance S − c S x̄ x̄ᵀ S with ζ = s (t + rest)/√(1+q2),
-    r = φ(ζ)/Φ(ζ), α = s r/√(1+q2), c = r(ζ + r)/(1+q2).  π ≥ 0 since c·a ≤ c·q2 < 1.
-    """
-    root = np.sqrt(1.0 + q2)
-    _, r, d2 = log_phi_derivatives(sign * (t + rest) / root, order=2, value=False)
-    return rank_one_site(t, a, sign * r / root, -d2 / (1.0 + q2))
-
-
-@dataclass
-class _RankOneSites:
-    """Sites π x xᵀ, β x of every entry for one group, in the group's sorted entry order."""
-
-    direction: np.ndarray
-    precision: np.ndarray
-    shift: np.ndarray
-
-    @classmethod
-    def empty(cls, n, rank):
-        return cls(np.zeros((n, rank)), np.zeros(n), np.zeros(n))
-
-
-def _cavity_terms(cov, mean, e, pi, beta, xbar, xx, packing):
-    """For each entry: cavity mean m, a = x̄ᵀ S x̄ and q2 = tr(S E[xxᵀ]) by Sherman–Morrison.
-
-    The cavity removes the site π e eᵀ, β e from q = N(μ, Σ):
-    S = Σ + γ g gᵀ with g = Σ e, γ = π/(1 − π eᵀΣe).
-    """
-    g = np.einsum("cij,cj->ci", cov, e)
-    c0 = np.einsum("ci,ci->c", e, g)
-    gamma = pi / np.maximum(1.0 - pi * c0, 1e-12)
-    m = mean + g * (gamma * np.einsum("ci,ci->c", e, mean) - beta * (1.0 + gamma * c0))[:, None]
-    gx = np.einsum("ci,ci->c", g, xbar)
-    a = np.einsum("ci,cij,cj->c", xbar, cov, xbar) + gamma * gx**2
-    q2 = (packing.pack(cov) * xx) @ packing.weight + gamma * ((packing.outer(g) * xx) @ packing.weight)
-    return m, a, q2
-
-
-def _rank_one_factor(k, post, entries, moments, rest, obs, site, sites, damping):
-    """Group CEP of factor k with rank-one sites: all sites of the mode from one cavity pass.
-
-    ``site(t, a, q2, obs, rest)`` gives (π, β) per entry (:func:`probit_site` or
-    :func:`gaussian_site`); ``obs`` is the per-entry observation it needs.
-    """
-    order, columns, chunks = entries.modes[k]
-    f = post.factors[k]
-    packing = moments.packing
-    d, R = f.mean.shape
-    Lam = np.zeros((d, packing.weight.size))
-    h = np.zeros((d, R))
-    rest_s, obs_s = rest[order], obs[order]
-    for c0, c1, starts, rows in chunks:
-        idx = columns[:, c0:c1]
-        s = idx[k]
-        xbar = _hadamard(moments.means, idx, skip=k)
-        xx = _hadamard(moments.second, idx, skip=k)
-        sl = slice(c0, c1)
-        m, a, q2 = _cavity_terms(f.cov[s], f.mean[s], sites.direction[sl], sites.precision[sl],
-                                 sites.shift[sl], xbar, xx, packing)
-        t = np.einsum("ci,ci->c", xbar, m)
-        pi, beta = site(t, a, q2, obs_s[sl], rest_s[sl])
-        pi = damping * pi + (1.0 - damping) * sites.precision[sl]
-        beta = damping * beta + (1.0 - damping) * sites.shift[sl]
-        sites.direction[sl], sites.precision[sl], sites.shift[sl] = xbar, pi, beta
-        Lam[rows] += np.add.reduceat(packing.outer(xbar) * pi[:, None], starts, axis=0)
-        h[rows] += np.add.reduceat(xbar * beta[:, None], starts, axis=0)
-    f.set_natural(f.prior_precision + packing.unpack(Lam), f.prior_shift + h)
-    moments.refresh(k, f)
-
-
-def _rank_one_offset(j, post, index, rest, obs, site, sites, damping):
-    """Group CEP of a rank-1 offset group (scalar EP sites, direction 1)."""
-    g = post.offsets[j]
-    rows = _offset_rows(post.offset_modes[j], index)
-    prec = 1.0 / g.cov[rows, 0, 0]
-    cav_prec = np.maximum(prec - sites.precision, 1e-12)
-    cav_mean = (prec * g.mean[rows, 0] - sites.shift) / cav_prec
-    S = 1.0 / cav_prec
-    pi, beta = site(cav_mean, S, S, obs, rest)
-    sites.precision = damping * pi + (1.0 - damping) * sites.precision
-    sites.shift = damping * beta + (1.0 - damping) * sites.shift
-    d = g.n_rows
-    g.set_natural(
-        g.prior_precision + np.bincount(rows, sites.precision, minlength=d)[:, None, None],
-        g.prior_shift + np.bincount(rows, sites.shift, minlength=d)[:, None],
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# the whole fit
-
-
-@dataclass
-class CPFitResult:
-    posterior: CPPosterior
-    n_iter: int
-    converged: bool
-    elbo: list
-    n_skipped: int = 0
-
-
 def _noise_kl(a, b, a0, b0):
     return (a - a0) * digamma(a) - gammaln(a) + gammaln(a0) + a0 * (np.log(b) - np.log(b0)) + a * (b0 - b) / b
 
 
-def elbo(post, index, y, likelihood):
-    """The evidence lower bound of q (papers/001 §2).  For probit, the augmented model's bound
-    with q(z) at its optimum: Σ log Φ(s_i E[f_i]) − ½ Σ Var f_i − KL."""
-    return _SweepStats.compute(post, index, _Packing(post.rank)).elbo(y, likelihood)
-
-
-def _augmented_target(mean, sign):
-    """E[z_i] of the augmented probit model: N(mean, 1) truncated to sign·z > 0."""
-    _, r = log_phi_derivatives(sign * mean, order=1, value=False)
-    return mean + sign * r
-
-
-class _Fit:
-    """State of one call to :func:`fit_cp` (one batch)."""
-
-    def __init__(self, post, index, y, likelihood, method, schedule, damping, block_size, rng):
-        self.post, self.index, self.y = post, index, y
-        self.update_noise = True
-        self.likelihood, self.method, self.schedule = likelihood, method, schedule
-        self.damping = damping
-        self.packing = _Packing(post.rank)
-        self.entries = _EntryIndex(index, post.shape) if schedule == "group" else None
-        self.moments = _Moments(post, self.packing)
-        self.sign = 2.0 * y - 1.0 if likelihood == "probit" else None
-        n = y.size
-        self.rank_one = method == "cep" and likelihood == "probit"
-        self.obs = self.sign if likelihood == "probit" else y
-        if self.rank_one and schedule == "group":
-            self.factor_sites = [_RankOneSites.empty(n, post.rank) for _ in post.factors]
-            self.offset_sites = [_RankOneSites.empty(n, 1) for _ in post.offsets]
-        if schedule == "entry":
-            self.entry = _EntrySchedule(self, block_size, rng)
-
-    def site_fn(self):
-        """site(t, a, q2, obs, rest) -> (π, β) of the rank-one CEP sites."""
-        return probit_site
-
-    def iterate(self):
-        """One sweep over every group, then q(τ); returns the sweep's :class:`_SweepStats`."""
-        if self.schedule == "entry":
-            # the τ sites are refreshed once per sweep, after every block: refreshing them block
-            # by block lets E[τ] fall while the embeddings are still random, and they collapse
-            self.entry.sweep()
-            stats = _SweepStats.compute(self.post, self.index, self.packing)
-            if self.post.noise is not None and self.update_noise:
-                a0, b0 = self.post.noise_prior
-                self.post.noise = (a0 + 0.5 * self.y.size, b0 + 0.5 * stats.sum_squared_error(self.y))
-            return stats
-        post, index, y = self.post, self.index, self.y
-        tau = post.noise_precision
-        if self.likelihood == "probit" and self.method == "vmp":
-            cp_mean = _cp_mean(post, index)
-            target = _augmented_target(cp_mean + _offset_moments(post, index)[0], self.sign)
-        else:
-            target = y
-        off_mean, _ = _offset_moments(post, index)
-        G = None
-        for k in range(len(post.factors)):
-            if self.rank_one:
-                _rank_one_factor(k, post, self.entries, self.moments, off_mean, self.obs, self.site_fn(),
-                                 self.factor_sites[k], self.damping)
-            elif self.method == "vmp":
-                G = _vmp_factor(k, post, self.entries, self.moments, target - off_mean, tau)
-            else:
-                G = _cep_group_factor_gaussian(k, post, self.entries, self.moments, target - off_mean, tau)
-        cp_mean = _cp_mean(post, index)
-        total = cp_mean + off_mean
-        for j, (g, mode) in enumerate(zip(post.offsets, post.offset_modes)):
-            rows = _offset_rows(mode, index)
-            own = g.mean[rows, 0]
-            rest = total - own
-            if self.rank_one:
-                _rank_one_offset(j, post, index, rest, self.obs, self.site_fn(), self.offset_sites[j], self.damping)
-            else:
-                _vmp_offset(j, post, index, target - rest, tau)
-            total = rest + g.mean[rows, 0]
-        if G is not None:
-            # Σ_i E[(1ᵀz_i)²] = Σ_s ⟨E[u_s u_sᵀ], Σ_{i∈s} E[z^{\K} z^{\K}ᵀ]⟩ for the last mode
-            cp_second = float(np.sum((self.moments.second[-1] * G[0]) @ self.packing.weight))
-            stats = _SweepStats(post, index, cp_mean, cp_second)
-        else:
-            stats = _SweepStats(post, index, cp_mean, _cp_second(post, index, self.packing))
-        if post.noise is not None and self.update_noise:
-            a0, b0 = post.noise_prior
-            # VMP's b* (papers/001 §4.2) = b0 + the merged CEP sites b_i = ½E[(y_i − f_i)²] (§4.3)
-            post.noise = (a0 + 0.5 * y.size, b0 + 0.5 * stats.sum_squared_error(y))
-        return stats
-
-
 @dataclass
-class _SweepStats:
+class SweepStatistics:
     """Moments of f at the training entries after a sweep: reused by q(τ), the ELBO and the
     convergence test.  ``cp_second`` is per entry (n,) or already summed (float)."""
 
@@ -753,21 +732,22 @@ class _SweepStats:
         self.mean = self.cp_mean + self.off_mean
 
     @classmethod
-    def compute(cls, post, index, packing):
-        return cls(post, index, _cp_mean(post, index), _cp_second(post, index, packing))
+    def compute(cls, post, index, n_jobs=None):
+        return cls(post, index, _cp_mean(post, index, n_jobs), _cp_second(post, index, n_jobs))
 
     def total_variance(self):
         return float(np.sum(self.cp_second) - self.cp_mean @ self.cp_mean + self.off_var.sum())
 
     def sum_squared_error(self, y):
-        """Σ_i E[(y_i − f_i)²] (papers/001 §4.2)."""
+        """Σ_i E[(y_i − f_i)²] (Li et al. §4.2)."""
         resid = y - self.mean
         return float(resid @ resid) + self.total_variance()
 
     def elbo(self, y, likelihood):
         kl = sum(f.kl_to_prior() for f in self.post.factors) + sum(g.kl_to_prior() for g in self.post.offsets)
         if likelihood == "probit":
-            return float(np.sum(log_ndtr((2.0 * y - 1.0) * self.mean)) - 0.5 * self.total_variance() - kl)
+            log_lik = log_phi_derivatives((2.0 * y - 1.0) * self.mean, order=0)[0]
+            return float(np.sum(log_lik) - 0.5 * self.total_variance() - kl)
         a, b = self.post.noise
         a0, b0 = self.post.noise_prior
         e_log_tau = digamma(a) - np.log(b)
@@ -775,71 +755,160 @@ class _SweepStats:
         return float(loglik - kl - _noise_kl(a, b, a0, b0))
 
 
-def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", max_iter=100,
-           tol=1e-4, damping=1.0, block_size=None, rng=None, callback=None, track_elbo=True,
-           hold_noise=0):
-    """Fit q on the entries (index, y), starting from and with the priors of ``post``.
-
-    Iterates until the relative change of the training predictor means is below ``tol`` or
-    ``max_iter`` sweeps.  ``callback(iteration, posterior)`` runs after every sweep.
-    q(τ) is held at its starting value for the first ``hold_noise`` sweeps: early residuals of
-    a random start would make E[τ] small and shrink every embedding to the zero fixed point.
-    Returns a :class:`CPFitResult` holding a new posterior (``post`` is not modified).
-    """
-    post = post.copy()
-    rng = np.random.default_rng(0) if rng is None else rng
-    fit = _Fit(post, index, y, likelihood, method, schedule, damping, block_size, rng)
-    trace = []
-    previous = _cp_mean(post, index) + _offset_moments(post, index)[0]
-    converged = False
-    n_iter = 0
-    for n_iter in range(1, max_iter + 1):
-        fit.update_noise = n_iter > hold_noise
-        stats = fit.iterate()
-        if track_elbo:
-            trace.append(stats.elbo(y, likelihood))
-        if callback is not None:
-            callback(n_iter, post)
-        change = np.linalg.norm(stats.mean - previous) / max(np.linalg.norm(stats.mean), 1e-12)
-        previous = stats.mean
-        if change < tol and fit.update_noise:
-            converged = True
-            break
-    return CPFitResult(post, n_iter, converged, trace)
+def elbo(post, index, y, likelihood, n_jobs=None):
+    """The evidence lower bound of q (Li et al. §2.1.1).  For probit, the augmented model's
+    bound with q(z) at its optimum: Σ log Φ(s_i E[f_i]) − ½ Σ Var f_i − KL."""
+    return SweepStatistics.compute(post, index, n_jobs).elbo(y, likelihood)
 
 
-def predict_cp(post, index):
+def predict_cp(post, index, n_jobs=None):
     """Posterior mean and variance of f at the given entries; indices beyond the fitted rows
-    use the prior N(0, v I) of the matching group (passed in as extra rows by the caller)."""
-    packing = _Packing(post.rank)
-    cp_mean = _cp_mean(post, index)
-    cp_var = np.maximum(_cp_second(post, index, packing) - cp_mean**2, 0.0)
+    need prior rows added by the caller (:func:`grow_posterior`)."""
+    cp_mean = _cp_mean(post, index, n_jobs)
+    cp_var = np.maximum(_cp_second(post, index, n_jobs) - cp_mean**2, 0.0)
     off_mean, off_var = _offset_moments(post, index)
     return cp_mean + off_mean, cp_var + off_var
 
 
 # --------------------------------------------------------------------------------------------
-# entry schedule
+# sweeps
 
 
-class _EntrySchedule:
-    """Entry CEP (papers/000 Alg. 1): sites of a block of entries replaced with EP bookkeeping,
-    q refreshed after every block.  Blocks of ``block_size`` entries in a fixed random order;
-    block_size = 1 is the paper's site-by-site sweep."""
+class _GroupSweeps:
+    """Group schedule: VMP, or CEP with all sites of a group refreshed from the same q and
+    merged per row (Li et al. §4.3); one statistics step per chunk, one global step per group."""
 
-    def __init__(self, fit, block_size, rng):
-        self.fit = fit
-        post, n = fit.post, fit.y.size
+    def __init__(self, post, index, y, likelihood, method, damping, n_jobs, chunk_size):
+        self.posterior, self.index, self.y = post, index, y
+        self.likelihood, self.method, self.damping, self.n_jobs = likelihood, method, damping, n_jobs
+        self.chunk_size = chunk_size
+        self.sign = 2.0 * y - 1.0 if likelihood == "probit" else None
+        self.probit_cep = likelihood == "probit" and method == "cep"
+        self._chunks = {}
+        self.factor_sites = [None] * len(post.factors)
+        self.offset_sites = [(np.zeros(y.size), np.zeros(y.size)) for _ in post.offsets]
+        self.n_skipped = 0
+
+    def chunks(self, k, sparse, size):
+        if (k, sparse, size) not in self._chunks:
+            self._chunks[k, sparse, size] = mode_chunks(self.index, self.posterior.shape, k, size, sparse)
+        return self._chunks[k, sparse, size]
+
+    def sweep(self, update_noise=True):
+        """One sweep over every group, then q(τ); returns the sweep's :class:`SweepStatistics`."""
+        post, index, y, n_jobs = self.posterior, self.index, self.y, self.n_jobs
+        packing = _packing(post.rank)
+        tau = post.noise_precision
+        off_mean, _ = _offset_moments(post, index)
+        if self.likelihood == "probit" and self.method == "vmp":
+            target = augmented_target(_cp_mean(post, index, n_jobs) + off_mean, self.sign)
+        else:
+            target = y
+        means = [f.mean for f in post.factors]
+        second = [packing.pack(f.second_moment()) for f in post.factors]
+        G = None
+        for k, f in enumerate(post.factors):
+            if self.probit_cep:
+                self._probit_factor(k, means, second, off_mean)
+            else:
+                resid = target - off_mean
+                parts = map_chunks(lambda c: gaussian_statistics(c, k, means, second, resid[c.entries]),
+                                   self.chunks(k, True, self.chunk_size), n_jobs)
+                statistics = reduce_rows(parts, f.n_rows, post.rank)
+                group_update(f, statistics, tau)
+                G = statistics.second
+            means[k], second[k] = f.mean, packing.pack(f.second_moment())
+        cp_mean = _cp_mean(post, index, n_jobs)
+        total = cp_mean + off_mean
+        for j, (g, mode) in enumerate(zip(post.offsets, post.offset_modes)):
+            rows = _offset_rows(mode, index)
+            rest = total - g.mean[rows, 0]
+            if self.probit_cep:
+                sites, skipped = probit_offset_sites(rows, g.mean, g.cov, rest, self.sign, self.offset_sites[j],
+                                                     self.damping)
+                self.offset_sites[j], self.n_skipped = sites, self.n_skipped + skipped
+                group_update(g, offset_statistics(rows, *sites, g.n_rows))
+            else:
+                group_update(g, offset_statistics(rows, np.ones(y.size), target - rest, g.n_rows), tau)
+            total = rest + g.mean[rows, 0]
+        if G is not None:
+            # Σ_i E[(1ᵀz_i)²] = Σ_s ⟨E[u_s u_sᵀ], Σ_{i∈s} E[z^{\K} z^{\K}ᵀ]⟩ for the last mode
+            stats = SweepStatistics(post, index, cp_mean, float(np.sum((second[-1] * G) @ packing.weight)))
+        else:
+            stats = SweepStatistics(post, index, cp_mean, _cp_second(post, index, n_jobs))
+        if post.noise is not None and update_noise:
+            post.noise = noise_update(post.noise_prior, y.size, stats.sum_squared_error(y))
+        return stats
+
+    def _probit_factor(self, k, means, second, off_mean):
+        f = self.posterior.factors[k]
+        chunks = self.chunks(k, False, _site_chunk_size(f.mean.shape[1], self.chunk_size))
+        sites = self.factor_sites[k] or [(np.zeros((c.entries.size, f.mean.shape[1])), np.zeros(c.entries.size),
+                                          np.zeros(c.entries.size)) for c in chunks]
+
+        def step(i):
+            c = chunks[i]
+            return probit_site_statistics(c, k, f.mean, f.cov, means, second, off_mean[c.entries],
+                                          self.sign[c.entries], sites[i], self.damping)
+
+        parts = map_chunks(step, range(len(chunks)), self.n_jobs)
+        self.factor_sites[k] = [p[0] for p in parts]
+        self.n_skipped += sum(p[2] for p in parts)
+        group_update(f, reduce_rows([p[1] for p in parts], f.n_rows, f.mean.shape[1]))
+
+
+class _Moments:
+    """Per-row first and packed second moments of every factor, refreshed after each update."""
+
+    def __init__(self, post, packing):
+        self.packing = packing
+        self.means = [f.mean for f in post.factors]
+        self.second = [packing.pack(f.second_moment()) for f in post.factors]
+
+    def refresh(self, k, factor, rows):
+        m = factor.mean[rows]
+        self.second[k][rows] = self.packing.pack(factor.cov[rows]) + self.packing.outer(m)
+
+
+def _gaussian_sites(xbar, xx, target, tau):
+    """Sites of Gaussian entries (Li et al. Lemma 4, §4.3): precision τ E[x xᵀ] (packed), shift
+    τ target E[x]; their sum per row is the statistics of :func:`gaussian_statistics` times τ."""
+    return tau * xx, (tau * target)[:, None] * xbar
+
+
+def _sum_by(inverse, values, n_groups):
+    """Sum the rows of ``values`` by group label ``inverse`` (0..n_groups−1)."""
+    order = np.argsort(inverse, kind="stable")
+    sorted_inv = inverse[order]
+    starts = np.flatnonzero(np.r_[True, sorted_inv[1:] != sorted_inv[:-1]])
+    out = np.zeros((n_groups,) + values.shape[1:])
+    out[sorted_inv[starts]] = np.add.reduceat(values[order], starts, axis=0)
+    return out
+
+
+class _EntrySweeps:
+    """Entry CEP (Wang & Zhe, Algorithm 1): sites of a block of entries replaced with EP
+    bookkeeping, q refreshed after every block.  Blocks of ``block_size`` entries in a random
+    order drawn from ``rng`` once (the given order when rng is None); block_size = 1 is the
+    paper's site-by-site sweep.  The τ sites are refreshed once per sweep, after every block:
+    refreshing them block by block lets E[τ] fall while the embeddings are still random, and
+    they collapse."""
+
+    def __init__(self, post, index, y, likelihood, damping, block_size, rng, n_jobs):
+        self.posterior, self.index, self.y = post, index, y
+        self.damping, self.n_jobs = damping, n_jobs
+        self.gaussian = likelihood == "gaussian"
+        self.obs = y if self.gaussian else 2.0 * y - 1.0
+        self.n_skipped = 0
+        n = y.size
         self.block_size = block_size or max(8, n // 50)
-        self.order = rng.permutation(n)
-        P = fit.packing.weight.size
-        R = post.rank
+        self.order = np.arange(n) if rng is None else rng.permutation(n)
+        self.packing = packing = _packing(post.rank)
+        P = packing.weight.size
         # EP bookkeeping needs q = prior × Π sites exactly: the working means q starts from are
         # spread over the sites of each row's entries (rows without entries fall back to the prior)
-        index = fit.index
         self.natural = []
-        full_sites = not fit.rank_one
-        if full_sites:
+        if self.gaussian:
             self.site_prec = [np.zeros((n, P)) for _ in post.factors]
             self.site_shift = []
         else:
@@ -851,9 +920,9 @@ class _EntrySchedule:
             share = 1.0 / np.maximum(counts, 1)
             excess = np.where(seen[:, None], shift - f.prior_shift, 0.0)
             per_entry = (excess * share[:, None])[index[:, k]]
-            if full_sites:
+            if self.gaussian:
                 excess_prec = np.where(seen[:, None, None], prec - f.prior_precision, 0.0)
-                self.site_prec[k] = fit.packing.pack(excess_prec * share[:, None, None])[index[:, k]]
+                self.site_prec[k] = packing.pack(excess_prec * share[:, None, None])[index[:, k]]
                 self.natural.append([f.prior_precision + excess_prec, f.prior_shift + excess])
                 self.site_shift.append(per_entry)
             else:
@@ -861,88 +930,178 @@ class _EntrySchedule:
                 # prior covariance, the working means spread over the sites
                 self.natural.append([f.prior_precision.copy(), f.prior_shift + excess])
                 norm = np.linalg.norm(per_entry, axis=1)
-                direction = per_entry / np.where(norm > 0, norm, 1.0)[:, None]
-                self.sites.append(_RankOneSites(direction, np.zeros(n), norm))
+                self.sites.append([per_entry / np.where(norm > 0, norm, 1.0)[:, None], np.zeros(n), norm])
             f.set_natural(*self.natural[k])
         self.offset_natural = []
-        for j, g in enumerate(post.offsets):
+        for g in post.offsets:
             g.set_natural(g.prior_precision, g.prior_shift)
             self.offset_natural.append([g.prior_precision.copy(), g.prior_shift.copy()])
-        fit.moments = _Moments(post, fit.packing)
+        self.moments = _Moments(post, packing)
         self.off_prec = [np.zeros(n) for _ in post.offsets]
         self.off_shift = [np.zeros(n) for _ in post.offsets]
 
-    def sweep(self):
+    def sweep(self, update_noise=True):
         for b0 in range(0, self.order.size, self.block_size):
             self.block(np.sort(self.order[b0:b0 + self.block_size]))
+        post, y = self.posterior, self.y
+        stats = SweepStatistics.compute(post, self.index, self.n_jobs)
+        if post.noise is not None and update_noise:
+            post.noise = noise_update(post.noise_prior, y.size, stats.sum_squared_error(y))
+        return stats
 
     def block(self, B):
-        fit = self.fit
-        post, packing = fit.post, fit.packing
-        idx, y = fit.index[B], fit.y[B]
+        post, packing, moments = self.posterior, self.packing, self.moments
+        idx, obs = self.index[B], self.obs[B]
         cols = idx.T
         tau = post.noise_precision
-        gaussian = fit.likelihood == "gaussian"
-        full_sites = not fit.rank_one
-        obs, site = fit.obs[B], fit.site_fn()
         off_mean, _ = _offset_moments(post, idx)
-        moments = fit.moments
         for k, f in enumerate(post.factors):
             xbar = _hadamard(moments.means, cols, skip=k)
             xx = _hadamard(moments.second, cols, skip=k)
             s = idx[:, k]
-            prec, shift = self.natural[k]
-            if full_sites:
-                new_prec = tau * xx
-                new_shift = (tau * (y - off_mean))[:, None] * xbar
+            if self.gaussian:
+                new_prec, new_shift = _gaussian_sites(xbar, xx, obs - off_mean, tau)
                 d_prec = new_prec - self.site_prec[k][B]
                 d_shift = new_shift - self.site_shift[k][B]
                 self.site_prec[k][B], self.site_shift[k][B] = new_prec, new_shift
             else:
-                sites = self.sites[k]
-                m, a, q2 = _cavity_terms(f.cov[s], f.mean[s], sites.direction[B], sites.precision[B],
-                                         sites.shift[B], xbar, xx, packing)
+                direction, precision, shift = (part[B] for part in self.sites[k])
+                m, a, q2, ok = _cavity_terms(f.cov[s], f.mean[s], direction, precision, shift, xbar, xx, packing)
                 t = np.einsum("ci,ci->c", xbar, m)
-                pi, beta = site(t, a, q2, obs, off_mean)
-                pi = fit.damping * pi + (1.0 - fit.damping) * sites.precision[B]
-                beta = fit.damping * beta + (1.0 - fit.damping) * sites.shift[B]
-                e_old = sites.direction[B]
-                d_prec = packing.outer(xbar) * pi[:, None] - packing.outer(e_old) * sites.precision[B][:, None]
-                d_shift = xbar * beta[:, None] - e_old * sites.shift[B][:, None]
-                sites.direction[B], sites.precision[B], sites.shift[B] = xbar, pi, beta
+                pi, beta = _damped_probit_site(t, a, q2, obs, off_mean, precision, shift, self.damping, ok)
+                self.n_skipped += _n_skipped(ok)
+                if ok is not True:
+                    xbar = np.where(ok[:, None], xbar, direction)
+                d_prec = packing.outer(xbar) * pi[:, None] - packing.outer(direction) * precision[:, None]
+                d_shift = xbar * beta[:, None] - direction * shift[:, None]
+                self.sites[k][0][B], self.sites[k][1][B], self.sites[k][2][B] = xbar, pi, beta
+            prec, shift = self.natural[k]
             rows, inverse = np.unique(s, return_inverse=True)
             prec[rows] += packing.unpack(_sum_by(inverse, d_prec, rows.size))
             shift[rows] += _sum_by(inverse, d_shift, rows.size)
             f.set_natural(prec[rows], shift[rows], rows)
             moments.refresh(k, f, rows)
         if post.offsets:
-            cp_mean = _cp_mean(post, idx)
-            for j, g in enumerate(post.offsets):
-                rows_all = _offset_rows(post.offset_modes[j], idx)
-                rest = cp_mean + _offset_moments(post, idx, skip=j)[0]
-                prec, shift = self.offset_natural[j]
-                if full_sites:
-                    new_prec = np.full(B.size, tau)
-                    new_shift = tau * (y - rest)
-                else:
-                    q_prec = prec[rows_all, 0, 0]
-                    cav_prec = np.maximum(q_prec - self.off_prec[j][B], 1e-12)
-                    cav_mean = (shift[rows_all, 0] - self.off_shift[j][B]) / cav_prec
-                    pi, beta = site(cav_mean, 1.0 / cav_prec, 1.0 / cav_prec, obs, rest)
-                    new_prec = fit.damping * pi + (1.0 - fit.damping) * self.off_prec[j][B]
-                    new_shift = fit.damping * beta + (1.0 - fit.damping) * self.off_shift[j][B]
-                rows, inverse = np.unique(rows_all, return_inverse=True)
-                prec[rows, 0, 0] += np.bincount(inverse, new_prec - self.off_prec[j][B], minlength=rows.size)
-                shift[rows, 0] += np.bincount(inverse, new_shift - self.off_shift[j][B], minlength=rows.size)
-                self.off_prec[j][B], self.off_shift[j][B] = new_prec, new_shift
-                g.set_natural(prec[rows], shift[rows], rows)
+            self._offsets(B, idx, obs, tau)
+
+    def _offsets(self, B, idx, obs, tau):
+        post = self.posterior
+        cp_mean = _cp_mean(post, idx)
+        for j, g in enumerate(post.offsets):
+            rows_all = _offset_rows(post.offset_modes[j], idx)
+            rest = cp_mean + _offset_moments(post, idx, skip=j)[0]
+            prec, shift = self.offset_natural[j]
+            old_prec, old_shift = self.off_prec[j][B], self.off_shift[j][B]
+            if self.gaussian:
+                new_prec, new_shift = np.full(B.size, tau), tau * (obs - rest)
+            else:
+                q_prec, q_shift = prec[rows_all, 0, 0], shift[rows_all, 0]
+                cav_prec, cav_shift, ok = cavity_natural(q_prec, q_shift, old_prec, old_shift)
+                variance = 1.0 / cav_prec
+                new_prec, new_shift = _damped_probit_site(cav_shift / cav_prec, variance, variance, obs, rest,
+                                                          old_prec, old_shift, self.damping, ok)
+                self.n_skipped += _n_skipped(ok)
+            rows, inverse = np.unique(rows_all, return_inverse=True)
+            prec[rows, 0, 0] += np.bincount(inverse, new_prec - old_prec, minlength=rows.size)
+            shift[rows, 0] += np.bincount(inverse, new_shift - old_shift, minlength=rows.size)
+            self.off_prec[j][B], self.off_shift[j][B] = new_prec, new_shift
+            g.set_natural(prec[rows], shift[rows], rows)
 
 
-def _sum_by(inverse, values, n_groups):
-    """Sum the rows of ``values`` by group label ``inverse`` (0..n_groups−1)."""
-    order = np.argsort(inverse, kind="stable")
-    sorted_inv = inverse[order]
-    starts = np.flatnonzero(np.r_[True, sorted_inv[1:] != sorted_inv[:-1]])
-    out = np.zeros((n_groups,) + values.shape[1:])
-    out[sorted_inv[starts]] = np.add.reduceat(values[order], starts, axis=0)
-    return out
+def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", damping=1.0,
+                 block_size=None, rng=None, n_jobs=None, chunk_size=CHUNK_SIZE):
+    """The sweeps :func:`fit_cp` runs, on a copy of ``post``: an object whose
+    ``sweep(update_noise=True)`` runs one sweep and returns its :class:`SweepStatistics`, and
+    whose ``posterior`` is q after the last sweep (updated in place)."""
+    post = post.copy()
+    if schedule == "entry":
+        return _EntrySweeps(post, index, y, likelihood, damping, block_size, rng, n_jobs)
+    return _GroupSweeps(post, index, y, likelihood, method, damping, n_jobs, chunk_size)
+
+
+def _largest_change(before, groups):
+    """max over every row and coordinate of |Δ mean| / posterior sd."""
+    change = 0.0
+    for old, g in zip(before, groups):
+        sd = np.sqrt(np.diagonal(g.cov, axis1=1, axis2=2))
+        change = max(change, float(np.max(np.abs(g.mean - old) / sd, initial=0.0)))
+    return change
+
+
+@dataclass
+class CPFitResult:
+    posterior: CPPosterior
+    n_iter: int
+    converged: bool
+    elbo: list
+    n_skipped: int = 0
+
+
+def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", max_iter=100,
+           tol=1e-4, damping=1.0, block_size=None, rng=None, n_jobs=None, callback=None, track_elbo=True,
+           hold_noise=0, chunk_size=CHUNK_SIZE):
+    """Fit q on the entries (index, y), starting from and with the priors of ``post``.
+
+    Iterates until the relative change of the training predictor means is below ``tol`` or
+    ``max_iter`` sweeps.  ``damping`` (0, 1] damps the probit CEP sites (each update moves a
+    site's natural parameters by damping × (proposed − current)); ``rng`` draws the block order
+    of the entry schedule (nothing else is random); ``n_jobs`` threads run the chunks of a
+    sweep (``chunk_size`` entries each), with results that do not depend on it.
+    ``callback(iteration, change, objective)`` runs after every sweep, with the largest change
+    of a posterior mean in posterior standard deviations and the ELBO (None unless
+    ``track_elbo``).  q(τ) is held at its starting value for the first ``hold_noise`` sweeps:
+    early residuals of a random start would make E[τ] small and shrink every embedding to the
+    zero fixed point.  Returns a :class:`CPFitResult` holding a new posterior (``post`` is not
+    modified).
+    """
+    sweeps = start_sweeps(post, index, y, likelihood=likelihood, method=method, schedule=schedule,
+                          damping=damping, block_size=block_size, rng=rng, n_jobs=n_jobs, chunk_size=chunk_size)
+    post = sweeps.posterior
+    previous = _cp_mean(post, index, n_jobs) + _offset_moments(post, index)[0]
+    trace, converged, n_iter = [], False, 0
+    for n_iter in range(1, max_iter + 1):
+        update_noise = n_iter > hold_noise
+        before = None if callback is None else [g.mean.copy() for g in post.groups]
+        stats = sweeps.sweep(update_noise)
+        objective = stats.elbo(y, likelihood) if track_elbo else None
+        if track_elbo:
+            trace.append(objective)
+        if callback is not None:
+            callback(n_iter, _largest_change(before, post.groups), objective)
+        change = np.linalg.norm(stats.mean - previous) / max(np.linalg.norm(stats.mean), 1e-12)
+        previous = stats.mean
+        if change < tol and update_noise:
+            converged = True
+            break
+    return CPFitResult(post, n_iter, converged, trace, sweeps.n_skipped)
+
+
+def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, rng=None,
+                 mode_offset_variance=None, **fit_options):
+    """Fold a batch of entries into ``post`` (assumed density filtering; Li et al. §4.4 eq. 30,
+    Wang & Zhe §6.3): the current posterior is the prior of the batch.
+
+    Modes grow to ``shape`` (new objects at their prior).  Only the rows the batch touches
+    change, so the sub-model of those rows is fitted (:func:`take_rows`) and written back
+    (:func:`put_rows`).  Objects never seen before (``n_seen[k]`` counts the entries seen per
+    object) sit at the prior mean 0, a fixed point of the updates: they start the batch from
+    random working means drawn from ``rng`` with scale ``init_scale`` (their prior stays
+    N(0, prior_variance·I)).  ``fit_options`` go to :func:`fit_cp`.
+
+    Returns the :class:`CPFitResult` with the whole new posterior, and the updated ``n_seen``.
+    """
+    full = grow_posterior(post, shape, prior_variance=prior_variance, mode_offset_variance=mode_offset_variance)
+    n_seen = [np.r_[c, np.zeros(d - c.size, dtype=np.int64)] for c, d in zip(n_seen, shape)]
+    rows = [np.unique(index[:, k]) for k in range(index.shape[1])]
+    local = np.column_stack([np.searchsorted(r, index[:, k]) for k, r in enumerate(rows)])
+    sub = take_rows(full, rows).as_prior()
+    rank = post.rank
+    for f, c, r in zip(sub.factors, n_seen, rows):
+        unseen = np.flatnonzero(c[r] == 0)
+        if unseen.size and init_scale > 0:
+            start = _random_rows(unseen.size, rank, prior_variance, init_scale, rng)
+            f.mean[unseen], f.cov[unseen] = start.mean, start.cov
+    result = fit_cp(sub, local, y, rng=rng, **fit_options)
+    put_rows(full, rows, result.posterior)
+    n_seen = [c + np.bincount(index[:, k], minlength=c.size) for k, c in enumerate(n_seen)]
+    return replace(result, posterior=full), n_seen

@@ -1,6 +1,9 @@
-r"""Streaming Bayesian deep tensor factorization, SBDT (SPEC §6, papers/004).
+r"""Streaming Bayesian deep tensor factorization (SBDT): the numerical core.
 
-Model (papers/004 §3), for entry i = (i_1, …, i_K) with input x_i = [u¹_{i_1}; …; u^K_{i_K}]:
+Fang, Wang, Pan, Liu and Zhe, "Streaming Bayesian Deep Tensor Factorization", ICML 2021
+("the paper"; "the supplement" is its supplementary material).
+
+Model (the paper's §3), for entry i = (i_1, …, i_K) with input x_i = [u¹_{i_1}; …; u^K_{i_K}]:
 
     h_0 = x_i,   h_m = act(W_m [h_{m−1}; 1] / √(V_{m−1} + 1))   (m < M),
     f(x_i) = W_M [h_{M−1}; 1] / √(V_{M−1} + 1) + b,
@@ -17,23 +20,36 @@ through an approximating term A(w, s) = Bern(s | c(ρ_A)) N(w | μ_A, v_A) (eq. 
 natural parameters (``site_precision`` = 1/v_A, ``site_shift`` = μ_A/v_A, ``site_logit`` = ρ_A),
 so that q's inclusion log-odds are logit(ρ0) + ρ_A.
 
-Per entry (papers/004 Alg. 1, one pass, no revisits):
+The step
+--------
+SBDT is inherently sequential — each entry's update changes the weights the next entry sees —
+so the unit of work, this engine's partition step, is one batch::
 
-1. delta method (eqs. 8–9): α = f(E[W], E[x]), g = ∇f at the means by backpropagation,
-   β = Σ_j g_j² var_j;
-2. log Z (eq. 10: probit log Φ(sα/√(1+β)); eq. 12: Gaussian log N(y | α, β + b/a)) and its
-   derivatives in α and β;
-3. for every weight and every coordinate of the entry's embeddings (eq. 7)
-   μ* = μ + v ∂log Z/∂μ, v* = v − v²((∂log Z/∂μ)² − 2 ∂log Z/∂v), with
-   ∂log Z/∂μ_j = g_j ∂log Z/∂α and ∂log Z/∂v_j = g_j² ∂log Z/∂β (g held fixed);
-4. Gaussian entries: a* = a + ½, b* = b + ½((y − α)² + β) (supplement §1, eq. 4).
+    fold_batch(post, X, y, likelihood, damping) -> post
 
-After every batch, one EP update of every weight's spike-and-slab term (supplement eqs. 5–9),
-optionally damped in natural parameters.
+ADF over the batch's entries in order (:func:`adf_pass`, Alg. 1 lines 3–8), then one EP update
+of every weight's spike-and-slab term (:func:`refine_spike_slab`, Alg. 1 line 9, supplement
+eqs. 5–9).  ``post`` is updated in place and returned.  There is no global step: a stream is
+the loop ``for batch in batches: post = fold_batch(post, *batch, likelihood, damping)``, and
+that loop is what the estimator's ``fit`` and ``partial_fit`` run.
 
-The per-entry loop is inherently sequential.  All weight means and variances live in one
+Where each equation lives (one function each, the function the fit calls)
+-------------------------------------------------------------------------
+* eqs. 8–9, the delta method at one entry: :meth:`Workspace.delta_method`, through the
+  forward and backward pass :meth:`Workspace.forward_backward`;
+* eqs. 10 and 12, the running evidence of one entry: :func:`evidence_derivatives` (φ/Φ from
+  :func:`~skcep.engines.likelihoods.mills_ratio`, the Gaussian evidence from
+  :class:`~skcep.engines.likelihoods.Gaussian`); log Z itself, vectorised after each batch:
+  :func:`log_evidence`;
+* eq. 7, the moment update: :func:`moment_update`;
+* supplement §1 eq. 4, the noise update: :func:`noise_update`;
+* supplement eqs. 5–9, the spike-and-slab EP step: :func:`spike_slab_tilted` and
+  :func:`refine_spike_slab` (cavity and damping by :mod:`skcep.engines.gaussian`);
+* prediction: :func:`delta_moments` (eqs. 8–9 vectorised over entries), :func:`predict_moments`.
+
+The per-entry loop is interpreter-bound.  All weight means and variances live in one
 contiguous (2, P + V_0 + 1) array (layer matrices are views of it) that also holds the entry's
-input embeddings and the offset, so the moment updates of step 3 are five whole-vector
+input embeddings and the offset, so the moment updates of eq. 7 are a few whole-vector
 operations (two of them BLAS axpy) into preallocated buffers, and the forward and backward
 passes are small matrix–vector products written into preallocated buffers.
 """
@@ -43,33 +59,39 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.linalg.blas import daxpy as _daxpy
-from scipy.special import erfcx, expit, log_ndtr, logit
+from scipy.special import expit, logit
 from scipy.stats import truncnorm
 
+from .gaussian import cavity_natural, damped_update
+from .likelihoods import Gaussian, Probit, mills_ratio
+
 __all__ = [
+    "ACTIVATIONS",
     "DeepPosterior",
     "init_posterior",
     "grow_posterior",
-    "forward_backward",
+    "entry_inputs",
+    "Workspace",
     "delta_moments",
     "predict_moments",
-    "entry_inputs",
+    "evidence_derivatives",
     "log_evidence",
-    "adf_moments",
+    "moment_update",
+    "noise_update",
+    "adf_pass",
     "spike_slab_tilted",
     "refine_spike_slab",
-    "adf_pass",
-    "ACTIVATIONS",
+    "fold_batch",
+    "fold_summary",
 ]
 
 ACTIVATIONS = ("relu", "tanh")
-_LOG_2PI = math.log(2.0 * math.pi)
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_SQRT_HALF = math.sqrt(0.5)
 # the ADF variance update multiplies v by 1 − v g² κ, positive in exact arithmetic (κ < 1/(β+…)
 # with β ≥ v g²); rounding can only matter when one coordinate carries all of β, and the factor
 # is kept at least this large there
 _MIN_SHRINK = 1e-12
+_SAFE = 1.0 - 1e-9
+_TINY_VAR = np.finfo(float).tiny / np.finfo(float).eps
 
 
 # --------------------------------------------------------------------------------------------
@@ -85,7 +107,8 @@ class DeepPosterior:
     column is the bias), then V_0 scratch slots that the per-entry loop fills with the entry's
     input embeddings, then the global offset b added to the network output (variance 0 when
     there is none: f = f_W(x) + b).  ``emb[k]`` is a (2, d_k, r_k) array: means and variances
-    of the mode-k embeddings.
+    of the mode-k embeddings.  ``log_evidence`` is the running evidence Σ_i log Z_i of the
+    entries seen (ADF's estimate of log p(y_1, …, y_n)).
     """
 
     layer_sizes: tuple  # (V_0, V_1, …, V_M = 1)
@@ -101,6 +124,8 @@ class DeepPosterior:
     noise: tuple = None  # (a, b) of q(τ); None for probit
     n_seen: int = 0
     n_skipped: int = 0  # spike-and-slab updates skipped for an improper cavity
+    n_batches: int = 0
+    log_evidence: float = 0.0
 
     @property
     def mean(self):
@@ -118,6 +143,11 @@ class DeepPosterior:
     @property
     def n_weights(self):
         return self.site_logit.size
+
+    @property
+    def shape(self):
+        """Tensor shape: the number of objects of every mode."""
+        return tuple(int(e.shape[1]) for e in self.emb)
 
     @property
     def shapes(self):
@@ -154,7 +184,7 @@ class DeepPosterior:
             self.layer_sizes, self.ranks, self.activation, self.theta.copy(),
             self.site_precision.copy(), self.site_shift.copy(), self.site_logit.copy(),
             self.prior_logit, self.slab_variance, [e.copy() for e in self.emb],
-            self.noise, self.n_seen, self.n_skipped,
+            self.noise, self.n_seen, self.n_skipped, self.n_batches, self.log_evidence,
         )
 
 
@@ -166,15 +196,16 @@ def _new_embeddings(d, r, rng, scale):
 
 
 def init_posterior(shape, ranks, hidden_layer_sizes, activation, *, spike_prob, slab_variance,
-                   noise_prior, rng, embedding_init_scale=0.0, intercept_variance=0.0):
-    """The start of Alg. 1 (line 1): the spike-and-slab term A initialised as in papers/004
+                   noise_prior, rng, init_scale=0.0, intercept_variance=0.0):
+    """The start of Alg. 1 (line 1): the spike-and-slab term A initialised as in the paper's
     §4.2 and multiplied with the other priors.
 
     A has v_A = σ0², ρ_A = 0 and μ_A drawn from a standard normal truncated to [−σ0, σ0]
     (a start at zero means would make the delta method degenerate: every gradient through a
-    zero weight vanishes).  Embeddings start at their prior N(0, I); with
-    ``embedding_init_scale`` > 0 their working means are drawn from N(0, scale²) instead.
-    The global offset starts at N(0, ``intercept_variance``) (0: no offset, the paper's model).
+    zero weight vanishes).  Embeddings start at their prior N(0, I); with ``init_scale`` > 0
+    their working means are drawn from N(0, init_scale²) instead.  The global offset starts at
+    N(0, ``intercept_variance``) (0: no offset, the paper's model).  ``rng`` (a numpy
+    ``RandomState`` or ``Generator``) draws the weight means first, then the embeddings.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}.")
@@ -188,7 +219,7 @@ def init_posterior(shape, ranks, hidden_layer_sizes, activation, *, spike_prob, 
     theta[0, :n_weights] = site_mean
     theta[1, :n_weights] = slab_variance
     theta[1, -1] = intercept_variance
-    emb = [_new_embeddings(d, r, rng, embedding_init_scale) for d, r in zip(shape, ranks)]
+    emb = [_new_embeddings(d, r, rng, init_scale) for d, r in zip(shape, ranks)]
     return DeepPosterior(
         layer_sizes=sizes, ranks=ranks, activation=activation, theta=theta,
         site_precision=np.full(n_weights, 1.0 / slab_variance), site_shift=site_mean / slab_variance,
@@ -198,13 +229,14 @@ def init_posterior(shape, ranks, hidden_layer_sizes, activation, *, spike_prob, 
     )
 
 
-def grow_posterior(post, shape, rng, embedding_init_scale=0.0):
+def grow_posterior(post, shape, rng, init_scale=0.0):
     """New rows (objects beyond the current shape) start at the prior N(0, I) (or at random
-    working means with ``embedding_init_scale`` > 0).  Returns ``post`` itself, modified."""
+    working means N(0, init_scale²) with ``init_scale`` > 0, drawn from ``rng``).  Returns
+    ``post`` itself, modified."""
     for k, d in enumerate(shape):
         old = post.emb[k].shape[1]
         if d > old:
-            new = _new_embeddings(d - old, post.ranks[k], rng, embedding_init_scale)
+            new = _new_embeddings(d - old, post.ranks[k], rng, init_scale)
             post.emb[k] = np.concatenate([post.emb[k], new], axis=1)
     return post
 
@@ -226,7 +258,105 @@ def entry_inputs(post, X):
 
 
 # --------------------------------------------------------------------------------------------
-# the network: readable reference forward/backward and the batched delta method
+# the delta method (eqs. 8–9): one entry in the ADF loop, many entries for prediction
+
+
+class Workspace:
+    """Preallocated buffers and views of one posterior for the per-entry loop.
+
+    The input slots of ``post.theta`` (``x_mean``, and ``slots[k]`` per mode) hold the current
+    entry's embeddings; :meth:`forward_backward` reads the weight means and those slots in
+    place and writes the gradient g = ∂f/∂(W, x, b) into ``grad`` (same layout as a row of
+    ``post.theta``); :meth:`delta_method` adds β.
+    """
+
+    def __init__(self, post):
+        sizes = post.layer_sizes
+        L = len(sizes) - 1
+        P = post.n_weights
+        self.L = L
+        self.relu = post.activation == "relu"
+        self.var = post.var
+        self.W = post.layer_views(post.mean)
+        self.grad = np.zeros(post.theta.shape[1])
+        self.gW = post.layer_views(self.grad)
+        self.gW_last = self.gW[L - 1][0]
+        self.W_last = self.W[L - 1][0]
+        self.gx = self.grad[P:P + sizes[0]]
+        self.grad[-1] = 1.0  # ∂f/∂b
+        self.vg = np.empty(self.grad.size)
+        self.tmp = np.empty(self.grad.size)
+        self.intercept = post.theta[0, -1:]
+        self.scale = [1.0 / math.sqrt(sizes[m] + 1) for m in range(L)]
+        # h̃_m = [h_m; 1] / √(V_m + 1): the scaled, bias-augmented input of layer m + 1
+        self.hs = []
+        for m in range(L):
+            b = np.empty(sizes[m] + 1)
+            b[-1] = self.scale[m]
+            self.hs.append(b)
+        self.h = [b[:-1] for b in self.hs]
+        self.hs_col = [b[None, :] for b in self.hs]
+        self.a = [np.empty(sizes[m + 1]) for m in range(L)]
+        self.deriv = [np.empty(sizes[m + 1]) for m in range(L - 1)]  # act'(a_m) / √(V_m + 1)
+        self.zero = [np.zeros(sizes[m + 1]) for m in range(L - 1)]
+        self.delta = [np.empty(sizes[m + 1]) for m in range(L - 1)]
+        self.delta_col = [d[:, None] for d in self.delta]
+        self.back = [np.empty(sizes[m] + 1) for m in range(L - 1)]
+        self.back_head = [b[:-1] for b in self.back]
+        self.x_mean = post.mean[P:P + sizes[0]]
+        # (2, V_0) view of the input slots of (mean, var): one assignment per mode fetches an
+        # embedding's means and variances
+        self.x_both = post.theta[:, P:P + sizes[0]]
+        offsets = np.cumsum((0,) + post.ranks)
+        self.slots = [self.x_both[:, int(offsets[k]):int(offsets[k + 1])] for k in range(len(post.ranks))]
+        # per-layer tuples of the buffers each step touches, so that the per-entry passes are
+        # plain loops over them
+        self.hidden = [(self.W[m], self.hs[m], self.a[m], self.h[m + 1], self.deriv[m], self.zero[m],
+                        self.scale[m + 1]) for m in range(L - 1)]
+        self.backward = [((self.back_head[m + 1] if m + 1 < L - 1 else self.W_last[:-1]), self.deriv[m],
+                          self.delta[m], self.delta_col[m], self.hs_col[m], self.gW[m], self.W[m], self.back[m])
+                         for m in range(L - 2, -1, -1)]
+        self.input_grad_source = self.back_head[0] if L > 1 else self.W_last[:-1]
+
+    def forward_backward(self):
+        """α = f(E[W], E[x]) + E[b] at the current means, and the gradient g of f into
+        ``self.grad`` by backpropagation (eq. 8)."""
+        multiply, dot = np.multiply, np.dot
+        multiply(self.x_mean, self.scale[0], out=self.h[0])
+        # forward: a_m = W_m h̃_{m−1}; h̃_m = c_m [act(a_m); 1]; deriv_m = c_m act'(a_m)
+        if self.relu:
+            for W, h_in, a, h_out, deriv, zero, c in self.hidden:
+                dot(W, h_in, out=a)
+                np.maximum(a, zero, out=h_out)
+                np.sign(h_out, out=deriv)
+                h_out *= c
+                deriv *= c
+        else:
+            for W, h_in, a, h_out, deriv, zero, c in self.hidden:
+                dot(W, h_in, out=a)
+                np.tanh(a, out=h_out)
+                multiply(h_out, h_out, out=deriv)
+                h_out *= c
+                deriv *= -c
+                deriv += c
+        hs_last = self.hs[-1]
+        alpha = float(dot(self.W_last, hs_last)) + float(self.intercept[0])
+        # backward: δ_m = ∂f/∂a_m = (∂f/∂h̃_m) ∘ deriv_m and ∂f/∂W_m = δ_m h̃_{m−1}ᵀ;
+        # the output's δ is 1
+        np.copyto(self.gW_last, hs_last)
+        for src, deriv, delta, delta_col, h_row, gW, W, back in self.backward:
+            multiply(src, deriv, out=delta)
+            dot(delta_col, h_row, out=gW)  # outer product
+            dot(delta, W, out=back)  # ∂f/∂h̃_{m−1}
+        multiply(self.input_grad_source, self.scale[0], out=self.gx)
+        return alpha
+
+    def delta_method(self):
+        """Eqs. 8–9 at the current entry: α = f(E[W], E[x]) and β = Σ_j g_j² var_j, with
+        ``self.vg`` = var ∘ g left for :func:`moment_update`.  Returns (α, β)."""
+        alpha = self.forward_backward()
+        np.multiply(self.var, self.grad, out=self.vg)
+        return alpha, float(np.dot(self.vg, self.grad))
 
 
 def _act(a, activation):
@@ -234,41 +364,6 @@ def _act(a, activation):
         return np.maximum(a, 0.0), (a > 0).astype(float)
     h = np.tanh(a)
     return h, 1.0 - h * h
-
-
-def forward_backward(weights, x, activation):
-    """Output f and its gradient with respect to every weight matrix and the input, for one
-    input vector (reference implementation, eqs. 8–9's g).
-
-    Parameters
-    ----------
-    weights : list of ndarray (V_m, V_{m−1} + 1)
-    x : ndarray (V_0,)
-    activation : {"relu", "tanh"}
-
-    Returns
-    -------
-    f : float
-    grad_weights : list of ndarray, shapes of ``weights``
-    grad_x : ndarray (V_0,)
-    """
-    hs, derivs = [], []
-    h = np.asarray(x, dtype=float)
-    for m, W in enumerate(weights):
-        scale = 1.0 / math.sqrt(W.shape[1])
-        hs.append(np.append(h, 1.0) * scale)
-        a = W @ hs[-1]
-        if m < len(weights) - 1:
-            h, d = _act(a, activation)
-            derivs.append(d)
-    f = float(a[0])
-    delta = np.ones(1)
-    grads = [None] * len(weights)
-    for m in range(len(weights) - 1, -1, -1):
-        grads[m] = np.outer(delta, hs[m])
-        back = (delta @ weights[m])[:-1] / math.sqrt(weights[m].shape[1])
-        delta = back * derivs[m - 1] if m > 0 else back
-    return f, grads, delta
 
 
 def delta_moments(weight_mean, weight_var, x_mean, x_var, activation, intercept=(0.0, 0.0), chunk=4096):
@@ -325,42 +420,120 @@ def predict_moments(post, X):
 
 
 # --------------------------------------------------------------------------------------------
-# the running evidence and the ADF moment update
+# the running evidence (eqs. 10, 12), the moment update (eq. 7), the noise (supplement §1)
+
+
+def evidence_derivatives(likelihood, y, alpha, beta, noise_variance=None):
+    """∂log Z/∂α and κ = (∂log Z/∂α)² − 2 ∂log Z/∂β of one entry, as floats (eqs. 10, 12).
+
+    Z is a Gaussian smoothing of the likelihood in α, so ∂log Z/∂β = ½(L₂ + L₁²) with
+    L_k = ∂ᵏlog Z/∂αᵏ, and κ = −L₂ ≥ 0.
+
+    * probit (``y`` the sign ±1): Z = Φ(z), z = yα/√(1+β) (eq. 10), so L₁ = y r/√(1+β) and
+      κ = r(r + z)/(1 + β) with r = φ(z)/Φ(z) from :func:`~skcep.engines.likelihoods.mills_ratio`
+      (a scalar, no numpy call per entry);
+    * gaussian: Z = N(y | α, β + ``noise_variance``) (eq. 12), from
+      :class:`~skcep.engines.likelihoods.Gaussian`.
+    """
+    if likelihood == "gaussian":
+        _, d_alpha, second = Gaussian(noise_variance).derivatives(alpha, beta, y, 2, False)
+        return d_alpha, -second
+    denom = 1.0 + beta
+    root = math.sqrt(denom)
+    z = y * alpha / root
+    ratio = mills_ratio(z)
+    return y * ratio / root, ratio * (ratio + z) / denom
 
 
 def log_evidence(likelihood, y, alpha, beta, noise_variance=None):
-    """log Z and its derivatives ∂log Z/∂α, ∂log Z/∂β (eqs. 10 and 12).
+    """log Z of many entries (eqs. 10, 12), vectorised: log Φ(yα/√(1+β)) (``y`` the signs) or
+    log N(y | α, β + ``noise_variance``), from :mod:`skcep.engines.likelihoods`."""
+    model = Probit() if likelihood == "probit" else Gaussian(noise_variance)
+    return model.derivatives(alpha, beta, y, order=0)[0]
 
-    Probit (``y`` the sign ±1): Z = Φ(yα/√(1+β)).  Gaussian: Z = N(y | α, β + b/a) with
-    ``noise_variance`` = b/a.  Scalars or arrays.
+
+def moment_update(mean, var, vg, grad, beta, d_alpha, kappa, out):
+    """Eq. 7 for every parameter in place: μ* = μ + v ∂log Z/∂μ, v* = v − v²((∂log Z/∂μ)² −
+    2 ∂log Z/∂v), with ∂log Z/∂μ_j = g_j ∂log Z/∂α and ∂log Z/∂v_j = g_j² ∂log Z/∂β (g held
+    fixed), i.e. μ* = μ + (∂log Z/∂α) v g and v* = v − κ (v g)².
+
+    ``vg`` = var ∘ grad and ``beta`` = vg · grad as :meth:`Workspace.delta_method` leaves them;
+    ``out`` is a scratch buffer of the same size.  Every v_j g_j² ≤ β, so κβ < 1 keeps every
+    v* positive; otherwise (rounding only) the shrink factor 1 − κ v g² is floored at 1e-12.
+    """
+    np.multiply(vg, vg, out=out)
+    if kappa * beta < _SAFE:
+        _daxpy(out, var, a=-kappa)
+    else:
+        np.multiply(vg, grad, out=out)
+        out *= -kappa
+        out += 1.0
+        np.maximum(out, _MIN_SHRINK, out=out)
+        var *= out
+    _daxpy(vg, mean, a=d_alpha)
+
+
+def noise_update(a, b, y, alpha, beta):
+    """q(τ) = Gam(a, b) after one Gaussian entry (supplement §1, eq. 4): conditional moment
+    matching of the delta-method output, a* = a + ½, b* = b + ½((y − α)² + β)."""
+    resid = y - alpha
+    return a + 0.5, b + 0.5 * (resid * resid + beta)
+
+
+def adf_pass(post, X, y, likelihood):
+    """Alg. 1 lines 3–8 over the entries of one batch, in order, updating ``post`` in place.
+
+    Per entry: its embeddings into the input slots, the delta method, the evidence derivatives,
+    the noise update (Gaussian), eq. 7 for every weight, the entry's embeddings and the offset,
+    and the embeddings back.  The entries' log Z are added to ``post.log_evidence`` after the
+    loop (vectorised, from the recorded α, β and noise variances).
+
+    Parameters
+    ----------
+    post : DeepPosterior
+    X : ndarray (n, K) of int, indices inside the posterior's shape
+    y : ndarray (n,), values (Gaussian) or signs ±1 (probit)
+    likelihood : {"gaussian", "probit"}
 
     Returns
     -------
-    log_z, d_alpha, d_beta
+    post : DeepPosterior
     """
-    alpha = np.asarray(alpha, dtype=float)
-    beta = np.asarray(beta, dtype=float)
-    if likelihood == "gaussian":
-        s = beta + noise_variance
-        resid = y - alpha
-        log_z = -0.5 * (_LOG_2PI + np.log(s) + resid * resid / s)
-        d_alpha = resid / s
-        d_beta = 0.5 * (resid * resid / (s * s) - 1.0 / s)
-        return log_z, d_alpha, d_beta
-    root = np.sqrt(1.0 + beta)
-    z = y * alpha / root
-    ratio = _SQRT_2_OVER_PI / erfcx(-z * _SQRT_HALF)  # φ(z)/Φ(z), finite for z → −∞
-    return log_ndtr(z), y * ratio / root, -0.5 * ratio * z / (1.0 + beta)
-
-
-def adf_moments(mean, var, g, d_alpha, d_beta):
-    """Eq. 7 with ∂log Z/∂μ_j = g_j d_alpha and ∂log Z/∂v_j = g_j² d_beta.
-
-    Returns the new means and variances (the variance factor 1 − v g² κ, κ = d_alpha² −
-    2 d_beta, is kept ≥ 1e-12 so variances stay positive)."""
-    kappa = d_alpha * d_alpha - 2.0 * d_beta
-    shrink = np.maximum(1.0 - var * g * g * kappa, _MIN_SHRINK)
-    return mean + var * g * d_alpha, var * shrink
+    ws = Workspace(post)
+    mean, var, grad, vg, tmp = post.mean, post.var, ws.grad, ws.vg, ws.tmp
+    emb, slots = post.emb, ws.slots
+    delta_method, evidence, update = ws.delta_method, evidence_derivatives, moment_update
+    gaussian = likelihood == "gaussian"
+    a_tau, b_tau = post.noise if gaussian else (1.0, 1.0)
+    modes = range(len(slots))
+    rows = np.asarray(X).tolist()
+    values = np.asarray(y, dtype=float).tolist()
+    moments, noise_variances = [], []
+    record, record_noise = moments.append, noise_variances.append
+    for row, yn in zip(rows, values):
+        for k in modes:  # the entry's embeddings (means and variances) into the input slots
+            slots[k][...] = emb[k][:, row[k]]
+        alpha, beta = delta_method()
+        if gaussian:
+            noise_variance = b_tau / a_tau
+            d_alpha, kappa = evidence(likelihood, yn, alpha, beta, noise_variance)
+            a_tau, b_tau = noise_update(a_tau, b_tau, yn, alpha, beta)
+            record_noise(noise_variance)
+        else:
+            d_alpha, kappa = evidence(likelihood, yn, alpha, beta)
+        update(mean, var, vg, grad, beta, d_alpha, kappa, tmp)
+        for k in modes:
+            emb[k][:, row[k]] = slots[k]
+        record((alpha, beta))
+    if gaussian:
+        post.noise = (a_tau, b_tau)
+    if rows:
+        alphas, betas = np.array(moments).T
+        log_z = log_evidence(likelihood, np.asarray(values), alphas, betas,
+                             np.asarray(noise_variances) if gaussian else None)
+        post.log_evidence += float(np.sum(log_z))
+    post.n_seen += len(rows)
+    return post
 
 
 # --------------------------------------------------------------------------------------------
@@ -396,11 +569,14 @@ def spike_slab_tilted(cavity_precision, cavity_shift, prior_logit, slab_variance
 def refine_spike_slab(post, damping=1.0):
     """One EP update of every weight's spike-and-slab term A (supplement §2), in place.
 
-    Cavity q/A, tilted moments (eqs. 6–8), then A* = q*/q\\ and q = q\\ × A*.  With
-    ``damping`` ε < 1 the new term is A_old^(1−ε) A*^ε (natural parameters mixed), so q's
-    precision (1−ε)/v_old + ε/v* stays positive; ε = 1 is the paper's update.  A weight whose
-    cavity precision is negative (possible only through rounding: ADF never lowers a
-    precision) keeps its term; the skips are counted in ``post.n_skipped``.
+    Cavity q/A (:func:`~skcep.engines.gaussian.cavity_natural` with ``flat_ok``: a flat cavity
+    is allowed), tilted moments (eqs. 6–8), the proposed term A* = q*/q\\, then the one damping
+    rule (:func:`~skcep.engines.gaussian.damped_update`) on A's natural parameters
+    (precision, shift and log-odds): A_new = A_old^(1−ε) A*^ε, and q = q\\ × A_new.  ε = 1 is
+    the paper's update (q is then the projected tilted distribution itself); for ε < 1 q's
+    precision (1−ε)/v_old + ε/v* stays positive.  A weight whose cavity precision is negative
+    (possible only through rounding: ADF never lowers a precision) keeps its term and its
+    marginal; the skips are counted in ``post.n_skipped``.
 
     Returns
     -------
@@ -409,117 +585,34 @@ def refine_spike_slab(post, damping=1.0):
     P = post.n_weights
     mean, var = post.mean[:P], post.var[:P]
     precision = 1.0 / var
-    cav_prec = precision - post.site_precision
-    cav_shift = mean * precision - post.site_shift
-    ok = cav_prec >= 0.0
-    n_bad = int(P - np.count_nonzero(ok))
-    sel = ok if n_bad else slice(None)
-    if n_bad:
-        cav_prec, cav_shift = cav_prec[ok], cav_shift[ok]
+    cav_prec, cav_shift, ok = cavity_natural(precision, mean * precision, post.site_precision,
+                                             post.site_shift, flat_ok=True)
     rho, new_mean, new_var = spike_slab_tilted(cav_prec, cav_shift, post.prior_logit, post.slab_variance)
-    new_var = np.maximum(new_var, np.finfo(float).tiny / np.finfo(float).eps)
-    site_prec = 1.0 / new_var - cav_prec
-    site_shift = new_mean / new_var - cav_shift
-    if damping < 1.0:
-        site_prec = damping * site_prec + (1.0 - damping) * post.site_precision[sel]
-        site_shift = damping * site_shift + (1.0 - damping) * post.site_shift[sel]
-        rho = damping * rho + (1.0 - damping) * post.site_logit[sel]
-        new_var = 1.0 / (cav_prec + site_prec)
+    new_var = np.maximum(new_var, _TINY_VAR)
+    site_precision = damped_update(post.site_precision, 1.0 / new_var - cav_prec, damping, ok)
+    site_shift = damped_update(post.site_shift, new_mean / new_var - cav_shift, damping, ok)
+    site_logit = damped_update(post.site_logit, rho, damping, ok)
+    if damping != 1.0:
+        new_var = 1.0 / (cav_prec + site_precision)
         new_mean = new_var * (cav_shift + site_shift)
-    mean[sel], var[sel] = new_mean, new_var
-    post.site_precision[sel] = site_prec
-    post.site_shift[sel] = site_shift
-    post.site_logit[sel] = rho
+    n_bad = 0
+    if ok is not True:
+        n_bad = int(P - np.count_nonzero(ok))
+        new_mean, new_var = np.where(ok, new_mean, mean), np.where(ok, new_var, var)
+    mean[...], var[...] = new_mean, new_var
+    post.site_precision, post.site_shift, post.site_logit = site_precision, site_shift, site_logit
     post.n_skipped += n_bad
     return n_bad
 
 
 # --------------------------------------------------------------------------------------------
-# the per-entry ADF loop
+# the partition step
 
 
-class _Workspace:
-    """Preallocated buffers and views for the per-entry loop."""
-
-    def __init__(self, post):
-        sizes = post.layer_sizes
-        L = len(sizes) - 1
-        P = post.n_weights
-        self.L = L
-        self.W = post.layer_views(post.mean)
-        self.grad = np.zeros(post.theta.shape[1])
-        self.gW = post.layer_views(self.grad)
-        self.gW_last = self.gW[L - 1][0]
-        self.W_last = self.W[L - 1][0]
-        self.gx = self.grad[P:P + sizes[0]]
-        self.grad[-1] = 1.0  # ∂f/∂b
-        self.vg = np.empty(self.grad.size)
-        self.tmp = np.empty(self.grad.size)
-        self.intercept = post.theta[0, -1:]
-        self.scale = [1.0 / math.sqrt(sizes[m] + 1) for m in range(L)]
-        # h̃_m = [h_m; 1] / √(V_m + 1): the scaled, bias-augmented input of layer m + 1
-        self.hs = []
-        for m in range(L):
-            b = np.empty(sizes[m] + 1)
-            b[-1] = self.scale[m]
-            self.hs.append(b)
-        self.h = [b[:-1] for b in self.hs]
-        self.hs_col = [b[None, :] for b in self.hs]
-        self.a = [np.empty(sizes[m + 1]) for m in range(L)]
-        self.deriv = [np.empty(sizes[m + 1]) for m in range(L - 1)]  # act'(a_m) / √(V_m + 1)
-        self.zero = [np.zeros(sizes[m + 1]) for m in range(L - 1)]
-        self.delta = [np.empty(sizes[m + 1]) for m in range(L - 1)]
-        self.delta_col = [d[:, None] for d in self.delta]
-        self.back = [np.empty(sizes[m] + 1) for m in range(L - 1)]
-        self.back_head = [b[:-1] for b in self.back]
-        self.x_mean = post.mean[P:P + sizes[0]]
-        # (2, V_0) view of the input slots of (mean, var): one assignment per mode fetches an
-        # embedding's means and variances
-        self.x_both = post.theta[:, P:P + sizes[0]]
-        offsets = np.cumsum((0,) + post.ranks)
-        self.slots = [self.x_both[:, int(offsets[k]):int(offsets[k + 1])] for k in range(len(post.ranks))]
-        # per-layer tuples of the buffers each step touches, so that the per-entry passes are
-        # plain loops over them
-        self.hidden = [(self.W[m], self.hs[m], self.a[m], self.h[m + 1], self.deriv[m], self.zero[m],
-                        self.scale[m + 1]) for m in range(L - 1)]
-        self.backward = [((self.back_head[m + 1] if m + 1 < L - 1 else self.W_last[:-1]), self.deriv[m],
-                          self.delta[m], self.delta_col[m], self.hs_col[m], self.gW[m], self.W[m], self.back[m])
-                         for m in range(L - 2, -1, -1)]
-        self.input_grad_source = self.back_head[0] if L > 1 else self.W_last[:-1]
-
-    def forward_backward(self, relu):
-        """α at the current means, and the gradient g of f into ``self.grad`` (eq. 8)."""
-        multiply, dot = np.multiply, np.dot
-        multiply(self.x_mean, self.scale[0], out=self.h[0])
-        # forward: a_m = W_m h̃_{m−1}; h̃_m = c_m [act(a_m); 1]; deriv_m = c_m act'(a_m)
-        for W, h_in, a, h_out, deriv, zero, c in self.hidden:
-            dot(W, h_in, out=a)
-            if relu:
-                np.maximum(a, zero, out=h_out)
-                np.sign(h_out, out=deriv)
-                h_out *= c
-                deriv *= c
-            else:
-                np.tanh(a, out=h_out)
-                multiply(h_out, h_out, out=deriv)
-                h_out *= c
-                deriv *= -c
-                deriv += c
-        hs_last = self.hs[-1]
-        alpha = float(dot(self.W_last, hs_last)) + float(self.intercept[0])
-        # backward: δ_m = ∂f/∂a_m = (∂f/∂h̃_m) ∘ deriv_m and ∂f/∂W_m = δ_m h̃_{m−1}ᵀ;
-        # the output's δ is 1
-        np.copyto(self.gW_last, hs_last)
-        for src, deriv, delta, delta_col, h_row, gW, W, back in self.backward:
-            multiply(src, deriv, out=delta)
-            dot(delta_col, h_row, out=gW)  # outer product
-            dot(delta, W, out=back)  # ∂f/∂h̃_{m−1}
-        multiply(self.input_grad_source, self.scale[0], out=self.gx)
-        return alpha
-
-
-def adf_pass(post, X, y, likelihood):
-    """Alg. 1 lines 3–8 over the entries of one batch, in order, updating ``post`` in place.
+def fold_batch(post, X, y, likelihood, damping):
+    """Fold one batch into the posterior (Alg. 1 lines 3–9): ADF over its entries in order
+    (:func:`adf_pass`), then the EP refinement of the spike-and-slab terms
+    (:func:`refine_spike_slab`, step ``damping``).  Updates ``post`` in place and returns it.
 
     Parameters
     ----------
@@ -527,63 +620,29 @@ def adf_pass(post, X, y, likelihood):
     X : ndarray (n, K) of int, indices inside the posterior's shape
     y : ndarray (n,), values (Gaussian) or signs ±1 (probit)
     likelihood : {"gaussian", "probit"}
+    damping : float in (0, 1]
 
     Returns
     -------
     post : DeepPosterior
     """
-    ws = _Workspace(post)
-    mean, var, grad, vg, tmp = post.mean, post.var, ws.grad, ws.vg, ws.tmp
-    emb, slots = post.emb, ws.slots
-    relu = post.activation == "relu"
-    fb = ws.forward_backward
-    gaussian = likelihood == "gaussian"
-    a_tau, b_tau = post.noise if gaussian else (1.0, 1.0)
-    K = len(slots)
-    modes = range(K)
-    rows = np.asarray(X).tolist()
-    values = np.asarray(y, dtype=float).tolist()
-    multiply, dot = np.multiply, np.dot
-    sqrt, exp, erfc = math.sqrt, math.exp, math.erfc
-    safe = 1.0 - 1e-9
-    for row, yn in zip(rows, values):
-        for k in modes:  # the entry's embeddings (means and variances) into the input slots
-            slots[k][...] = emb[k][:, row[k]]
-        alpha = fb(relu)
-        multiply(var, grad, out=vg)
-        beta = float(dot(vg, grad))
-        if gaussian:  # eq. 12: log Z = log N(y | α, β + b/a)
-            s = beta + b_tau / a_tau
-            resid = yn - alpha
-            d_alpha = resid / s
-            kappa = 1.0 / s  # (∂logZ/∂α)² − 2 ∂logZ/∂β
-            a_tau += 0.5  # supplement §1, eq. 4
-            b_tau += 0.5 * (resid * resid + beta)
-        else:  # eq. 10: log Z = log Φ(yα/√(1+β))
-            denom = 1.0 + beta
-            root = sqrt(denom)
-            z = yn * alpha / root
-            if z > -5.0:
-                ratio = _SQRT_2_OVER_PI * exp(-0.5 * z * z) / erfc(-z * _SQRT_HALF)
-            else:
-                ratio = _SQRT_2_OVER_PI / float(erfcx(-z * _SQRT_HALF))
-            d_alpha = yn * ratio / root
-            kappa = ratio * (ratio + z) / denom
-        # eq. 7: v* = v − κ (v g)², μ* = μ + ∂logZ/∂α · v g.  Every v_j g_j² ≤ β, so
-        # κβ < 1 keeps every v* positive; otherwise (rounding only) the shrink factor is floored.
-        multiply(vg, vg, out=tmp)
-        if kappa * beta < safe:
-            _daxpy(tmp, var, a=-kappa)
-        else:
-            multiply(vg, grad, out=tmp)
-            tmp *= -kappa
-            tmp += 1.0
-            np.maximum(tmp, _MIN_SHRINK, out=tmp)
-            var *= tmp
-        _daxpy(vg, mean, a=d_alpha)
-        for k in modes:
-            emb[k][:, row[k]] = slots[k]
-    if gaussian:
-        post.noise = (a_tau, b_tau)
-    post.n_seen += len(rows)
+    adf_pass(post, X, y, likelihood)
+    refine_spike_slab(post, damping)
+    post.n_batches += 1
     return post
+
+
+def fold_summary(before, after):
+    """What one :func:`fold_batch` did, for progress lines: the largest change of a posterior
+    mean (weights, offset, embeddings) in posterior standard deviations, and the mean log
+    evidence of the batch's entries.  ``before`` is a copy of the posterior taken just before
+    the fold (same shape)."""
+    P = after.n_weights
+    parts = [(before.mean[:P], after.mean[:P], after.var[:P])]
+    if after.theta[1, -1] > 0:
+        parts.append((before.theta[0, -1:], after.theta[0, -1:], after.theta[1, -1:]))
+    parts += [(old[0], new[0], new[1]) for old, new in zip(before.emb, after.emb)]
+    change = max(float(np.max(np.abs(new - old) / np.sqrt(v), initial=0.0)) for old, new, v in parts)
+    n = after.n_seen - before.n_seen
+    mean_log_z = (after.log_evidence - before.log_evidence) / n if n else float("nan")
+    return change, mean_log_z

@@ -1,18 +1,36 @@
 r"""EP and CEP for models whose likelihood depends on a linear predictor a_i = x_iᵀw.
 
-Two posterior families (SPEC §4):
+Two posterior families:
 
 * **factorized** — q(w) = Π_m N(w_m | μ_m, v_m) with one Gaussian site per non-zero x_im
-  (papers/000 §4.2, supplement 8.2–8.3).  ``method`` picks how a site is refined:
-  ``"ep"`` (factorized EP, Graepel et al. 2010), ``"cep1"`` (eq. 10) or ``"cep2"`` (eq. 11).
+  (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.2 and supplement
+  §8.2–8.3).  ``method`` picks how a site is refined: ``"ep"`` (factorized EP, Graepel et al.
+  2010), ``"cep1"`` (eq. 10) or ``"cep2"`` (eq. 11).
 * **full** — q(w) = N(μ, Σ) with one site per row on its linear predictor (weight-space EP).
 
-**Schedule.**  Rows are taken in blocks; the sites of one block are refined together from the
-same q (vectorised), then q is refreshed before the next block.  A block of one row is the
-paper's sequential Algorithm 1, a single block is a fully parallel sweep.  Parallel sweeps
-oscillate on strongly correlated features (SPEC §4); blocks of a few rows each converge like the
-sequential schedule at a fraction of its cost.  On top, the damping step is halved whenever a
-sweep moves the posterior more than the one before it (adaptive damping).
+**Map/reduce steps.**  Every sweep is a partition step on each partition of the rows against
+the current global posterior, then a global step that combines the partitions' results:
+
+``factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, likelihood, method, step)``
+    → ``(Σ_i site_prec, Σ_i site_shift, n_skipped)``: the partition's sites refined in place
+    (block by block against its running q), and their column sums (d,).
+``factorized_global_step(prior_prec, prior_shift, totals)`` → ``(prec, shift, n_skipped)``:
+    q = prior × Π sites from the partitions' totals.
+``full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size)``
+    → ``(ΔP, Δb, n_skipped)``: the change of the summed natural parameters,
+    Xᵀ diag(Δτ̃) X (d, d) and Xᵀ Δν̃ (d,).
+``full_global_step(P, b, changes)`` → ``(P, b, chol, mean, var, n_skipped)``.
+
+:class:`SweepControl` is the damping and roll-back rule applied between sweeps.  The
+single-machine fits (:func:`fit_factorized`, :func:`fit_full`) loop over these steps with one
+partition (all rows); a distributed fit runs the same partition step on every partition.
+
+**Schedule.**  Within a partition, rows are taken in blocks; the sites of one block are refined
+together from the same q (vectorised), then q is refreshed before the next block.  A block of
+one row is the paper's sequential Algorithm 1, a single block is a fully parallel sweep.
+Parallel sweeps oscillate on strongly correlated features; blocks of a few rows each converge
+like the sequential schedule at a fraction of its cost.  On top, the damping step is halved
+whenever a sweep moves the posterior more than the one before it (adaptive damping).
 
 Sparse designs (CSR) keep sites only at non-zeros, so memory is O(nnz).  Nothing here knows
 about scikit-learn: inputs are arrays, outputs a :class:`GLMPosterior`.
@@ -23,11 +41,23 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, solve_triangular
-from threadpoolctl import threadpool_limits
 
-from .gaussian import cavity, damped, site_from_marginal, to_moments
+from .gaussian import cavity, cavity_natural, damped, site_from_marginal, to_moments
 
-__all__ = ["GLMPosterior", "fit_factorized", "fit_full", "default_block_size"]
+__all__ = [
+    "GLMPosterior",
+    "SweepControl",
+    "default_block_size",
+    "factorized_global_step",
+    "factorized_partition_step",
+    "fit_factorized",
+    "fit_full",
+    "full_global_step",
+    "full_partition_step",
+    "predictor_moments",
+    "refine_sites",
+    "tilted_gradients",
+]
 
 
 @dataclass
@@ -138,100 +168,94 @@ def _site_shape(X):
 
 
 def _cavity_moments(block, prec, shift, site_prec, site_shift):
-    """Cavity mean and variance of every site of the block, and where the cavity is proper
-    (``ok``: True when all are, else a mask)."""
-    cav_prec = block.at_cols(prec) - site_prec
-    ok = True
-    if not cav_prec.min(initial=np.inf) > 0:  # rare: the site is not updated, stays finite
-        ok = cav_prec > 0
-        cav_prec = np.where(ok, cav_prec, block.at_cols(prec))
-        site_shift = np.where(ok, site_shift, 0.0)
+    """Cavity mean and variance of every site of the block, and where it is proper (the one
+    cavity policy, :func:`~skcep.engines.gaussian.cavity_natural`)."""
+    cav_prec, cav_shift, ok = cavity_natural(
+        block.at_cols(prec), block.at_cols(shift), site_prec, site_shift
+    )
     var_c = 1.0 / cav_prec
-    return (block.at_cols(shift) - site_shift) * var_c, var_c, ok
+    return cav_shift * var_c, var_c, ok
 
 
-def _tilted_gradients(block, y, lik, method, prec, shift, mean_c, var_c):
-    r"""(α, β) with tilted moments E[w_m] = μ\ + v\ x α and Var[w_m] = v\ − (v\ x)² β.
+def _outer_mean(block, mean):
+    """c̄ = Σ_{l≠m} x_il μ_l for every site (i, m): the mean of the other weights' part of the
+    linear predictor under q (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020,
+    §4.2: the outer expectation is over q, not the cavity)."""
+    xm = block.x * block.at_cols(mean)
+    return block.at_rows(block.row_sum(xm)) - xm
 
-    EP (SPEC §4): α = ∂log Z/∂m_a, β = −∂²log Z/∂m_a² of the whole linear predictor under the
-    cavity, one pair per row.  CEP-1 (papers/000 eq. 7, 10): the conditional tilted
-    p̂(w_m | c) ∝ N(w_m | μ\, v\) lik(y(x w_m + c)) at c = c̄ (q's means), one pair per site.
+
+def tilted_gradients(block, y, lik, method, mean, mean_c, var_c, order=2):
+    r"""Derivatives L_1 … L_order of log Z for every site of the block.
+
+    The tilted marginal of w_m then has E[w_m] = μ\ + v\ x L_1 and
+    Var[w_m] = v\ + (v\ x)² L_2.
+
+    * EP (factorized EP, Graepel et al. 2010): L_k = ∂ᵏlog Z/∂m_aᵏ of the whole linear
+      predictor under the cavity, a ~ N(Σ x μ\, Σ x² v\), one set per row.
+    * CEP (Wang & Zhe, UAI 2020, eqs. 7 and 10): the conditional tilted
+      p̂(w_m | c) ∝ N(w_m | μ\, v\) lik(y(x w_m + c)) at c = c̄, i.e. log Z at
+      m = x μ\ + c̄, s = x² v\, one set per site.
     """
-    x = block.x
     if method == "ep":
-        m_a = block.row_sum(x * mean_c)
+        m_a = block.row_sum(block.x * mean_c)
         s_a = block.row_sum(block.x2 * var_c)
-        _, l1, l2 = lik.derivatives(m_a, s_a, y, order=2, value=False)
-        return block.at_rows(l1), block.at_rows(-l2)
-    xm = x * block.at_cols(shift / prec)
-    c_bar = block.at_rows(block.row_sum(xm)) - xm
-    _, l1, l2 = lik.derivatives(
-        x * mean_c + c_bar, block.x2 * var_c, block.at_rows(y), order=2, value=False
-    )
-    return l1, -l2
+        ders = lik.derivatives(m_a, s_a, y, order=order, value=False)
+        return [block.at_rows(d) for d in ders[1:]]
+    m = block.x * mean_c + _outer_mean(block, mean)
+    return lik.derivatives(m, block.x2 * var_c, block.at_rows(y), order=order, value=False)[1:]
 
 
-def _refine_factorized(block, y, lik, method, prec, shift, site_prec, site_shift):
-    """Proposed new marginals N(new_mean, new_var) of every site of the block.
+def _cep2_marginals(block, y, lik, mean, var, mean_c, var_c):
+    r"""CEP-2 (Wang & Zhe, UAI 2020, eq. 11) on the sufficient statistics (w, w²):
+    E[h] ≈ h(c̄) + ½ σ_c² h''(c̄), with h1(c) = μ\ + v\ x L1 and h2(c) = h1² + v\ + (v\ x)² L2
+    at m = x μ\ + c, s = x² v\, and σ_c² = Σ_{l≠m} x_l² v_l under q.
 
-    Returns ``(new_mean, new_var, cav_prec, cav_shift, ok)``.  The sweeps use the fused
-    :func:`_sites_from_gradients` for EP and CEP-1; this form serves CEP-2 and tests.
+    Where the expansion breaks down (σ_c² large against the curvature of h) it returns a
+    variance outside (0, v\]; those sites keep the first-order (CEP-1) moments.
     """
-    x = block.x
-    mean_c, var_c, ok = _cavity_moments(block, prec, shift, site_prec, site_shift)
-    cav_prec, cav_shift = 1.0 / var_c, mean_c / var_c
-    if method in ("ep", "cep1"):
-        alpha, beta = _tilted_gradients(block, y, lik, method, prec, shift, mean_c, var_c)
-        gain = var_c * x
-        return mean_c + gain * alpha, var_c - gain**2 * beta, cav_prec, cav_shift, ok
-
-    # CEP-2, eq. 11 on the sufficient statistics (w, w²): E[h] ≈ h(c̄) + ½ σ_c² h''(c̄), with
-    # h1(c) = μ\ + v\ x L1 and h2(c) = h1² + v\ + (v\ x)² L2 at m = x μ\ + c, s = x² v\.
-    mean, var = to_moments(prec, shift)
-    xm = x * block.at_cols(mean)
-    c_bar = block.at_rows(block.row_sum(xm)) - xm
-    gain = var_c * x
-    ders = lik.derivatives(
-        x * mean_c + c_bar, block.x2 * var_c, block.at_rows(y), order=4, value=False
-    )
-    h1 = mean_c + gain * ders[1]
-    cond_var = var_c + gain**2 * ders[2]
+    l1, l2, l3, l4 = tilted_gradients(block, y, lik, "cep", mean, mean_c, var_c, order=4)
+    gain = var_c * block.x
+    h1 = mean_c + gain * l1
+    cond_var = var_c + gain**2 * l2
     x2v = block.x2 * block.at_cols(var)
     half_var_c = 0.5 * (block.at_rows(block.row_sum(x2v)) - x2v)
-    d1 = gain * ders[2]  # h1'
-    d2 = gain * ders[3]  # h1''
+    d1 = gain * l2  # h1'
+    d2 = gain * l3  # h1''
     e_h1 = h1 + half_var_c * d2
-    e_h2 = h1 * h1 + cond_var + half_var_c * (2.0 * d1 * d1 + 2.0 * h1 * d2 + gain**2 * ders[4])
+    e_h2 = h1 * h1 + cond_var + half_var_c * (2.0 * d1 * d1 + 2.0 * h1 * d2 + gain**2 * l4)
     e_var = e_h2 - e_h1 * e_h1
-    # Where the expansion breaks down (σ_c² large against the curvature of h) it returns a
-    # variance outside (0, v\]; those sites keep the first-order (CEP-1) moments.
     fine = (e_var > 0) & (e_var <= var_c) & np.isfinite(e_h1)
-    return np.where(fine, e_h1, h1), np.where(fine, e_var, cond_var), cav_prec, cav_shift, ok
+    return np.where(fine, e_h1, h1), np.where(fine, e_var, cond_var)
 
 
-def _sites_from_gradients(block, alpha, beta, mean_c, var_c, ok):
-    r"""New site (τ, ν) from tilted gradients, fused: with g = v\ x² β,
-    τ = x² β / (1 − g) and ν = (x α + μ\ x² β) / (1 − g)  (= tilted / cavity, SPEC §4)."""
+def _sites_from_gradients(block, l1, l2, mean_c, var_c, ok):
+    r"""New site (τ, ν) from the tilted gradients, fused: with β = −L_2 and g = v\ x² β,
+    τ = x² β / (1 − g) and ν = (x L_1 + μ\ x² β) / (1 − g) (= tilted / cavity)."""
     # Exact moment matching of a log-concave likelihood has β ≥ 0 (never widens the cavity);
     # quadrature error can give a slightly negative β, which would make a negative site.
-    x2b = block.x2 * np.maximum(beta, 0.0)
+    x2b = block.x2 * np.maximum(-l2, 0.0)
     keep = 1.0 - var_c * x2b  # = tilted variance / cavity variance, in (0, 1]
     if ok is not True or not keep.min(initial=np.inf) > 0:
         ok = ok & (keep > 0)
         keep = np.where(ok, keep, 1.0)
-    return x2b / keep, (block.x * alpha + mean_c * x2b) / keep, ok
+    return x2b / keep, (block.x * l1 + mean_c * x2b) / keep, ok
 
 
-def _proposed_sites(block, y, lik, method, prec, shift, site_prec, site_shift):
-    """New site natural parameters of every site of the block, and which may be updated."""
-    if method == "cep2":
-        new_mean, new_var, cav_prec, cav_shift, ok = _refine_factorized(
-            block, y, lik, method, prec, shift, site_prec, site_shift
-        )
-        return site_from_marginal(new_mean, new_var, cav_prec, cav_shift, ok)
+def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift):
+    """Proposed new natural parameters of every site of one block, refined from the same q.
+
+    ``method`` is "ep", "cep1" or "cep2"; (prec, shift) are q's natural parameters (d,),
+    (site_prec, site_shift) the block's current sites.  Returns ``(new_prec, new_shift, ok)``;
+    sites where ``ok`` is False (improper cavity, non-finite moments) must not change.
+    """
     mean_c, var_c, ok = _cavity_moments(block, prec, shift, site_prec, site_shift)
-    alpha, beta = _tilted_gradients(block, y, lik, method, prec, shift, mean_c, var_c)
-    return _sites_from_gradients(block, alpha, beta, mean_c, var_c, ok)
+    mean = shift / prec
+    if method == "cep2":
+        new_mean, new_var = _cep2_marginals(block, y, lik, mean, 1.0 / prec, mean_c, var_c)
+        return site_from_marginal(new_mean, new_var, 1.0 / var_c, mean_c / var_c, ok)
+    l1, l2 = tilted_gradients(block, y, lik, method, mean, mean_c, var_c)
+    return _sites_from_gradients(block, l1, l2, mean_c, var_c, ok)
 
 
 def _change(mean_old, var_old, mean, var):
@@ -241,7 +265,7 @@ def _change(mean_old, var_old, mean, var):
     )
 
 
-class _Sweeps:
+class SweepControl:
     """Convergence, damping and backtracking control of a sequence of sweeps.
 
     ``step`` is the damping.  After each sweep :meth:`judge` compares its change with the last
@@ -266,16 +290,6 @@ class _Sweeps:
         self._last_delta = None
         self._saved = None
         self._calm = 0
-
-    def apply(self, site_prec, site_shift, idx, new_prec, new_shift, ok):
-        """Damped in-place update of the sites at ``idx``; returns the changes."""
-        d_prec = damped(site_prec[idx], new_prec, self.step, ok)
-        d_shift = damped(site_shift[idx], new_shift, self.step, ok)
-        site_prec[idx] += d_prec
-        site_shift[idx] += d_shift
-        if ok is not True:
-            self.n_skipped += int(ok.size - np.count_nonzero(ok))
-        return d_prec, d_shift
 
     def snapshot(self, *arrays):
         """Copies of the state a rejected sweep must restore (none while in grace), kept in
@@ -319,6 +333,54 @@ class _Sweeps:
         return verdict
 
 
+def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, likelihood,
+                              method, step):
+    """Partition step of factorized EP / CEP: refine the sites of one partition of the rows.
+
+    The partition's row blocks are refined in order, each against the partition's running q
+    (the global (prec, shift) plus the changes of the blocks before it), with the damped
+    update (:meth:`SweepControl.apply` rule, ``step`` the damping).  ``site_prec`` and
+    ``site_shift`` (one entry per stored x_im) are updated in place.
+
+    Returns
+    -------
+    totals : (site_prec_total, site_shift_total, n_skipped)
+        The column sums of the partition's new sites (d,) and the number of site updates
+        skipped; the global step adds the totals of all partitions to the prior.
+    """
+    prec, shift = prec.copy(), shift.copy()
+    n_skipped = 0
+    for rows, block in design.blocks:
+        sl = block.sites
+        new_prec, new_shift, ok = refine_sites(
+            block, y[rows], likelihood, method, prec, shift, site_prec[sl], site_shift[sl]
+        )
+        d_prec = damped(site_prec[sl], new_prec, step, ok)
+        d_shift = damped(site_shift[sl], new_shift, step, ok)
+        site_prec[sl] += d_prec
+        site_shift[sl] += d_shift
+        prec += block.col_sum(d_prec)
+        shift += block.col_sum(d_shift)
+        if ok is not True:
+            n_skipped += int(ok.size - np.count_nonzero(ok))
+    return design.col_total(site_prec), design.col_total(site_shift), n_skipped
+
+
+def factorized_global_step(prior_prec, prior_shift, totals):
+    """Global step of factorized EP / CEP: q = prior × Π sites, from the partitions' totals.
+
+    ``totals`` is a sequence of :func:`factorized_partition_step` results; q is rebuilt from
+    all sites (not accumulated from changes), so rounding does not build up over sweeps.
+    Returns ``(prec, shift, n_skipped)``.
+    """
+    prec, shift, n_skipped = prior_prec.copy(), prior_shift.copy(), 0
+    for part_prec, part_shift, skipped in totals:
+        prec += part_prec
+        shift += part_shift
+        n_skipped += skipped
+    return prec, shift, n_skipped
+
+
 def fit_factorized(
     X,
     y,
@@ -333,8 +395,12 @@ def fit_factorized(
     block_size=None,
     init_sites=None,
     warmup_sweeps=10,
+    callback=None,
 ):
     """Fully factorized EP / CEP-1 / CEP-2 for a linear-predictor likelihood.
+
+    A loop of :func:`factorized_partition_step` over one partition (all rows) and
+    :func:`factorized_global_step`, judged by :class:`SweepControl`.
 
     Parameters
     ----------
@@ -348,9 +414,10 @@ def fit_factorized(
     method : {"cep1", "cep2", "ep"}
     damping : float in (0, 1], optional
         Initial fraction of each proposed site change that is applied (1 = undamped);
-        adapted when sweeps diverge or oscillate (:class:`_Sweeps`).  Default: 1 for EP,
+        adapted when sweeps diverge or oscillate (:class:`SweepControl`).  Default: 1 for EP,
         ½ for CEP.
-    max_iter, tol : sweep limit and convergence threshold on :func:`_change`.
+    max_iter, tol : sweep limit and convergence threshold on the largest change of a sweep
+        (posterior means in posterior sd, variances relative).
     block_size : int, optional
         Rows refined together; default :func:`default_block_size`.
     init_sites : (site_precision, site_shift), optional
@@ -362,6 +429,8 @@ def fit_factorized(
         sweeps overshoot by orders of magnitude and can settle in a poor fixed point (measured
         on the CEP paper's sonar data: 3 warm-up sweeps −7.8, 10 or 50 sweeps −0.60 test
         log-likelihood); starting near EP's fixed point avoids both.
+    callback : callable, optional
+        ``callback(sweep, change, None)`` after every sweep of ``method``.
 
     Returns
     -------
@@ -390,35 +459,35 @@ def fit_factorized(
     else:
         site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
     design = _Design(X, block_size or default_block_size(n, site_prec.size))
-    prec = prior_prec + design.col_total(site_prec)
-    shift = prior_shift + design.col_total(site_shift)
-    sweeps = _Sweeps(damping, tol)
+    prec, shift, _ = factorized_global_step(
+        prior_prec, prior_shift, [(design.col_total(site_prec), design.col_total(site_shift), 0)]
+    )
+    control = SweepControl(damping, tol)
     converged, it = False, 0
     for it in range(1, max_iter + 1):
         mean_old, var_old = to_moments(prec, shift)
-        saved = sweeps.snapshot(site_prec, site_shift)
-        for rows, block in design.blocks:
-            sl = block.sites
-            new_prec, new_shift, ok = _proposed_sites(
-                block, y[rows], likelihood, method, prec, shift, site_prec[sl], site_shift[sl]
-            )
-            d_prec, d_shift = sweeps.apply(site_prec, site_shift, sl, new_prec, new_shift, ok)
-            prec += block.col_sum(d_prec)
-            shift += block.col_sum(d_shift)
-        # Refresh q from all sites so that rounding does not accumulate over sweeps.
-        prec = prior_prec + design.col_total(site_prec)
-        shift = prior_shift + design.col_total(site_shift)
-        verdict = sweeps.judge(mean_old, var_old, *to_moments(prec, shift))
+        saved = control.snapshot(site_prec, site_shift)
+        totals = factorized_partition_step(
+            design, y, site_prec, site_shift, prec, shift, likelihood=likelihood, method=method,
+            step=control.step,
+        )
+        prec, shift, skipped = factorized_global_step(prior_prec, prior_shift, [totals])
+        control.n_skipped += skipped
+        verdict = control.judge(mean_old, var_old, *to_moments(prec, shift))
+        if callback is not None:
+            callback(it, control.trace[-1], None)
         if verdict == "converged":
             converged = True
             break
         if verdict == "reject":
             site_prec[...], site_shift[...] = saved
-            prec = prior_prec + design.col_total(site_prec)
-            shift = prior_shift + design.col_total(site_shift)
+            prec, shift, _ = factorized_global_step(
+                prior_prec, prior_shift,
+                [(design.col_total(site_prec), design.col_total(site_shift), 0)],
+            )
     mean, var = to_moments(prec, shift)
     sites = (site_prec, site_shift)
-    return GLMPosterior(mean, var, None, it, converged, sweeps.n_skipped, sweeps.trace, sites)
+    return GLMPosterior(mean, var, None, it, converged, control.n_skipped, control.trace, sites)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,6 +497,67 @@ def fit_factorized(
 def _dense_rows(X, rows):
     block = X[rows]
     return block.toarray() if sp.issparse(block) else block
+
+
+def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size):
+    """Partition step of full-covariance EP: refine the sites of one partition of the rows.
+
+    The partition's row blocks are refined in order against its running posterior
+    N(P⁻¹b, P⁻¹) (the global precision P and shift b plus the blocks' changes so far): the
+    cavity of each linear predictor a_i from m_i = x_iᵀμ and s_i = x_iᵀΣx_i, its tilted
+    moments (the 1-D log Z of the likelihood), the new site, damped by ``step``.  Sites are
+    updated in place.
+
+    Returns
+    -------
+    change : (dP, db, n_skipped)
+        The change of the summed natural parameters, Xᵀ diag(Δτ̃) X (d, d) and Xᵀ Δν̃ (d,),
+        and the number of skipped site updates; the global step adds them to P and b.
+    """
+    n = X.shape[0]
+    P0, b0 = P, b
+    P, b = P.copy(), b.copy()
+    chol = cho_factor(P, lower=True)
+    mean = cho_solve(chol, b)
+    n_skipped = 0
+    for rows in (slice(start, min(start + block_size, n)) for start in range(0, n, block_size)):
+        xb = _dense_rows(X, rows)
+        m = xb @ mean
+        s = np.sum(solve_triangular(chol[0], xb.T, lower=True) ** 2, axis=0)
+        blank = s <= 0  # an all-zero row says nothing about w: its site stays zero
+        s = np.where(blank, 1.0, s)
+        mean_c, var_c, cav_prec, cav_shift, ok = cavity(
+            1.0 / s, m / s, site_prec[rows], site_shift[rows]
+        )
+        _, l1, l2 = likelihood.derivatives(mean_c, var_c, y[rows], order=2, value=False)
+        new_prec, new_shift, ok = site_from_marginal(
+            mean_c + var_c * l1, var_c + var_c**2 * l2, cav_prec, cav_shift, ok
+        )
+        new_prec, new_shift, ok = (
+            np.where(blank, 0.0, new_prec), np.where(blank, 0.0, new_shift), ok | blank
+        )
+        d_prec = damped(site_prec[rows], new_prec, step, ok)
+        d_shift = damped(site_shift[rows], new_shift, step, ok)
+        site_prec[rows] += d_prec
+        site_shift[rows] += d_shift
+        n_skipped += int(ok.size - np.count_nonzero(ok))
+        P += xb.T @ (d_prec[:, None] * xb)
+        b += xb.T @ d_shift
+        chol = cho_factor(P, lower=True)
+        mean = cho_solve(chol, b)
+    return P - P0, b - b0, n_skipped
+
+
+def full_global_step(P, b, changes):
+    """Global step of full-covariance EP: add the partitions' changes to the precision P and
+    shift b.  Returns ``(P, b, chol, mean, var, n_skipped)``."""
+    P, b, n_skipped = P.copy(), b.copy(), 0
+    for dP, db, skipped in changes:
+        P += dP
+        b += db
+        n_skipped += skipped
+    chol = cho_factor(P, lower=True)
+    return P, b, chol, cho_solve(chol, b), _marginal_var(chol, P.shape[0]), n_skipped
 
 
 def fit_full(
@@ -441,23 +571,19 @@ def fit_full(
     max_iter=100,
     tol=1e-4,
     block_size=None,
+    callback=None,
 ):
-    """Weight-space EP with a full covariance (SPEC §4, beyond the papers).
+    """Weight-space EP with a full covariance (beyond the CEP paper).
 
     Sites t̃_i(a_i) ∝ exp(−½ τ̃_i a_i² + ν̃_i a_i), so the posterior precision is
-    P = Σ0⁻¹ + Xᵀ diag(τ̃) X and P μ = Σ0⁻¹ μ0 + Xᵀ ν̃.  After each block of rows P is
-    refreshed by the block's rank-b change and re-factorized (O(b d² + d³) per block).
+    P = Σ0⁻¹ + Xᵀ diag(τ̃) X and P μ = Σ0⁻¹ μ0 + Xᵀ ν̃.  A loop of
+    :func:`full_partition_step` over one partition (all rows; after each block of rows P is
+    refreshed by the block's rank-b change and re-factorized, O(b d² + d³) per block) and
+    :func:`full_global_step`, judged by :class:`SweepControl`.
 
     ``prior_cov`` is (d, d); other arguments as in :func:`fit_factorized`.
     Returns a :class:`GLMPosterior` with ``cov`` set.
     """
-    damping = 1.0 if damping is None else damping
-    # Small factorizations run fastest on one BLAS thread; many threads only contend.
-    with threadpool_limits(limits=1 if X.shape[1] <= 512 else None, user_api="blas"):
-        return _fit_full(X, y, likelihood, prior_mean, prior_cov, damping, max_iter, tol, block_size)
-
-
-def _fit_full(X, y, likelihood, prior_mean, prior_cov, damping, max_iter, tol, block_size):
     n, d = X.shape
     y = np.asarray(y, dtype=float)
     prior_prec = np.linalg.inv(np.asarray(prior_cov, dtype=float))
@@ -465,53 +591,60 @@ def _fit_full(X, y, likelihood, prior_mean, prior_cov, damping, max_iter, tol, b
     prior_shift = prior_prec @ np.asarray(prior_mean, dtype=float)
     site_prec = np.zeros(n)
     site_shift = np.zeros(n)
-    P, b = prior_prec.copy(), prior_shift.copy()
     block_size = block_size or max(default_block_size(n, n * d), min(d, 256))
-    starts = range(0, n, block_size)
-    sweeps = _Sweeps(damping, tol)
+    control = SweepControl(1.0 if damping is None else damping, tol)
+    P, b, chol, mean, var, _ = full_global_step(prior_prec, prior_shift, [])
     converged, it = False, 0
-    chol = cho_factor(P, lower=True)
-    mean = cho_solve(chol, b)
-    var = _marginal_var(chol, d)
     for it in range(1, max_iter + 1):
         mean_old, var_old = mean, var
-        saved = sweeps.snapshot(site_prec, site_shift, P, b)
-        for start in starts:
-            rows = slice(start, min(start + block_size, n))
-            xb = _dense_rows(X, rows)
-            m = xb @ mean
-            s = np.sum(solve_triangular(chol[0], xb.T, lower=True) ** 2, axis=0)
-            blank = s <= 0  # an all-zero row says nothing about w: its site stays zero
-            s = np.where(blank, 1.0, s)
-            mean_c, var_c, cav_prec, cav_shift, ok = cavity(
-                1.0 / s, m / s, site_prec[rows], site_shift[rows]
-            )
-            _, l1, l2 = likelihood.derivatives(mean_c, var_c, y[rows], order=2, value=False)
-            new_prec, new_shift, ok = site_from_marginal(
-                mean_c + var_c * l1, var_c + var_c**2 * l2, cav_prec, cav_shift, ok
-            )
-            new_prec, new_shift, ok = (
-                np.where(blank, 0.0, new_prec), np.where(blank, 0.0, new_shift), ok | blank
-            )
-            d_prec, d_shift = sweeps.apply(site_prec, site_shift, rows, new_prec, new_shift, ok)
-            P += xb.T @ (d_prec[:, None] * xb)
-            b += xb.T @ d_shift
-            chol = cho_factor(P, lower=True)
-            mean = cho_solve(chol, b)
-        var = _marginal_var(chol, d)
-        verdict = sweeps.judge(mean_old, var_old, mean, var)
+        saved = control.snapshot(site_prec, site_shift, P, b)
+        change = full_partition_step(
+            X, y, site_prec, site_shift, P, b, likelihood=likelihood, step=control.step,
+            block_size=block_size,
+        )
+        P, b, chol, mean, var, skipped = full_global_step(P, b, [change])
+        control.n_skipped += skipped
+        verdict = control.judge(mean_old, var_old, mean, var)
+        if callback is not None:
+            callback(it, control.trace[-1], None)
         if verdict == "converged":
             converged = True
             break
         if verdict == "reject":
-            site_prec[...], site_shift[...], P[...], b[...] = saved
-            chol = cho_factor(P, lower=True)
-            mean, var = cho_solve(chol, b), _marginal_var(chol, d)
+            site_prec[...], site_shift[...] = saved[:2]
+            P, b, chol, mean, var, _ = full_global_step(saved[2], saved[3], [])
     cov = cho_solve(chol, np.eye(d))
     cov = 0.5 * (cov + cov.T)
-    return GLMPosterior(mean, np.diag(cov).copy(), cov, it, converged, sweeps.n_skipped, sweeps.trace)
+    return GLMPosterior(mean, np.diag(cov).copy(), cov, it, converged, control.n_skipped, control.trace)
 
 
 def _marginal_var(chol, d):
     inv_l = solve_triangular(chol[0], np.eye(d), lower=True)
     return np.sum(inv_l**2, axis=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prediction
+
+
+def predictor_moments(A, mean, var, cov=None):
+    """Mean and variance of each model's linear predictor a = xᵀw under its posterior.
+
+    ``A`` (n, d) dense or CSR; ``mean`` and ``var`` (n_models, d); ``cov`` (n_models, d, d) for
+    full covariances, else None.  Returns two (n, n_models) arrays (variances clipped at 0).
+    """
+    m = np.asarray(A @ mean.T)
+    if cov is None:
+        A2 = A.multiply(A) if sp.issparse(A) else A * A
+        s = np.asarray(A2 @ var.T)
+    else:
+        s = np.column_stack([_row_quadratic_forms(A, c) for c in cov])
+    return m, np.maximum(s, 0.0)
+
+
+def _row_quadratic_forms(A, M):
+    """a_iᵀ M a_i for every row a_i of a dense or CSR matrix A."""
+    AM = np.asarray(A @ M)
+    if sp.issparse(A):
+        return np.asarray(A.multiply(AM).sum(axis=1)).ravel()
+    return np.einsum("ij,ij->i", A, AM)

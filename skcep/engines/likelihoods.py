@@ -6,13 +6,13 @@ the probit and logistic models needs only
     L(m) = log Z(m, s),   Z(m, s) = E[lik(y a)],
 
 and its derivatives L_k = ∂^k L / ∂m^k at fixed s.  Because ∂Z/∂s = ½ ∂²Z/∂m² for Gaussian
-smoothing, the tilted moments of a are (SPEC §4)
+smoothing, the tilted moments of a are
 
     E[a] = m + s L_1,      Var[a] = s + s² L_2        (L_2 = −β ≤ 0),
 
-and the same identities give the conditional moments of one weight in CEP (papers/000 eq. 7,
-supplement 8.2.2 and 8.3.2) and, through L_3 and L_4, their second derivatives needed by CEP-2
-(eq. 11).  Each likelihood returns ``derivatives(m, s, y, order)`` = [L_0, …, L_order]
+and the same identities give the conditional moments of one weight in CEP (Wang & Zhe,
+"Conditional Expectation Propagation", UAI 2020, eq. 7 and supplement §8.2.2, §8.3.2) and,
+through L_3 and L_4, their second derivatives needed by CEP-2 (eq. 11).  Each likelihood returns ``derivatives(m, s, y, order)`` = [L_0, …, L_order]
 (``value=False`` may skip L_0).
 """
 
@@ -94,7 +94,7 @@ def mills_ratio(u):
 
 
 class Probit:
-    """lik(y a) = Φ(y a);  Z(m, s) = Φ(y m / √(1 + s))  (papers/000 supplement 8.3)."""
+    """lik(y a) = Φ(y a);  Z(m, s) = Φ(y m / √(1 + s))  (Wang & Zhe, UAI 2020, supplement §8.3)."""
 
     name = "probit"
 
