@@ -145,7 +145,8 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         return_std : bool, default=False
             Also return the predictive standard deviation (Gaussian: of y, noise included;
             probit: of the latent f).  For StreamingDeepTensor the variance of f is the
-            delta method's β (papers/004 eq. 9).
+            delta method's β (Fang et al., "Streaming Bayesian Deep Tensor Factorization",
+            ICML 2021, eq. 9).
 
         Returns
         -------
@@ -163,7 +164,7 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
     @available_if(lambda self: self.likelihood == "probit")
     def predict_proba(self, X):
         """Class probabilities Φ(E f / √(1 + Var f)) (probit only; for StreamingDeepTensor
-        E f and Var f are the delta method's α and β, papers/004 eq. 10).
+        E f and Var f are the delta method's α and β, Fang et al., ICML 2021, eq. 10).
 
         Returns
         -------

@@ -302,6 +302,15 @@ class SweepControl:
             np.copyto(buffer, a)
         return self._saved
 
+    def finish(self, sweep, n_skipped, mean_old, var_old, mean, var, callback=None):
+        """Count a finished sweep's skipped updates, :meth:`judge` it and report it to
+        ``callback(sweep, change, None)``; returns the verdict."""
+        self.n_skipped += n_skipped
+        verdict = self.judge(mean_old, var_old, mean, var)
+        if callback is not None:
+            callback(sweep, self.trace[-1], None)
+        return verdict
+
     def judge(self, mean_old, var_old, mean, var):
         """Record a finished sweep: "converged", "accept" or "reject"."""
         change = _change(mean_old, var_old, mean, var)
@@ -472,10 +481,7 @@ def fit_factorized(
             step=control.step,
         )
         prec, shift, skipped = factorized_global_step(prior_prec, prior_shift, [totals])
-        control.n_skipped += skipped
-        verdict = control.judge(mean_old, var_old, *to_moments(prec, shift))
-        if callback is not None:
-            callback(it, control.trace[-1], None)
+        verdict = control.finish(it, skipped, mean_old, var_old, *to_moments(prec, shift), callback)
         if verdict == "converged":
             converged = True
             break
@@ -603,10 +609,7 @@ def fit_full(
             block_size=block_size,
         )
         P, b, chol, mean, var, skipped = full_global_step(P, b, [change])
-        control.n_skipped += skipped
-        verdict = control.judge(mean_old, var_old, mean, var)
-        if callback is not None:
-            callback(it, control.trace[-1], None)
+        verdict = control.finish(it, skipped, mean_old, var_old, mean, var, callback)
         if verdict == "converged":
             converged = True
             break
