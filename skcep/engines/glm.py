@@ -21,9 +21,11 @@ the current global posterior, then a global step that combines the partitions' r
     Xᵀ diag(Δτ̃) X (d, d) and Xᵀ Δν̃ (d,).
 ``full_global_step(P, b, changes)`` → ``(P, b, chol, mean, var, n_skipped)``.
 
-:class:`SweepControl` is the damping and roll-back rule applied between sweeps.  The
-single-machine fits (:func:`fit_factorized`, :func:`fit_full`) loop over these steps with one
-partition (all rows); a distributed fit runs the same partition step on every partition.
+:class:`SweepControl` is the damping and roll-back rule applied between sweeps, and
+:func:`factorized_sweeps` / :func:`full_sweeps` the loop of sweeps over any holder of
+partitions.  The single-machine fits (:func:`fit_factorized`, :func:`fit_full`) run that loop
+over :class:`InMemoryPartitions` (one partition, all rows); a distributed fit runs the same
+loop over partitions kept on Dask workers.
 
 **Schedule.**  Within a partition, rows are taken in blocks; the sites of one block are refined
 together from the same q (vectorised), then q is refreshed before the next block.  A block of
@@ -46,14 +48,19 @@ from .gaussian import cavity, cavity_natural, damped, site_from_marginal, to_mom
 
 __all__ = [
     "GLMPosterior",
+    "InMemoryPartitions",
     "SweepControl",
     "default_block_size",
     "factorized_global_step",
     "factorized_partition_step",
     "fit_factorized",
+    "fit_factorized_partitions",
     "fit_full",
+    "fit_full_partitions",
     "full_global_step",
     "full_partition_step",
+    "full_sweeps",
+    "factorized_sweeps",
     "predictor_moments",
     "refine_sites",
     "tilted_gradients",
@@ -270,7 +277,7 @@ class SweepControl:
 
     ``step`` is the damping.  After each sweep :meth:`judge` compares its change with the last
     accepted one: a sweep that more than doubles it is *rejected* (the caller restores the
-    sites saved by :meth:`snapshot`) and the step halves; a sweep that grows it less, or
+    sites it saved while :attr:`may_reject`) and the step halves; a sweep that grows it less, or
     reverses the direction of the previous one (cosine of successive mean changes below −½),
     is kept but also halves the step.  These are the signatures of a diverging or oscillating
     fixed-point iteration.  Five sweeps in a row that shrink the change without reversing let
@@ -288,19 +295,12 @@ class SweepControl:
         self.n_skipped = 0
         self._last_change = np.inf
         self._last_delta = None
-        self._saved = None
         self._calm = 0
 
-    def snapshot(self, *arrays):
-        """Copies of the state a rejected sweep must restore (none while in grace), kept in
-        buffers reused from sweep to sweep."""
-        if self.grace > 0:
-            return None
-        if self._saved is None:
-            self._saved = [np.empty_like(a) for a in arrays]
-        for buffer, a in zip(self._saved, arrays):
-            np.copyto(buffer, a)
-        return self._saved
+    @property
+    def may_reject(self):
+        """Whether the coming sweep can be rejected (not in grace): its start must be saved."""
+        return self.grace <= 0
 
     def finish(self, sweep, n_skipped, mean_old, var_old, mean, var, callback=None):
         """Count a finished sweep's skipped updates, :meth:`judge` it and report it to
@@ -450,50 +450,104 @@ def fit_factorized(
         if not X.has_canonical_format:  # one site per stored entry: merge duplicates (on a copy)
             X = X.copy()
             X.sum_duplicates()
-    n, d = X.shape
+    n = X.shape[0]
     y = np.asarray(y, dtype=float)
+    if init_sites is None:
+        site_prec, site_shift = np.zeros(_site_shape(X)), np.zeros(_site_shape(X))
+    else:
+        site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
+    design = _Design(X, block_size or default_block_size(n, site_prec.size))
+    parts = InMemoryPartitions(factorized_partition_step, design, y, site_prec, site_shift)
+    post = fit_factorized_partitions(
+        parts, likelihood, prior_mean, prior_var, method=method, damping=damping,
+        max_iter=max_iter, tol=tol, warmup_sweeps=warmup_sweeps, callback=callback,
+    )
+    post.sites = (site_prec, site_shift)
+    return post
+
+
+def fit_factorized_partitions(parts, likelihood, prior_mean, prior_var, *, method="cep1",
+                              damping=None, max_iter=100, tol=1e-4, warmup_sweeps=10,
+                              callback=None):
+    """:func:`fit_factorized` on rows held by ``parts`` (see :func:`factorized_sweeps`): the
+    EP warm-up sweeps, then ``method``'s.  Returns a :class:`GLMPosterior` without sites."""
     prior_prec = 1.0 / np.asarray(prior_var, dtype=float)
     prior_shift = np.asarray(prior_mean, dtype=float) * prior_prec
     if damping is None:
         damping = 1.0 if method == "ep" else 0.5
     if warmup_sweeps and method != "ep":
-        init_sites = fit_factorized(
-            X, y, likelihood, prior_mean, prior_var, method="ep", max_iter=warmup_sweeps,
-            tol=tol, block_size=block_size, init_sites=init_sites,
-        ).sites
-    if init_sites is None:
-        site_prec, site_shift = np.zeros(_site_shape(X)), np.zeros(_site_shape(X))
-    elif warmup_sweeps and method != "ep":  # the warm-up's own arrays: no copy needed
-        site_prec, site_shift = init_sites
-    else:
-        site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
-    design = _Design(X, block_size or default_block_size(n, site_prec.size))
-    prec, shift, _ = factorized_global_step(
-        prior_prec, prior_shift, [(design.col_total(site_prec), design.col_total(site_shift), 0)]
+        factorized_sweeps(parts, prior_prec, prior_shift, likelihood=likelihood, method="ep",
+                          damping=1.0, tol=tol, max_iter=warmup_sweeps)
+    prec, shift, it, converged, control = factorized_sweeps(
+        parts, prior_prec, prior_shift, likelihood=likelihood, method=method, damping=damping,
+        tol=tol, max_iter=max_iter, callback=callback,
     )
+    mean, var = to_moments(prec, shift)
+    return GLMPosterior(mean, var, None, it, converged, control.n_skipped, control.trace)
+
+
+def factorized_sweeps(parts, prior_prec, prior_shift, *, likelihood, method, damping, tol,
+                      max_iter, callback=None):
+    """The sweeps of factorized EP / CEP over partitioned rows, until ``tol`` or ``max_iter``.
+
+    ``parts`` holds the rows and their sites (:class:`InMemoryPartitions` here; Dask chunks in a
+    distributed fit): ``parts.step(prec, shift, **options)`` runs
+    :func:`factorized_partition_step` on every partition against the global q and returns the
+    partitions' totals; ``parts.totals()`` gives them for the current sites; ``parts.save()``
+    and ``parts.restore()`` keep and bring back the sites of a sweep that
+    :class:`SweepControl` may reject (``restore`` returns their totals).
+
+    Returns ``(prec, shift, n_sweeps, converged, control)``.
+    """
+    prec, shift, _ = factorized_global_step(prior_prec, prior_shift, parts.totals())
     control = SweepControl(damping, tol)
     converged, it = False, 0
     for it in range(1, max_iter + 1):
         mean_old, var_old = to_moments(prec, shift)
-        saved = control.snapshot(site_prec, site_shift)
-        totals = factorized_partition_step(
-            design, y, site_prec, site_shift, prec, shift, likelihood=likelihood, method=method,
-            step=control.step,
-        )
-        prec, shift, skipped = factorized_global_step(prior_prec, prior_shift, [totals])
+        if control.may_reject:
+            parts.save()
+        totals = parts.step(prec, shift, likelihood=likelihood, method=method, step=control.step)
+        prec, shift, skipped = factorized_global_step(prior_prec, prior_shift, totals)
         verdict = control.finish(it, skipped, mean_old, var_old, *to_moments(prec, shift), callback)
         if verdict == "converged":
             converged = True
             break
         if verdict == "reject":
-            site_prec[...], site_shift[...] = saved
-            prec, shift, _ = factorized_global_step(
-                prior_prec, prior_shift,
-                [(design.col_total(site_prec), design.col_total(site_shift), 0)],
-            )
-    mean, var = to_moments(prec, shift)
-    sites = (site_prec, site_shift)
-    return GLMPosterior(mean, var, None, it, converged, control.n_skipped, control.trace, sites)
+            prec, shift, _ = factorized_global_step(prior_prec, prior_shift, parts.restore())
+    return prec, shift, it, converged, control
+
+
+class InMemoryPartitions:
+    """All rows as one partition whose sites live in this process (the single-machine fits).
+
+    ``partition_step`` is :func:`factorized_partition_step` or :func:`full_partition_step`;
+    ``data`` its design argument (a :class:`_Design` or the matrix X).  The sites are updated in
+    place; :meth:`save` copies them into buffers reused from sweep to sweep.
+    """
+
+    def __init__(self, partition_step, data, y, site_prec, site_shift, **fixed):
+        self.partition_step, self.data, self.y, self.fixed = partition_step, data, y, fixed
+        self.site_prec, self.site_shift = site_prec, site_shift
+        self._saved = None
+
+    def step(self, *state, **options):
+        return [self.partition_step(self.data, self.y, self.site_prec, self.site_shift, *state,
+                                    **options, **self.fixed)]
+
+    def totals(self):
+        col_total = self.data.col_total
+        return [(col_total(self.site_prec), col_total(self.site_shift), 0)]
+
+    def save(self):
+        if self._saved is None:
+            self._saved = (np.empty_like(self.site_prec), np.empty_like(self.site_shift))
+        np.copyto(self._saved[0], self.site_prec)
+        np.copyto(self._saved[1], self.site_shift)
+
+    def restore(self):
+        np.copyto(self.site_prec, self._saved[0])
+        np.copyto(self.site_shift, self._saved[1])
+        return self.totals() if isinstance(self.data, _Design) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -591,34 +645,54 @@ def fit_full(
     Returns a :class:`GLMPosterior` with ``cov`` set.
     """
     n, d = X.shape
-    y = np.asarray(y, dtype=float)
+    block_size = block_size or max(default_block_size(n, n * d), min(d, 256))
+    parts = InMemoryPartitions(full_partition_step, X, np.asarray(y, dtype=float), np.zeros(n),
+                               np.zeros(n), block_size=block_size)
+    return fit_full_partitions(parts, likelihood, prior_mean, prior_cov, damping=damping,
+                               max_iter=max_iter, tol=tol, callback=callback)
+
+
+def fit_full_partitions(parts, likelihood, prior_mean, prior_cov, *, damping=None, max_iter=100,
+                        tol=1e-4, callback=None):
+    """:func:`fit_full` on rows held by ``parts`` (see :func:`full_sweeps`)."""
     prior_prec = np.linalg.inv(np.asarray(prior_cov, dtype=float))
     prior_prec = 0.5 * (prior_prec + prior_prec.T)
     prior_shift = prior_prec @ np.asarray(prior_mean, dtype=float)
-    site_prec = np.zeros(n)
-    site_shift = np.zeros(n)
-    block_size = block_size or max(default_block_size(n, n * d), min(d, 256))
-    control = SweepControl(1.0 if damping is None else damping, tol)
+    P, b, chol, mean, var, it, converged, control = full_sweeps(
+        parts, prior_prec, prior_shift, likelihood=likelihood,
+        damping=1.0 if damping is None else damping, tol=tol, max_iter=max_iter, callback=callback,
+    )
+    cov = cho_solve(chol, np.eye(len(mean)))
+    cov = 0.5 * (cov + cov.T)
+    return GLMPosterior(mean, np.diag(cov).copy(), cov, it, converged, control.n_skipped, control.trace)
+
+
+def full_sweeps(parts, prior_prec, prior_shift, *, likelihood, damping, tol, max_iter,
+                callback=None):
+    """The sweeps of full-covariance EP over partitioned rows (``parts`` as in
+    :func:`factorized_sweeps`, its ``step(P, b, **options)`` running
+    :func:`full_partition_step` and returning the partitions' changes).
+
+    Returns ``(P, b, chol, mean, var, n_sweeps, converged, control)``.
+    """
+    control = SweepControl(damping, tol)
     P, b, chol, mean, var, _ = full_global_step(prior_prec, prior_shift, [])
-    converged, it = False, 0
+    converged, it, saved = False, 0, None
     for it in range(1, max_iter + 1):
         mean_old, var_old = mean, var
-        saved = control.snapshot(site_prec, site_shift, P, b)
-        change = full_partition_step(
-            X, y, site_prec, site_shift, P, b, likelihood=likelihood, step=control.step,
-            block_size=block_size,
-        )
-        P, b, chol, mean, var, skipped = full_global_step(P, b, [change])
+        if control.may_reject:
+            parts.save()
+            saved = (P, b)  # full_global_step returns new arrays, so no copy is needed
+        changes = parts.step(P, b, likelihood=likelihood, step=control.step)
+        P, b, chol, mean, var, skipped = full_global_step(P, b, changes)
         verdict = control.finish(it, skipped, mean_old, var_old, mean, var, callback)
         if verdict == "converged":
             converged = True
             break
         if verdict == "reject":
-            site_prec[...], site_shift[...] = saved[:2]
-            P, b, chol, mean, var, _ = full_global_step(saved[2], saved[3], [])
-    cov = cho_solve(chol, np.eye(d))
-    cov = 0.5 * (cov + cov.T)
-    return GLMPosterior(mean, np.diag(cov).copy(), cov, it, converged, control.n_skipped, control.trace)
+            parts.restore()
+            P, b, chol, mean, var, _ = full_global_step(*saved, [])
+    return P, b, chol, mean, var, it, converged, control
 
 
 def _marginal_var(chol, d):
