@@ -28,7 +28,16 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import _is_fitted
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["SkcepMixin", "blas_limits", "fit_method", "unchanged_on_error", "COMMON_CONSTRAINTS"]
+from ._dask import is_dask_collection, partial_fit_chunks, predict_lazily, require_dask
+
+__all__ = [
+    "SkcepMixin",
+    "blas_limits",
+    "fit_method",
+    "predict_method",
+    "unchanged_on_error",
+    "COMMON_CONSTRAINTS",
+]
 
 COMMON_CONSTRAINTS = {"n_jobs": [None, Integral], "verbose": ["verbose"]}
 
@@ -90,12 +99,28 @@ def fit_method(method):
             if method.__name__ == "partial_fit" and _is_fitted(self):
                 self._check_structure()
                 self._validate_params()  # _fit_context skips this for a fitted partial_fit
-            with self._blas_limits():
-                result = method(self, *args, **kwargs)
+            if any(is_dask_collection(a) for a in (*args, *kwargs.values())):
+                result = self._fit_dask(method.__name__, *args, **kwargs)
+            else:
+                with self._blas_limits():
+                    result = method(self, *args, **kwargs)
             self._record_structure()
         return result
 
     return _fit_context(prefer_skip_nested_validation=True)(call)
+
+
+def predict_method(method):
+    """Decorate a prediction method: on a Dask collection it returns a lazy Dask array (a
+    tuple of them for several outputs) computed chunk by chunk on the workers."""
+
+    @functools.wraps(method)
+    def call(self, X, *args, **kwargs):
+        if is_dask_collection(X):
+            return predict_lazily(self, method.__name__, X, *args, **kwargs)
+        return method(self, X, *args, **kwargs)
+
+    return call
 
 
 class SkcepMixin:
@@ -126,6 +151,23 @@ class SkcepMixin:
                     f"fitted; partial_fit continues the fitted posterior and cannot change "
                     f"{name}. Call fit to start again with {name}={value!r}."
                 )
+
+    # ----------------------------------------------------------------------------------------
+    # Dask collections
+
+    def _fit_dask(self, name, X, y=None, **options):
+        """``fit`` / ``partial_fit`` on Dask collections.  ``partial_fit`` folds the chunks in
+        order (assumed density filtering is sequential); ``fit`` runs the estimator's
+        distributed fit, :meth:`_dask_fit`."""
+        require_dask()
+        if name == "partial_fit":
+            fitted = partial_fit_chunks(self, X, y, **options)
+            self.__dict__.clear()
+            self.__dict__.update(fitted.__dict__)
+            return self
+        if name == "fit":
+            return self._dask_fit(X, y, **options)
+        raise TypeError(f"{type(self).__name__}.{name} takes numpy arrays, not Dask collections.")
 
     # ----------------------------------------------------------------------------------------
     # concurrency, progress, convergence

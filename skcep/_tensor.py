@@ -12,7 +12,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import validate_data
 
-from ._base import SkcepMixin
+from ._base import SkcepMixin, predict_method
 from .engines.likelihoods import Probit
 
 def _check_noise_prior(noise_prior):
@@ -135,6 +135,7 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             return seen
         return tuple(max(a, b) for a, b in zip(current, seen))
 
+    @predict_method
     def predict(self, X, return_std=False):
         """Predictive mean of the entries (labels for probit).
 
@@ -162,6 +163,7 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         return mean
 
     @available_if(lambda self: self.likelihood == "probit")
+    @predict_method
     def predict_proba(self, X):
         """Class probabilities Φ(E f / √(1 + Var f)) (probit only; for StreamingDeepTensor
         E f and Var f are the delta method's α and β, Fang et al., ICML 2021, eq. 10).
@@ -175,6 +177,7 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         return np.column_stack([1.0 - p, p])
 
     @available_if(lambda self: self.likelihood == "probit")
+    @predict_method
     def decision_function(self, X):
         """Posterior mean of the latent entry f (probit only; ``predict`` gives it for Gaussian;
         the delta method's α for StreamingDeepTensor)."""

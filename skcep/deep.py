@@ -12,6 +12,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, fit_method
+from ._dask_sbdt import fit_stream
 from ._tensor import TensorEstimator, _check_noise_prior, _check_positive_ints, check_tensor_index
 from .engines import deep
 
@@ -74,7 +75,8 @@ class StreamingDeepTensor(TensorEstimator):
         Entries per streaming batch in ``fit`` (``partial_fit`` treats its input as one batch).
         The spike-and-slab refinement runs once per batch.
     shuffle : bool, default=True
-        Whether ``fit`` visits the entries in a random order (seeded by ``random_state``).
+        Whether ``fit`` visits the entries in a random order (seeded by ``random_state``; on a
+        Dask collection, within each chunk: see :func:`skcep._dask_sbdt.fit_stream`).
     init_scale : float, default=0.0
         Standard deviation of random initial embedding means.  0: embeddings start at their
         prior mean 0 (the paper); > 0: objects start from working means drawn from
@@ -152,49 +154,42 @@ class StreamingDeepTensor(TensorEstimator):
         **COMMON_CONSTRAINTS,
     }
     _structural_params = ("rank", "hidden_layer_sizes", "activation", "likelihood", "fit_intercept", "shape")
+    _dask_fit = fit_stream
 
     def __init__(self, rank=8, *, hidden_layer_sizes=(50, 50), activation="relu", likelihood="gaussian",
                  spike_prob=0.5, slab_variance=1.0, damping=0.03, noise_prior=(1.0, 1.0), fit_intercept=True,
                  intercept_prior_variance=100.0, batch_size=256, shuffle=True, init_scale=0.0, shape=None,
                  n_jobs=None, verbose=0, random_state=None):
-        self.rank = rank
-        self.hidden_layer_sizes = hidden_layer_sizes
-        self.activation = activation
-        self.likelihood = likelihood
-        self.spike_prob = spike_prob
-        self.slab_variance = slab_variance
-        self.damping = damping
-        self.noise_prior = noise_prior
-        self.fit_intercept = fit_intercept
+        self.rank, self.hidden_layer_sizes, self.activation = rank, hidden_layer_sizes, activation
+        self.likelihood, self.spike_prob, self.slab_variance = likelihood, spike_prob, slab_variance
+        self.damping, self.noise_prior, self.fit_intercept = damping, noise_prior, fit_intercept
         self.intercept_prior_variance = intercept_prior_variance
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.init_scale = init_scale
-        self.shape = shape
-        self.n_jobs = n_jobs
-        self.verbose = verbose
-        self.random_state = random_state
+        self.batch_size, self.shuffle, self.init_scale = batch_size, shuffle, init_scale
+        self.shape, self.n_jobs, self.verbose, self.random_state = shape, n_jobs, verbose, random_state
 
     def _prepare(self, X, y, first_call, classes=None):
         """Validate everything before any state changes: indices, targets (signs ±1 for
         probit) and the parameters that need X (ranks per mode, the shape)."""
         X, y = self._validate(X, y, reset=first_call)
-        _check_noise_prior(self.noise_prior)
-        _check_positive_ints(self.hidden_layer_sizes, "hidden_layer_sizes", allow_empty=True)
-        n_modes = X.shape[1]
-        if not isinstance(self.rank, Integral):
-            ranks = _check_positive_ints(self.rank, "rank")
-            if len(ranks) != n_modes:
-                raise ValueError(f"rank has {len(ranks)} entries but X has {n_modes} modes (columns).")
-        fixed = None
-        if self.shape is not None:
-            if not all(isinstance(d, Integral) and d >= 1 for d in self.shape):
-                raise ValueError(f"shape must hold positive integers; got {self.shape!r}.")
-            fixed = tuple(int(d) for d in self.shape)
+        fixed = self._check_params(X.shape[1])
         y = self._encode(y, first_call=first_call, classes=classes)
         X = check_tensor_index(X, estimator_name=type(self).__name__)
         shape = self._resolve_shape(X, fixed, None if first_call else self.shape_)
         return X, (2.0 * y - 1.0 if self.likelihood == "probit" else y), shape
+
+    def _check_params(self, n_modes):
+        """Check the parameters that need the number of modes; the fixed shape or None."""
+        _check_noise_prior(self.noise_prior)
+        _check_positive_ints(self.hidden_layer_sizes, "hidden_layer_sizes", allow_empty=True)
+        if not isinstance(self.rank, Integral):
+            ranks = _check_positive_ints(self.rank, "rank")
+            if len(ranks) != n_modes:
+                raise ValueError(f"rank has {len(ranks)} entries but X has {n_modes} modes (columns).")
+        if self.shape is None:
+            return None
+        if not all(isinstance(d, Integral) and d >= 1 for d in self.shape):
+            raise ValueError(f"shape must hold positive integers; got {self.shape!r}.")
+        return tuple(int(d) for d in self.shape)
 
     def _new_posterior(self, n_modes, shape, rng):
         ranks = (self.rank,) * n_modes if isinstance(self.rank, Integral) else self.rank
@@ -232,15 +227,23 @@ class StreamingDeepTensor(TensorEstimator):
         for name in ("classes_", "shape_", "noise_precision_"):  # fit starts afresh
             self.__dict__.pop(name, None)
         X, y, shape = self._prepare(X, y, first_call=True)
-        rng = check_random_state(self.random_state)
-        post = self._new_posterior(X.shape[1], shape, rng)
-        order = rng.permutation(X.shape[0]) if self.shuffle else np.arange(X.shape[0])
+        self._start(X.shape[1], shape)
+        return self._stream(X, y)
+
+    def _start(self, n_modes, shape):
+        """fit's start (numpy and Dask): the prior, and the generator that orders the entries."""
+        self._rng = check_random_state(self.random_state)
+        self._set_posterior(self._new_posterior(n_modes, shape, self._rng))
+
+    def _stream(self, X, y):
+        """fit's pass over checked entries (on Dask: over one chunk): batches of ``batch_size``,
+        in an order shuffled by the generator if ``shuffle``, folded into the posterior."""
+        order = self._rng.permutation(X.shape[0]) if self.shuffle else np.arange(X.shape[0])
         progress = self._progress(unit="batch", objective="mean log evidence")
         for start in range(0, order.size, self.batch_size):
             batch = order[start:start + self.batch_size]
-            self._fold(post, X[batch], y[batch], progress)
-        self._rng = rng
-        self._set_posterior(post)
+            self._fold(self._posterior, X[batch], y[batch], progress)
+        self._set_posterior(self._posterior)
         return self
 
     @fit_method

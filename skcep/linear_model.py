@@ -17,7 +17,8 @@ from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._base import COMMON_CONSTRAINTS, SkcepMixin, blas_limits, fit_method
+from ._base import COMMON_CONSTRAINTS, SkcepMixin, blas_limits, fit_method, predict_method
+from ._dask_glm import DaskRows, fit_classifier
 from ._docstrings import LOGISTIC_DOC, PROBIT_DOC
 from .engines.chunks import map_chunks
 from .engines.factors import LogisticFactor, OperatorSite
@@ -46,6 +47,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         **COMMON_CONSTRAINTS,
     }
     _structural_params = ("method", "covariance", "fit_intercept")
+    _dask_fit = fit_classifier
 
     def __init__(self, *, method="cep1", covariance="diagonal", prior_variance=1.0,
                  fit_intercept=True, intercept_prior_variance=100.0, max_iter=300, tol=1e-3,
@@ -112,8 +114,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         check_classification_targets(y)
         if self.classes_.size < 2:
             raise ValueError(f"classes must hold at least 2 classes; got {self.classes_!r}.")
-        unknown = np.setdiff1d(np.unique(y), self.classes_)
-        if unknown.size:
+        if (unknown := np.setdiff1d(np.unique(y), self.classes_)).size:
             raise ValueError(f"y contains labels {unknown!r} that are not in classes {self.classes_!r}.")
         self._check_options(X.shape[1])
         posterior = self._fit_posteriors(X, y, self.classes_, prior=None if first else self._posterior)
@@ -123,8 +124,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
     def _check_options(self, n_features):
         if self.covariance == "full":
             if self.method != "ep":
-                hint = (" (method='kjit' runs factorized EP and needs covariance='diagonal')"
-                        if self.method == "kjit" else "")
+                hint = " (method='kjit' needs covariance='diagonal')" if self.method == "kjit" else ""
                 raise ValueError("covariance='full' is weight-space EP and needs method='ep'; "
                                  f"got method={self.method!r}{hint}.")
             dim = n_features + int(self.fit_intercept)
@@ -144,30 +144,31 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         """One binary posterior per model (one for two classes, else one-vs-rest), the models
         spread over ``n_jobs`` threads.  ``site_lik`` overrides the likelihood whose tilted
         moments refine the sites (the operator site of ``method="kjit"``)."""
-        A = self._design(X)
+        A = X if isinstance(X, DaskRows) else self._design(X)
         dim = A.shape[1]
         positives = classes[1:] if classes.size == 2 else classes
         site_lik = site_lik or self._likelihoods()[0]
         options = dict(damping=None if self.damping == "auto" else self.damping, tol=self.tol,
                        max_iter=self.max_iter, block_size=self.block_size, callback=self._progress())
-        prior_var = np.r_[np.full(X.shape[1], float(self.prior_variance)),
+        prior_var = np.r_[np.full(dim - self.fit_intercept, float(self.prior_variance)),
                           [self.intercept_prior_variance] * self.fit_intercept]
+        full = self.covariance == "full"
+        if not full:
+            options["method"] = "ep" if self.method == "kjit" else self.method
 
         def fit_one(k):
-            sign = np.where(y == positives[k], 1.0, -1.0)
             mean0 = np.zeros(dim) if prior is None else prior["mean"][k]
-            if self.covariance == "full":
-                cov0 = np.diag(prior_var) if prior is None else prior["cov"][k]
-                return fit_full(A, sign, site_lik, mean0, cov0, **options)
-            var0 = prior_var if prior is None else prior["var"][k]
-            method = "ep" if self.method == "kjit" else self.method
-            return fit_factorized(A, sign, site_lik, mean0, var0, method=method, **options)
+            spread0 = prior["cov" if full else "var"][k] if prior is not None else (
+                np.diag(prior_var) if full else prior_var)
+            if isinstance(A, DaskRows):  # rows and sites held on Dask workers
+                return A.fit(positives[k], site_lik, mean0, spread0, **options)
+            sign = np.where(y == positives[k], 1.0, -1.0)
+            return (fit_full if full else fit_factorized)(A, sign, site_lik, mean0, spread0, **options)
 
-        # a learned operator is trained as it answers: its models run one after another
+        # a learned operator is trained as it answers: its models run one after another;
+        # small factorizations run fastest on one BLAS thread (many threads only contend)
         n_jobs = 1 if self.method == "kjit" else self.n_jobs
-        # small factorizations run fastest on one BLAS thread; many threads only contend
-        one_blas = self.covariance == "full" and dim <= 512
-        with blas_limits(1) if one_blas else nullcontext():
+        with blas_limits(1) if full and dim <= 512 else nullcontext():
             results = map_chunks(fit_one, range(len(positives)), n_jobs=n_jobs)
         if not all(r.converged for r in results):
             self._warn_not_converged(self.max_iter)
@@ -176,11 +177,10 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         return {**stack, "cov": stack["cov"] if self.covariance == "full" else None}
 
     def _set_posterior(self, posterior):
-        operator = posterior.pop("message_operator", None)
-        self.__dict__.pop("message_operator_", None)
-        if operator is not None:
+        for name in ("message_operator_", "coef_cov_"):  # left by a fit with other options
+            self.__dict__.pop(name, None)
+        if (operator := posterior.pop("message_operator", None)) is not None:
             self.message_operator_ = operator
-        self.__dict__.pop("coef_cov_", None)
         self._posterior = posterior
         d = self.n_features_in_
         self.coef_ = posterior["mean"][:, :d].copy()
@@ -200,6 +200,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         post = self._posterior
         return predictor_moments(self._design(X), post["mean"], post["var"], post["cov"])
 
+    @predict_method
     def decision_function(self, X):
         """Posterior mean of the linear predictor, E[xᵀw + b].
 
@@ -208,6 +209,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         mean, _ = self._predictor_moments(X)
         return mean[:, 0] if mean.shape[1] == 1 else mean
 
+    @predict_method
     def predict_log_proba(self, X):
         """Log of the posterior predictive class probabilities, shape (n_samples, n_classes).
 
@@ -220,10 +222,12 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             return np.column_stack([log_neg[:, 0], log_pos[:, 0]])
         return log_pos - np.logaddexp.reduce(log_pos, axis=1, keepdims=True)
 
+    @predict_method
     def predict_proba(self, X):
         """Posterior predictive class probabilities, shape (n_samples, n_classes)."""
         return np.exp(self.predict_log_proba(X))
 
+    @predict_method
     def predict(self, X):
         """Most probable class under the posterior predictive."""
         log_proba = self.predict_log_proba(X)  # checks that the model is fitted

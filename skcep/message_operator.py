@@ -13,7 +13,8 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, SkcepMixin, fit_method
+from ._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, SkcepMixin, fit_method, predict_method
+from ._dask_kjit import fit_operator
 from .engines import random_features as rf
 from .engines.factors import LogisticFactor, OperatorSite
 
@@ -111,24 +112,19 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         **COMMON_CONSTRAINTS,
     }
     _structural_params = ("message_families", "n_inner_features", "n_outer_features")
+    _dask_fit = fit_operator
 
     def __init__(self, message_families=("gaussian", "beta"), n_inner_features=300,
                  n_outer_features=500, noise_variance=1e-4, prior_variance=1.0,
                  inner_widths="median", outer_width="median", uncertainty_threshold=-8.5,
                  oracle=None, n_initial=300, n_jobs=None, verbose=0, random_state=None):
         self.message_families = message_families
-        self.n_inner_features = n_inner_features
-        self.n_outer_features = n_outer_features
-        self.noise_variance = noise_variance
-        self.prior_variance = prior_variance
-        self.inner_widths = inner_widths
-        self.outer_width = outer_width
+        self.n_inner_features, self.n_outer_features = n_inner_features, n_outer_features
+        self.noise_variance, self.prior_variance = noise_variance, prior_variance
+        self.inner_widths, self.outer_width = inner_widths, outer_width
         self.uncertainty_threshold = uncertainty_threshold
-        self.oracle = oracle
-        self.n_initial = n_initial
-        self.n_jobs = n_jobs
-        self.verbose = verbose
-        self.random_state = random_state
+        self.oracle, self.n_initial = oracle, n_initial
+        self.n_jobs, self.verbose, self.random_state = n_jobs, verbose, random_state
 
     def __sklearn_is_fitted__(self):
         return hasattr(self, "_blr")
@@ -150,13 +146,18 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         oracle count and the variance trace."""
         X, Y = self._check_X(X, True, y=Y, multi_output=True, y_numeric=True)
         self.__dict__.pop("n_outputs_", None)
-        self._fit_batch(X, self._as_2d(Y, X.shape[0]), np.ndim(Y) == 1)
+        return self._fit_checked(X, self._as_2d(Y, X.shape[0]), np.ndim(Y) == 1)
+
+    def _fit_checked(self, X, Y, y_1d, batch_fit=rf.fit_first_batch):
+        """:meth:`fit` after validation; ``batch_fit`` is the engine's batch fit or its Dask
+        counterpart, :func:`skcep._dask_kjit.fit_chunks` (same options, rows held in chunks)."""
+        self._fit_batch(X, Y, y_1d, batch_fit)
         self.n_oracle_calls_, self._trace = 0, []
         self._report(X.shape[0])
         return self
 
-    def _fit_batch(self, X, Y, y_1d):
-        fitted = rf.fit_first_batch(
+    def _fit_batch(self, X, Y, y_1d, batch_fit=rf.fit_first_batch):
+        fitted = batch_fit(
             X, Y, rf.message_families(self.message_families), self.n_inner_features,
             self.n_outer_features, check_random_state(self.random_state),
             inner_widths=None if isinstance(self.inner_widths, str) else self.inner_widths,
@@ -165,7 +166,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
             prior_variance=float(self.prior_variance), n_jobs=self._n_threads(),
         )
         f = self._feature_map = fitted.features
-        self._families_, self._y_1d, self.n_outputs_ = list(f.families), y_1d, Y.shape[1]
+        self._families_, self._y_1d, self.n_outputs_ = list(f.families), y_1d, fitted.intercept.size
         self.inner_widths_, self.outer_width_ = f.inner_widths, f.outer_width
         self.inner_frequencies_, self.inner_offsets_ = f.inner_frequencies, f.inner_offsets
         self.outer_frequencies_, self.outer_offsets_ = f.outer_frequencies, f.outer_offsets
@@ -226,6 +227,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
                                           n_jobs=self._n_threads())
         return mean + self.intercept_, None if var is None else var + self._blr.noise_variance
 
+    @predict_method
     def predict(self, X, return_std=False):
         """Predicted statistics (eq. 15's mean) of messages X; with ``return_std`` also the
         predictive standard deviation √(ψᵀΣ_wψ + σ_y²) (noise included), of the same shape."""

@@ -10,6 +10,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method
+from ._dask_cp import fit_tensor
 from ._tensor import TensorEstimator, _check_noise_prior, check_tensor_index
 from .engines.cp import (absorb_batch, elbo, fit_cp, grow_posterior, init_posterior, predict_cp,
                          starting_noise_precision)
@@ -124,6 +125,8 @@ class BayesianCPTensor(TensorEstimator):
     __doc__ = _DOC
 
     _structural_params = ("rank", "likelihood", "method", "mode_bias", "fit_intercept", "shape")
+    _dask_fit = fit_tensor  # fit on Dask collections: the entries stay on the workers
+    _check_index = staticmethod(check_tensor_index)  # run on every chunk of a Dask fit
 
     _parameter_constraints = {
         "rank": [Interval(Integral, 1, None, closed="left")],
@@ -248,29 +251,29 @@ class BayesianCPTensor(TensorEstimator):
                     schedule=self.schedule if self.method == "cep" else "group", max_iter=max_iter,
                     tol=self.tol, damping=self.damping, n_jobs=self.n_jobs, callback=self._progress())
 
-    def _start(self, X, y, noise_prior, shape, max_iter):
-        """Fit from ``n_init`` random starts and keep the one with the highest ELBO."""
+    def _start(self, X, y, noise_prior, shape, max_iter, held=None):
+        """Keep the best of ``n_init`` random starts by ELBO; ``held``: the entries on Dask workers."""
         rng = check_random_state(self.random_state)
         gaussian = self.likelihood == "gaussian"
+        fit, score, noise = ((held.fit_cp, held.elbo, held.starting_noise_precision) if held
+                             else (fit_cp, elbo, starting_noise_precision))
         best, best_elbo = None, -np.inf
         for _ in range(self.n_init):
             post = init_posterior(
                 shape, self.rank, prior_variance=self.prior_variance, init_scale=self.init_scale, rng=rng,
                 global_offset=self.intercept_prior_variance if self.fit_intercept else None,
                 mode_offsets=self.bias_prior_variance if self.mode_bias else None,
-                noise_prior=noise_prior if gaussian else None,
-                noise_init=starting_noise_precision(y, noise_prior) if gaussian else None)
-            result = fit_cp(post, X, y, rng=rng, **self._fit_options(max_iter))
-            value = elbo(result.posterior, X, y, self.likelihood, self.n_jobs) if self.n_init > 1 else 0.0
+                noise_prior=noise_prior if gaussian else None, noise_init=noise(y, noise_prior) if gaussian else None)
+            result = fit(post, X, y, rng=rng, **self._fit_options(max_iter))
+            value = score(result.posterior, X, y, self.likelihood, self.n_jobs) if self.n_init > 1 else 0.0
             if best is None or value > best_elbo:
                 best, best_elbo = result, value
         self._rng = rng
-        self._n_seen = [np.bincount(X[:, k], minlength=d) for k, d in enumerate(shape)]
+        self._n_seen = held.n_seen(shape) if held else [np.bincount(c, minlength=d) for c, d in zip(X.T, shape)]
         self._set_posterior(best, shape)
 
     def _set_posterior(self, result, shape):
-        post = result.posterior
-        self._posterior = post
+        self._posterior = post = result.posterior
         self.shape_ = tuple(shape)
         self.factors_ = [f.mean for f in post.factors]
         self.factor_covariances_ = [f.cov for f in post.factors]

@@ -25,30 +25,9 @@ from skcep import (
     KJITMessageOperator,
     StreamingDeepTensor,
 )
-from skcep.message_operator import LogisticFactor
-
-
-def _classification(n=300, d=5, n_classes=3, seed=0):
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d))
-    W = rng.standard_normal((d, n_classes))
-    return X, np.argmax(X @ W + 0.5 * rng.standard_normal((n, n_classes)), axis=1)
-
-
-def _tensor(n=1500, shape=(25, 20, 6), seed=0, binary=False):
-    rng = np.random.default_rng(seed)
-    U = [rng.standard_normal((d, 2)) for d in shape]
-    X = np.column_stack([rng.integers(0, d, n) for d in shape])
-    f = np.sum(U[0][X[:, 0]] * U[1][X[:, 1]] * U[2][X[:, 2]], axis=1)
-    y = (f > 0).astype(int) if binary else f + 0.1 * rng.standard_normal(n)
-    return X, y
-
-
-def _messages(n=600, seed=0):
-    rng = np.random.default_rng(seed)
-    X = np.column_stack([rng.normal(0, 2, n), rng.uniform(0.5, 4, n),
-                         rng.integers(1, 3, n).astype(float), rng.integers(1, 3, n).astype(float)])
-    return X, LogisticFactor().exact(X)[:, :2]
+from synthetic import classification as _classification
+from synthetic import messages as _messages
+from synthetic import tensor as _tensor
 
 
 # name -> (estimator factory, training data, structural parameter and a new value)

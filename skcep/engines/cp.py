@@ -87,15 +87,26 @@ Global steps:
     q(τ) = Gam(a0 + n/2, b0 + ½ Σ_i E[(y_i − f_i)²]) (Li et al. §4.2; the merged CEP τ sites
     of §4.3).
 
-The single-machine loop: :func:`start_sweeps` sets up the schedule, :func:`fit_cp` runs sweeps
-until convergence (each group's steps through ``map_chunks(step, chunks, n_jobs)``), and
-:func:`absorb_batch` folds a streaming batch into the posterior (assumed density filtering).
-The entry schedule is sequential by design (block after block, each refreshing q).
+Entries and their per-entry state (probit sites, the predictor means of the sweep before) live
+in an :class:`EntryPartition`, whose steps ``begin``, ``factor`` (mode k), ``offset`` (group j)
+and ``finish`` (the :class:`EntrySums` of q(τ), the ELBO and the convergence test) are a group
+sweep's map steps; each receives only the groups of q updated since the step before.  The
+group sweep runs them on every partition of a holder (``holder.step(name, *args)`` → the
+partitions' results in order) and makes the global steps on their sums: one
+:class:`InMemoryEntries` on a single machine (its chunks through
+``map_chunks(step, chunks, n_jobs)``), or partitions on Dask workers (``partitions=`` of
+:func:`fit_cp`).  :func:`start_sweeps` sets up the schedule, :func:`fit_cp` runs sweeps until
+convergence, and :func:`absorb_batch` folds a streaming batch into the posterior (assumed
+density filtering).  The entry schedule is sequential by design (block after block, each
+refreshing q) and runs in memory only.
 
 Symmetric R×R quantities travel packed (upper triangle, R(R+1)/2 numbers); no n×R×R array is
 ever formed.
 """
 
+import copy
+import functools
+import operator
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import NamedTuple
@@ -109,8 +120,9 @@ from .gaussian import cavity_natural, damped_update
 from .likelihoods import Probit, log_phi_derivatives
 
 __all__ = [
-    "GaussianRows", "CPPosterior", "CPFitResult", "ModeChunk", "SparseChunk", "RowStatistics",
-    "init_posterior", "grow_posterior", "starting_noise_precision", "take_rows", "put_rows",
+    "GaussianRows", "CPPosterior", "CPFitResult", "ModeChunk", "SparseChunk", "RowStatistics", "EntrySums",
+    "SweepTotals", "EntryPartition", "InMemoryEntries", "init_posterior", "grow_posterior",
+    "starting_noise_precision", "noise_precision_for_variance", "posterior_sums", "take_rows", "put_rows",
     "mode_chunks", "gaussian_statistics", "probit_site_statistics", "probit_offset_sites",
     "offset_statistics", "entry_mean", "entry_second_moment", "augmented_target", "reduce_rows", "group_update",
     "noise_update", "probit_site", "start_sweeps", "fit_cp", "absorb_batch", "predict_cp", "elbo",
@@ -352,8 +364,13 @@ def starting_noise_precision(y, noise_prior):
     """E[τ] to start a Gaussian fit from: 10 / Var(y), a noise that leaves 90 % of the spread of
     y to the model (the prior mean a0/b0 of a vague prior would let the random start's large
     residuals shrink every embedding to zero); a0/b0 when y is constant."""
-    spread = float(np.var(y)) if y.size > 1 else 0.0
-    return 10.0 / spread if spread > 0 else noise_prior[0] / noise_prior[1]
+    return noise_precision_for_variance(float(np.var(y)) if y.size > 1 else 0.0, noise_prior)
+
+
+def noise_precision_for_variance(variance, noise_prior):
+    """:func:`starting_noise_precision` from Var(y) (0 for a constant y), for entries held
+    elsewhere (a distributed fit reduces the variance from its chunks)."""
+    return 10.0 / variance if variance > 0 else noise_prior[0] / noise_prior[1]
 
 
 def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mode_offset_variance=None):
@@ -684,28 +701,41 @@ def _map_entries(step, columns, n_jobs):
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
+def _cp_mean_of(means, index, n_jobs=None):
+    """E[1ᵀ z_i] for every entry, from the factors' means."""
+    return _map_entries(lambda cols: entry_mean(cols, means), _columns(index), n_jobs)
+
+
+def _cp_second_of(second, index, n_jobs=None):
+    """E[(1ᵀ z_i)²] for every entry, from the factors' packed second moments."""
+    return _map_entries(lambda cols: entry_second_moment(cols, second), _columns(index), n_jobs)
+
+
 def _cp_mean(post, index, n_jobs=None):
     """E[1ᵀ z_i] for every entry."""
-    means = [f.mean for f in post.factors]
-    return _map_entries(lambda cols: entry_mean(cols, means), _columns(index), n_jobs)
+    return _cp_mean_of([f.mean for f in post.factors], index, n_jobs)
 
 
 def _cp_second(post, index, n_jobs=None):
     """E[(1ᵀ z_i)²] for every entry."""
-    second = [_packing(post.rank).pack(f.second_moment()) for f in post.factors]
-    return _map_entries(lambda cols: entry_second_moment(cols, second), _columns(index), n_jobs)
+    return _cp_second_of([_packing(post.rank).pack(f.second_moment()) for f in post.factors], index, n_jobs)
 
 
 def _offset_moments(post, index, skip=None):
     """Mean and variance of Σ offsets at every entry (excluding offset ``skip``)."""
+    return _offset_moments_of([(g.mean, g.cov) for g in post.offsets], post.offset_modes, index, skip)
+
+
+def _offset_moments_of(offsets, modes, index, skip=None):
+    """:func:`_offset_moments` from the offset groups' (mean, cov) and their modes."""
     mean = np.zeros(index.shape[0])
     var = np.zeros(index.shape[0])
-    for j, (g, mode) in enumerate(zip(post.offsets, post.offset_modes)):
+    for j, ((g_mean, g_cov), mode) in enumerate(zip(offsets, modes)):
         if j == skip:
             continue
         rows = 0 if mode is None else index[:, mode]
-        mean += g.mean[rows, 0]
-        var += g.cov[rows, 0, 0]
+        mean += g_mean[rows, 0]
+        var += g_cov[rows, 0, 0]
     return mean, var
 
 
@@ -717,48 +747,97 @@ def _noise_kl(a, b, a0, b0):
     return (a - a0) * digamma(a) - gammaln(a) + gammaln(a0) + a0 * (np.log(b) - np.log(b0)) + a * (b0 - b) / b
 
 
+class EntrySums(NamedTuple):
+    """Sums over a set of entries of the moments of f under q, which add across partitions:
+    ``n`` entries, ``squared_residual`` Σ (y_i − E f_i)², ``cp_second`` Σ E[(1ᵀz_i)²],
+    ``cp_mean_square`` Σ (E 1ᵀz_i)², ``offset_variance`` Σ Var(offsets at i), ``log_lik``
+    Σ log Φ(s_i E f_i) (probit), ``change_square`` Σ (E f_i − E f_i before the sweep)² and
+    ``mean_square`` Σ (E f_i)²."""
+
+    n: int
+    squared_residual: float
+    cp_second: float
+    cp_mean_square: float
+    offset_variance: float
+    log_lik: float
+    change_square: float
+    mean_square: float
+
+
+def _entry_sums(index, y, cp_mean, cp_second, offsets, offset_modes, previous, likelihood):
+    """:class:`EntrySums` of the entries ``index`` with values ``y``, from E[1ᵀz_i], E[(1ᵀz_i)²]
+    (None: not needed, 0 is summed), the offset groups' (mean, cov) and the predictor means of
+    the sweep before (``previous``; None: no change).  Returns the sums and the means E f_i."""
+    off_mean, off_var = _offset_moments_of(offsets, offset_modes, index)
+    mean = cp_mean + off_mean
+    resid = y - mean
+    log_lik = np.sum(log_phi_derivatives((2.0 * y - 1.0) * mean, order=0)[0]) if likelihood == "probit" else 0.0
+    if previous is None:
+        change = np.nan
+    else:
+        delta = mean - previous
+        change = delta.dot(delta)
+    sums = EntrySums(y.size, float(resid @ resid), 0.0 if cp_second is None else np.sum(cp_second),
+                     cp_mean @ cp_mean, off_var.sum(), log_lik, change, mean.dot(mean))
+    return sums, mean
+
+
+def posterior_sums(post, index, y, likelihood, n_jobs=None, previous=None):
+    """:class:`EntrySums` of the entries (index, y) under q ``post`` (``previous``: the predictor
+    means to measure the change from), and the predictor means E f_i."""
+    return _entry_sums(index, y, _cp_mean(post, index, n_jobs), _cp_second(post, index, n_jobs),
+                       [(g.mean, g.cov) for g in post.offsets], post.offset_modes, previous, likelihood)
+
+
 @dataclass
-class SweepStatistics:
-    """Moments of f at the training entries after a sweep: reused by q(τ), the ELBO and the
-    convergence test.  ``cp_second`` is per entry (n,) or already summed (float)."""
+class SweepTotals:
+    """The :class:`EntrySums` of all training entries after a sweep that left q ``post``: what
+    q(τ), the ELBO and the convergence test need."""
 
+    sums: EntrySums
     post: CPPosterior
-    index: np.ndarray
-    cp_mean: np.ndarray
-    cp_second: object
-
-    def __post_init__(self):
-        self.off_mean, self.off_var = _offset_moments(self.post, self.index)
-        self.mean = self.cp_mean + self.off_mean
+    likelihood: str
 
     @classmethod
-    def compute(cls, post, index, n_jobs=None):
-        return cls(post, index, _cp_mean(post, index, n_jobs), _cp_second(post, index, n_jobs))
+    def combine(cls, parts, post, likelihood, cp_second=None):
+        """The partitions' sums added field by field, in partition order; ``cp_second`` replaces
+        Σ E[(1ᵀz_i)²] when the global step has it already."""
+        sums = EntrySums(*(functools.reduce(operator.add, column) for column in zip(*parts)))
+        if cp_second is not None:
+            sums = sums._replace(cp_second=cp_second)
+        return cls(sums, post, likelihood)
 
     def total_variance(self):
-        return float(np.sum(self.cp_second) - self.cp_mean @ self.cp_mean + self.off_var.sum())
+        s = self.sums
+        return float(s.cp_second - s.cp_mean_square + s.offset_variance)
 
-    def sum_squared_error(self, y):
-        """Σ_i E[(y_i − f_i)²] (Li et al. §4.2)."""
-        resid = y - self.mean
-        return float(resid @ resid) + self.total_variance()
+    def sum_squared_error(self, y=None):
+        """Σ_i E[(y_i − f_i)²] (Li et al. §4.2; ``y`` is not needed: the sums hold it)."""
+        return float(self.sums.squared_residual) + self.total_variance()
 
-    def elbo(self, y, likelihood):
-        kl = sum(f.kl_to_prior() for f in self.post.factors) + sum(g.kl_to_prior() for g in self.post.offsets)
-        if likelihood == "probit":
-            log_lik = log_phi_derivatives((2.0 * y - 1.0) * self.mean, order=0)[0]
-            return float(np.sum(log_lik) - 0.5 * self.total_variance() - kl)
-        a, b = self.post.noise
-        a0, b0 = self.post.noise_prior
+    def relative_change(self):
+        """‖E f − E f before the sweep‖ / ‖E f‖ over the training entries."""
+        return np.sqrt(self.sums.change_square) / max(np.sqrt(self.sums.mean_square), 1e-12)
+
+    def elbo(self, y=None, likelihood=None):
+        """The ELBO of ``post`` (``y`` and ``likelihood`` are accepted for symmetry with the
+        module function :func:`elbo`; the sums hold what it needs)."""
+        post, s = self.post, self.sums
+        kl = sum(f.kl_to_prior() for f in post.factors) + sum(g.kl_to_prior() for g in post.offsets)
+        if (likelihood or self.likelihood) == "probit":
+            return float(s.log_lik - 0.5 * self.total_variance() - kl)
+        a, b = post.noise
+        a0, b0 = post.noise_prior
         e_log_tau = digamma(a) - np.log(b)
-        loglik = 0.5 * y.size * (e_log_tau - _LOG_2PI) - 0.5 * (a / b) * self.sum_squared_error(y)
+        loglik = 0.5 * s.n * (e_log_tau - _LOG_2PI) - 0.5 * (a / b) * self.sum_squared_error()
         return float(loglik - kl - _noise_kl(a, b, a0, b0))
 
 
 def elbo(post, index, y, likelihood, n_jobs=None):
     """The evidence lower bound of q (Li et al. §2.1.1).  For probit, the augmented model's
     bound with q(z) at its optimum: Σ log Φ(s_i E[f_i]) − ½ Σ Var f_i − KL."""
-    return SweepStatistics.compute(post, index, n_jobs).elbo(y, likelihood)
+    sums, _ = posterior_sums(post, index, y, likelihood, n_jobs)
+    return SweepTotals.combine([sums], post, likelihood).elbo()
 
 
 def predict_cp(post, index, n_jobs=None):
@@ -774,87 +853,188 @@ def predict_cp(post, index, n_jobs=None):
 # sweeps
 
 
-class _GroupSweeps:
-    """Group schedule: VMP, or CEP with all sites of a group refreshed from the same q and
-    merged per row (Li et al. §4.3); one statistics step per chunk, one global step per group."""
+class EntryPartition:
+    """A partition of the training entries with its per-entry state, and the map steps of a
+    group sweep on it (:class:`_GroupSweeps` runs them and the global steps between them).
 
-    def __init__(self, post, index, y, likelihood, method, damping, n_jobs, chunk_size):
-        self.posterior, self.index, self.y = post, index, y
-        self.likelihood, self.method, self.damping, self.n_jobs = likelihood, method, damping, n_jobs
-        self.chunk_size = chunk_size
+    ``index`` (c, K) and ``y`` (c,) are the partition's entries, ``shape`` the whole tensor's
+    and ``offset_modes`` the modes of the offset groups (as in :class:`CPPosterior`).  The
+    partition keeps the moments of q its steps read — every factor's mean and packed second
+    moment, every offset group's (mean, cov) — and every step first applies ``changes``, the
+    ``(group, moments)`` updated since the step before (groups numbered as
+    :attr:`CPPosterior.groups`): the first step of a fit gets every group, later steps only the
+    group the last global step updated, so q crosses to the partition once per sweep.
+
+    A sweep is :meth:`begin`, :meth:`factor` for every mode, :meth:`offset` for every offset
+    group, then :meth:`finish`.  Steps replace attributes (or items of the lists that
+    :meth:`copy` duplicates) and never modify an array in place: a step on a copy leaves the
+    original intact, as a Dask task must (its inputs may be shared).
+    """
+
+    def __init__(self, index, y, *, shape, offset_modes, likelihood, method, damping=1.0, n_jobs=None,
+                 chunk_size=CHUNK_SIZE):
+        self.index, self.y, self.shape, self.offset_modes = index, y, tuple(shape), list(offset_modes)
+        self.likelihood, self.method, self.damping = likelihood, method, damping
+        self.n_jobs, self.chunk_size = n_jobs, chunk_size
         self.sign = 2.0 * y - 1.0 if likelihood == "probit" else None
         self.probit_cep = likelihood == "probit" and method == "cep"
         self._chunks = {}
-        self.factor_sites = [None] * len(post.factors)
-        self.offset_sites = [(np.zeros(y.size), np.zeros(y.size)) for _ in post.offsets]
-        self.n_skipped = 0
+        self.means, self.second = [None] * len(self.shape), [None] * len(self.shape)
+        self.offsets = [None] * len(self.offset_modes)
+        self.factor_sites = [None] * len(self.shape)
+        self.offset_sites = [(np.zeros(y.size), np.zeros(y.size)) for _ in self.offset_modes]
+        self.previous = None
+
+    def copy(self):
+        """A shallow copy with its own lists and chunk cache."""
+        new = copy.copy(self)
+        for name in ("_chunks", "means", "second", "offsets", "factor_sites", "offset_sites"):
+            setattr(new, name, type(getattr(self, name))(getattr(self, name)))
+        return new
 
     def chunks(self, k, sparse, size):
         if (k, sparse, size) not in self._chunks:
-            self._chunks[k, sparse, size] = mode_chunks(self.index, self.posterior.shape, k, size, sparse)
+            self._chunks[k, sparse, size] = mode_chunks(self.index, self.shape, k, size, sparse)
         return self._chunks[k, sparse, size]
 
-    def sweep(self, update_noise=True):
-        """One sweep over every group, then q(τ); returns the sweep's :class:`SweepStatistics`."""
-        post, index, y, n_jobs = self.posterior, self.index, self.y, self.n_jobs
-        packing = _packing(post.rank)
-        tau = post.noise_precision
-        off_mean, _ = _offset_moments(post, index)
-        if self.likelihood == "probit" and self.method == "vmp":
-            target = augmented_target(_cp_mean(post, index, n_jobs) + off_mean, self.sign)
-        else:
-            target = y
-        means = [f.mean for f in post.factors]
-        second = [packing.pack(f.second_moment()) for f in post.factors]
-        G = None
-        for k, f in enumerate(post.factors):
-            if self.probit_cep:
-                self._probit_factor(k, means, second, off_mean)
+    def _apply(self, changes):
+        K = len(self.shape)
+        for group, moments in changes:
+            if group < K:
+                self.means[group], self.second[group] = moments
             else:
-                resid = target - off_mean
-                parts = map_chunks(lambda c: gaussian_statistics(c, k, means, second, resid[c.entries]),
-                                   self.chunks(k, True, self.chunk_size), n_jobs)
-                statistics = reduce_rows(parts, f.n_rows, post.rank)
-                group_update(f, statistics, tau)
-                G = statistics.second
-            means[k], second[k] = f.mean, packing.pack(f.second_moment())
-        cp_mean = _cp_mean(post, index, n_jobs)
-        total = cp_mean + off_mean
-        for j, (g, mode) in enumerate(zip(post.offsets, post.offset_modes)):
-            rows = _offset_rows(mode, index)
-            rest = total - g.mean[rows, 0]
-            if self.probit_cep:
-                sites, skipped = probit_offset_sites(rows, g.mean, g.cov, rest, self.sign, self.offset_sites[j],
-                                                     self.damping)
-                self.offset_sites[j], self.n_skipped = sites, self.n_skipped + skipped
-                group_update(g, offset_statistics(rows, *sites, g.n_rows))
-            else:
-                group_update(g, offset_statistics(rows, np.ones(y.size), target - rest, g.n_rows), tau)
-            total = rest + g.mean[rows, 0]
-        if G is not None:
-            # Σ_i E[(1ᵀz_i)²] = Σ_s ⟨E[u_s u_sᵀ], Σ_{i∈s} E[z^{\K} z^{\K}ᵀ]⟩ for the last mode
-            stats = SweepStatistics(post, index, cp_mean, float(np.sum((second[-1] * G) @ packing.weight)))
-        else:
-            stats = SweepStatistics(post, index, cp_mean, _cp_second(post, index, n_jobs))
-        if post.noise is not None and update_noise:
-            post.noise = noise_update(post.noise_prior, y.size, stats.sum_squared_error(y))
-        return stats
+                self.offsets[group - K] = moments
 
-    def _probit_factor(self, k, means, second, off_mean):
-        f = self.posterior.factors[k]
-        chunks = self.chunks(k, False, _site_chunk_size(f.mean.shape[1], self.chunk_size))
-        sites = self.factor_sites[k] or [(np.zeros((c.entries.size, f.mean.shape[1])), np.zeros(c.entries.size),
+    def begin(self, changes):
+        """Start a sweep: the offsets' part of the predictor at every entry, the targets (probit
+        VMP: E[z_i] of the augmented model) and, at the first sweep, the predictor means the
+        convergence test starts from."""
+        self._apply(changes)
+        self.off_mean = _offset_moments_of(self.offsets, self.offset_modes, self.index)[0]
+        augmented = self.likelihood == "probit" and self.method == "vmp"
+        if self.previous is None or augmented:
+            mean = _cp_mean_of(self.means, self.index, self.n_jobs) + self.off_mean
+            self.previous = mean if self.previous is None else self.previous
+        self.target = augmented_target(mean, self.sign) if augmented else self.y
+
+    def factor(self, changes, k, cov=None):
+        """The statistics step of mode k: the chunks' :class:`RowStatistics`, in chunk order,
+        and the number of probit sites kept; ``cov`` is q's covariance of mode k (probit CEP)."""
+        self._apply(changes)
+        if self.probit_cep:
+            return self._probit_factor(k, cov)
+        resid = self.target - self.off_mean
+        means, second = self.means, self.second
+        parts = map_chunks(lambda c: gaussian_statistics(c, k, means, second, resid[c.entries]),
+                           self.chunks(k, True, self.chunk_size), self.n_jobs)
+        return parts, 0
+
+    def _probit_factor(self, k, cov):
+        mean = self.means[k]
+        rank = mean.shape[1]
+        chunks = self.chunks(k, False, _site_chunk_size(rank, self.chunk_size))
+        sites = self.factor_sites[k] or [(np.zeros((c.entries.size, rank)), np.zeros(c.entries.size),
                                           np.zeros(c.entries.size)) for c in chunks]
 
         def step(i):
             c = chunks[i]
-            return probit_site_statistics(c, k, f.mean, f.cov, means, second, off_mean[c.entries],
+            return probit_site_statistics(c, k, mean, cov, self.means, self.second, self.off_mean[c.entries],
                                           self.sign[c.entries], sites[i], self.damping)
 
         parts = map_chunks(step, range(len(chunks)), self.n_jobs)
         self.factor_sites[k] = [p[0] for p in parts]
-        self.n_skipped += sum(p[2] for p in parts)
-        group_update(f, reduce_rows([p[1] for p in parts], f.n_rows, f.mean.shape[1]))
+        return [p[1] for p in parts], sum(p[2] for p in parts)
+
+    def offset(self, changes, j):
+        """The statistics step of offset group j: its :class:`RowStatistics` (all of its rows)
+        and the number of probit sites kept."""
+        self._apply(changes)
+        if j == 0:
+            self.cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
+            self.total = self.cp_mean + self.off_mean
+        else:  # group j − 1 has just been updated
+            self.total = self.rest + self.offsets[j - 1][0][self.rows, 0]
+        mean, cov = self.offsets[j]
+        rows = _offset_rows(self.offset_modes[j], self.index)
+        self.rows, self.rest = rows, self.total - mean[rows, 0]
+        if self.probit_cep:
+            sites, skipped = probit_offset_sites(rows, mean, cov, self.rest, self.sign, self.offset_sites[j],
+                                                 self.damping)
+            self.offset_sites[j] = sites
+            return offset_statistics(rows, *sites, mean.shape[0]), skipped
+        return offset_statistics(rows, np.ones(self.y.size), self.target - self.rest, mean.shape[0]), 0
+
+    def finish(self, changes, with_second):
+        """The partition's :class:`EntrySums` after the sweep (Σ E[(1ᵀz_i)²] only if
+        ``with_second``: otherwise the global step has it from the last mode's statistics)."""
+        self._apply(changes)
+        if not self.offset_modes:
+            self.cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
+        cp_second = _cp_second_of(self.second, self.index, self.n_jobs) if with_second else None
+        sums, self.previous = _entry_sums(self.index, self.y, self.cp_mean, cp_second, self.offsets,
+                                          self.offset_modes, self.previous, self.likelihood)
+        return sums
+
+
+class InMemoryEntries:
+    """All entries as one :class:`EntryPartition` in this process (the single-machine fit):
+    ``step(name, *args)`` runs the partition's step ``name`` in place and returns its result in
+    a list of one."""
+
+    def __init__(self, partition):
+        self.partition = partition
+
+    def step(self, name, *args):
+        return [getattr(self.partition, name)(*args)]
+
+
+class _GroupSweeps:
+    """Group schedule: VMP, or CEP with all sites of a group refreshed from the same q and
+    merged per row (Li et al. §4.3).  ``parts`` holds the entries (:class:`InMemoryEntries`, or
+    partitions on Dask workers): each group is one :class:`EntryPartition` step on every
+    partition and one global step on their results."""
+
+    def __init__(self, post, parts, likelihood, method):
+        self.posterior, self.parts, self.likelihood = post, parts, likelihood
+        self.probit_cep = likelihood == "probit" and method == "cep"
+        self.n_skipped = 0
+        self._first = True
+
+    def sweep(self, update_noise=True):
+        """One sweep over every group, then q(τ); returns the sweep's :class:`SweepTotals`."""
+        post, parts = self.posterior, self.parts
+        packing = _packing(post.rank)
+        K = len(post.factors)
+        scale = None if self.probit_cep else post.noise_precision
+        means = [f.mean for f in post.factors]
+        second = [packing.pack(f.second_moment()) for f in post.factors]
+        changes = []
+        if self._first:  # the partitions' copy of q starts with every group
+            changes = [(k, (means[k], second[k])) for k in range(K)]
+            changes += [(K + j, (g.mean, g.cov)) for j, g in enumerate(post.offsets)]
+            self._first = False
+        parts.step("begin", changes)
+        changes, G = [], None
+        for k, f in enumerate(post.factors):
+            results = parts.step("factor", changes, k, f.cov if self.probit_cep else None)
+            statistics = reduce_rows([p for chunks, _ in results for p in chunks], f.n_rows, post.rank)
+            self.n_skipped += sum(skipped for _, skipped in results)
+            group_update(f, statistics, scale)
+            G = None if self.probit_cep else statistics.second
+            means[k], second[k] = f.mean, packing.pack(f.second_moment())
+            changes = [(k, (means[k], second[k]))]
+        for j, g in enumerate(post.offsets):
+            results = parts.step("offset", changes, j)
+            statistics = results[0][0] if len(results) == 1 else reduce_rows([s for s, _ in results], g.n_rows, 1)
+            self.n_skipped += sum(skipped for _, skipped in results)
+            group_update(g, statistics, scale)
+            changes = [(K + j, (g.mean, g.cov))]
+        # Σ_i E[(1ᵀz_i)²] = Σ_s ⟨E[u_s u_sᵀ], Σ_{i∈s} E[z^{\K} z^{\K}ᵀ]⟩ for the last mode
+        cp_second = None if G is None else float(np.sum((second[-1] * G) @ packing.weight))
+        stats = SweepTotals.combine(parts.step("finish", changes, G is None), post, self.likelihood, cp_second)
+        if post.noise is not None and update_noise:
+            post.noise = noise_update(post.noise_prior, stats.sums.n, stats.sum_squared_error())
+        return stats
 
 
 class _Moments:
@@ -939,14 +1119,17 @@ class _EntrySweeps:
         self.moments = _Moments(post, packing)
         self.off_prec = [np.zeros(n) for _ in post.offsets]
         self.off_shift = [np.zeros(n) for _ in post.offsets]
+        self.likelihood = likelihood
+        self.previous = _cp_mean(post, index, n_jobs) + _offset_moments(post, index)[0]
 
     def sweep(self, update_noise=True):
         for b0 in range(0, self.order.size, self.block_size):
             self.block(np.sort(self.order[b0:b0 + self.block_size]))
         post, y = self.posterior, self.y
-        stats = SweepStatistics.compute(post, self.index, self.n_jobs)
+        sums, self.previous = posterior_sums(post, self.index, y, self.likelihood, self.n_jobs, self.previous)
+        stats = SweepTotals.combine([sums], post, self.likelihood)
         if post.noise is not None and update_noise:
-            post.noise = noise_update(post.noise_prior, y.size, stats.sum_squared_error(y))
+            post.noise = noise_update(post.noise_prior, y.size, stats.sum_squared_error())
         return stats
 
     def block(self, B):
@@ -1009,14 +1192,31 @@ class _EntrySweeps:
 
 
 def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", damping=1.0,
-                 block_size=None, rng=None, n_jobs=None, chunk_size=CHUNK_SIZE):
+                 block_size=None, rng=None, n_jobs=None, chunk_size=CHUNK_SIZE, partitions=None):
     """The sweeps :func:`fit_cp` runs, on a copy of ``post``: an object whose
-    ``sweep(update_noise=True)`` runs one sweep and returns its :class:`SweepStatistics`, and
-    whose ``posterior`` is q after the last sweep (updated in place)."""
+    ``sweep(update_noise=True)`` runs one sweep and returns its :class:`SweepTotals`, and
+    whose ``posterior`` is q after the last sweep (updated in place).
+
+    ``partitions`` (group schedule only) holds the entries elsewhere, e.g. on Dask workers:
+    ``partitions(**options)`` returns a holder whose ``step(name, *args)`` runs the
+    :class:`EntryPartition` step ``name`` on every partition (each built from its entries and
+    ``options`` before its first step) and returns their results in partition order; ``index``
+    and ``y`` are then unused.  By default the entries are one :class:`InMemoryEntries`.
+    """
     post = post.copy()
     if schedule == "entry":
+        if partitions is not None:
+            raise ValueError("The entry schedule updates the sites block after block, each from the q left by the "
+                             "one before: it needs the entries in memory. Use schedule='group' for partitioned "
+                             "entries.")
         return _EntrySweeps(post, index, y, likelihood, damping, block_size, rng, n_jobs)
-    return _GroupSweeps(post, index, y, likelihood, method, damping, n_jobs, chunk_size)
+    options = dict(shape=post.shape, offset_modes=post.offset_modes, likelihood=likelihood, method=method,
+                   damping=damping, chunk_size=chunk_size)
+    if partitions is None:
+        parts = InMemoryEntries(EntryPartition(index, y, n_jobs=n_jobs, **options))
+    else:
+        parts = partitions(**options)
+    return _GroupSweeps(post, parts, likelihood, method)
 
 
 def _largest_change(before, groups):
@@ -1039,7 +1239,7 @@ class CPFitResult:
 
 def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", max_iter=100,
            tol=1e-4, damping=1.0, block_size=None, rng=None, n_jobs=None, callback=None, track_elbo=True,
-           hold_noise=0, chunk_size=CHUNK_SIZE):
+           hold_noise=0, chunk_size=CHUNK_SIZE, partitions=None):
     """Fit q on the entries (index, y), starting from and with the priors of ``post``.
 
     Iterates until the relative change of the training predictor means is below ``tol`` or
@@ -1051,26 +1251,24 @@ def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="gro
     of a posterior mean in posterior standard deviations and the ELBO (None unless
     ``track_elbo``).  q(τ) is held at its starting value for the first ``hold_noise`` sweeps:
     early residuals of a random start would make E[τ] small and shrink every embedding to the
-    zero fixed point.  Returns a :class:`CPFitResult` holding a new posterior (``post`` is not
-    modified).
+    zero fixed point.  ``partitions``: the entries held elsewhere (see :func:`start_sweeps`).
+    Returns a :class:`CPFitResult` holding a new posterior (``post`` is not modified).
     """
     sweeps = start_sweeps(post, index, y, likelihood=likelihood, method=method, schedule=schedule,
-                          damping=damping, block_size=block_size, rng=rng, n_jobs=n_jobs, chunk_size=chunk_size)
+                          damping=damping, block_size=block_size, rng=rng, n_jobs=n_jobs, chunk_size=chunk_size,
+                          partitions=partitions)
     post = sweeps.posterior
-    previous = _cp_mean(post, index, n_jobs) + _offset_moments(post, index)[0]
     trace, converged, n_iter = [], False, 0
     for n_iter in range(1, max_iter + 1):
         update_noise = n_iter > hold_noise
         before = None if callback is None else [g.mean.copy() for g in post.groups]
         stats = sweeps.sweep(update_noise)
-        objective = stats.elbo(y, likelihood) if track_elbo else None
+        objective = stats.elbo() if track_elbo else None
         if track_elbo:
             trace.append(objective)
         if callback is not None:
             callback(n_iter, _largest_change(before, post.groups), objective)
-        change = np.linalg.norm(stats.mean - previous) / max(np.linalg.norm(stats.mean), 1e-12)
-        previous = stats.mean
-        if change < tol and update_noise:
+        if stats.relative_change() < tol and update_noise:
             converged = True
             break
     return CPFitResult(post, n_iter, converged, trace, sweeps.n_skipped)

@@ -95,6 +95,7 @@ __all__ = [
     "PREDICT_CHUNK",
     "predictive_moments",
     "FirstBatch",
+    "choose_first_batch",
     "fit_first_batch",
 ]
 
@@ -796,10 +797,18 @@ def fit_first_batch(
         widths = [float(outer_width)]
     intercept = Y.mean(axis=0)
     Yc = Y - intercept
+    candidates = [features.with_outer_width(gamma2) for gamma2 in widths]
+    statistics = [_statistics(c, phi, Yc, slices, n_jobs) for c in candidates]
+    return choose_first_batch(candidates, statistics, intercept, noise_variance, prior_variance)
+
+
+def choose_first_batch(candidates, statistics, intercept, noise_variance, prior_variance):
+    """The global step of a first batch: of the candidate feature maps (outer widths γ²) with
+    their summed statistics, the one of largest evidence (σ_y² by :func:`best_noise_variance`
+    when ``noise_variance`` is None), else the only candidate; its posterior.  Returns a
+    :class:`FirstBatch`."""
     best = None
-    for gamma2 in widths:
-        candidate = features.with_outer_width(gamma2)
-        stats = _statistics(candidate, phi, Yc, slices, n_jobs)
+    for candidate, stats in zip(candidates, statistics):
         if noise_variance is None:
             noise, evidence = best_noise_variance(stats, prior_variance)
         else:

@@ -1,0 +1,199 @@
+"""BayesianCPTensor's fit on Dask collections: the entries stay on the workers, q travels.
+
+The observed entries (an (n, K) Dask array of indices and a Dask vector of values, or a Dask
+DataFrame and Series) are checked and encoded chunk by chunk on the workers and persisted there,
+one :class:`~skcep.engines.cp.EntryPartition` per chunk.  The sweeps are the engine's group
+sweeps (:func:`~skcep.engines.cp.fit_cp` with ``partitions=``): for each mode in turn every
+worker runs the mode's statistics step on its entries against its copy of q's moments, the
+client sums the partitions' row statistics in order (:func:`~skcep.engines.cp.reduce_rows`),
+makes the group update and sends the new moments with the next step.  The same happens for
+the offsets; q(τ) comes from the partitions' sums of squared errors.  Probit CEP sites are
+per-entry state and stay in their partition.  Since the group update is a sum over entries
+(Li, Fang, Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.2–4.3), the fit equals the
+in-memory fit from the same start up to the order of floating-point sums.
+"""
+
+import functools
+
+import numpy as np
+
+from ._dask import DaskPartitions, row_blocks, rows
+from .engines.cp import (EntryPartition, SweepTotals, fit_cp, noise_precision_for_variance,
+                         posterior_sums)
+
+__all__ = ["DaskEntries", "fit_tensor"]
+
+ENTRY_SCHEDULE = (
+    "schedule='entry' updates the CEP sites block after block, each from the posterior the block "
+    "before left: it is sequential and cannot run on entries spread over Dask workers. Use "
+    "schedule='group' (the default) to fit Dask collections."
+)
+
+
+def _entries_chunk(index, y, check_index, classes):
+    """One chunk's entries, checked (``check_index``: the estimator's index check) and encoded:
+    indices as intp, values as floats (Gaussian) or 0/1 with ``classes[1]`` → 1 (probit)."""
+    index = check_index(index)
+    if classes is None:
+        y = np.asarray(y, dtype=float)
+        if not np.all(np.isfinite(y)):
+            raise ValueError("y contains NaN or infinity.")
+        return index, y
+    return index, (np.asarray(y) == classes[1]).astype(float)
+
+
+def _summary(index, y):
+    """What a chunk tells before the sweeps: per-mode largest index and entry counts per
+    object, and (n, mean, Σ (y − mean)²) of its values."""
+    n = y.size
+    mean = float(y.mean()) if n else 0.0
+    return (index.max(axis=0) if n else np.full(index.shape[1], -1), [np.bincount(c) for c in index.T],
+            (n, mean, float(np.sum((y - mean) ** 2))))
+
+
+def _pooled(a, b):
+    """(n, mean, M2) of two sets of values from theirs (Chan, Golub & LeVeque, "Algorithms for
+    computing the sample variance: analysis and recommendations", 1983)."""
+    (na, ma, sa), (nb, mb, sb) = a, b
+    n = na + nb
+    if n == 0:
+        return a
+    delta = mb - ma
+    return n, ma + delta * nb / n, sa + sb + delta * delta * na * nb / n
+
+
+def _add_counts(a, b):
+    """The sum of two count vectors of different lengths."""
+    if a.size < b.size:
+        a, b = b, a
+    out = a.astype(np.int64)
+    out[:b.size] += b
+    return out
+
+
+def _partition_step(index, y, part, name, args, **options):
+    """The :class:`EntryPartition` step ``name`` on one chunk (the partition is built at the
+    first step); a copy is stepped, so the persisted state of the step before stays intact."""
+    part = EntryPartition(index, y, **options) if part is None else part.copy()
+    return part, getattr(part, name)(*args)
+
+
+def _chunk_sums(post, index, y, likelihood):
+    return posterior_sums(post, index, y, likelihood)[0]
+
+
+class _Partitions(DaskPartitions):
+    """:class:`~skcep._dask.DaskPartitions` of :class:`EntryPartition` whose step arguments (the
+    moments of q updated since the step before) travel as one task that each worker fetches
+    once, instead of being copied into the task of every chunk."""
+
+    def step(self, name, *args):
+        import dask  # noqa: PLC0415
+
+        return super().step(name, dask.delayed(args, pure=False, traverse=False))
+
+
+class DaskEntries:
+    """The training entries of a CP fit as persisted chunks on the Dask workers.
+
+    Building it checks and encodes every chunk on the workers and reduces what the estimator
+    needs before the sweeps: the largest index of every mode (``maxima``), the entries per
+    object (:meth:`n_seen`) and Var(y) (``variance``).  :meth:`fit_cp`, :meth:`elbo` and
+    :meth:`starting_noise_precision` take the arguments of the engine's functions of these
+    names (their ``index`` and ``y`` unused) and run on the chunks.
+    """
+
+    def __init__(self, estimator, X, y):
+        import dask  # noqa: PLC0415
+        import dask.array as da  # noqa: PLC0415
+
+        X, columns = rows(X)
+        y, _ = rows(y, "y")
+        if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0]:
+            raise ValueError(f"X must be (n_entries, n_modes) and y (n_entries,); got shapes {X.shape} and "
+                             f"{y.shape}.")
+        y, _ = rows(y, "y", X.chunks[0])
+        head = X[:2].compute()
+        if columns is not None:
+            import pandas as pd  # noqa: PLC0415
+
+            head = pd.DataFrame(head, columns=columns)
+        estimator._validate(head, y[:2].compute(), reset=True)
+        classes = None
+        if estimator.likelihood == "probit":
+            estimator._encode(np.unique(da.unique(y).compute()), first_call=True)
+            classes = estimator.classes_
+        chunks = [dask.delayed(_entries_chunk)(xb, yb, estimator._check_index, classes)
+                  for xb, yb, size in zip(row_blocks(X), row_blocks(y), X.chunks[0]) if size]
+        held = dask.persist(*[c[0] for c in chunks], *[c[1] for c in chunks])
+        self.index, self.y = list(held[:len(chunks)]), list(held[len(chunks):])
+        summaries = dask.compute(*[dask.delayed(_summary)(i, v) for i, v in zip(self.index, self.y)])
+        self.maxima = functools.reduce(np.maximum, [s[0] for s in summaries])
+        self.counts = [functools.reduce(_add_counts, c) for c in zip(*[s[1] for s in summaries])]
+        self.n, _, m2 = functools.reduce(_pooled, [s[2] for s in summaries])
+        self.variance = m2 / self.n
+
+    def starting_noise_precision(self, y, noise_prior):
+        """:func:`~skcep.engines.cp.starting_noise_precision` of the chunks' values (``y`` unused)."""
+        return noise_precision_for_variance(self.variance if self.n > 1 else 0.0, noise_prior)
+
+    def n_seen(self, shape):
+        """Entries per object of every mode, padded to ``shape``."""
+        return [np.r_[c, np.zeros(d - c.size, dtype=np.int64)] for c, d in zip(self.counts, shape)]
+
+    def partitions(self, **options):
+        """The holder of partitions :func:`~skcep.engines.cp.start_sweeps` runs its steps on."""
+        return _Partitions(_partition_step, self.index, self.y, None, **options)
+
+    def fit_cp(self, post, index=None, y=None, **options):
+        """:func:`~skcep.engines.cp.fit_cp` on the chunks (``n_jobs`` plays no part: a worker
+        runs its chunk's steps in its own thread)."""
+        return fit_cp(post, None, None, partitions=self.partitions, **options)
+
+    def elbo(self, post, index=None, y=None, likelihood="gaussian", n_jobs=None):
+        """:func:`~skcep.engines.cp.elbo` of q ``post``, summed over the chunks."""
+        import dask  # noqa: PLC0415
+
+        shared = dask.delayed(post, pure=False, traverse=False)
+        sums = dask.compute(*[dask.delayed(_chunk_sums)(shared, i, v, likelihood) for i, v in zip(self.index, self.y)])
+        return SweepTotals.combine(sums, post, likelihood).elbo()
+
+
+def fit_tensor(estimator, X, y):
+    """``BayesianCPTensor.fit`` on a Dask array or DataFrame of entry indices (chunked by
+    entries) and a Dask vector or Series of values.
+
+    The chunks are checked, encoded and kept on the workers; the estimator starts exactly as its
+    in-memory fit does (the same ``random_state`` draws the same initial factors: the shape
+    comes from a reduction of the largest index per mode, the Gaussian noise start from one of
+    Var(y)) and runs the engine's group sweeps over the chunks (see the module docstring).  The
+    result equals the in-memory fit from the same start up to the order of floating-point sums;
+    ``elbo_``, ``n_iter_``, ``converged_`` and the ConvergenceWarning are the in-memory fit's.
+    ``n_init`` restarts run one after another.  ``schedule="entry"`` is sequential by nature
+    and raises a ValueError: use ``schedule="group"``.
+
+    **What limits it: the size of the factors.**  The client holds q and makes every group
+    update (d_k R×R inversions per mode), and every worker receives the first and packed second
+    moments of each factor once per sweep, after the factor's update (probit CEP also each
+    mode's covariance): O(Σ_k d_k R²) bytes per sweep per worker, whatever the number of
+    entries.  Each mode update brings back, from every chunk, R(R+3)/2 numbers per row that the
+    chunk touches.  This suits many entries and factors of up to millions of rows × small R;
+    past that, the broadcast and the client's memory dominate.  The next step is the layout of
+    distributed CP codes — DFacTo (Choi & Vishwanathan, "DFacTo: Distributed Factorization of
+    Tensors", NeurIPS 2014) and SPLATT's medium-grained decomposition (Smith & Karypis, "A
+    Medium-Grained Algorithm for Distributed Sparse Tensor Factorization", IPDPS 2016):
+    shuffle the entries by their row of the big mode, so that each worker owns a range of its
+    rows, holds their statistics complete, makes their group updates itself and keeps their
+    factor rows; only the other modes' factors are then broadcast and reduced.
+    """
+    noise_prior, fixed_shape = estimator._check_params()
+    if estimator.method == "cep" and estimator.schedule == "entry":
+        raise ValueError(ENTRY_SCHEDULE)
+    for name in ("classes_", "shape_"):
+        estimator.__dict__.pop(name, None)
+    held = DaskEntries(estimator, X, y)
+    shape = estimator._resolve_shape(held.maxima[None, :], fixed_shape, None)
+    estimator._start(None, None, noise_prior, shape, estimator.max_iter, held=held)
+    if not estimator.converged_:
+        estimator._warn_not_converged(estimator.max_iter)
+    return estimator

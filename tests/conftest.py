@@ -1,0 +1,25 @@
+"""Shared fixtures: one real Dask cluster for the whole test run."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    """A ``distributed.LocalCluster`` with 2 worker processes of one thread each, started once
+    and made the default scheduler while the tests that ask for it run."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+        memory_limit="3GiB",
+    ) as cluster, distributed.Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+@pytest.fixture
+def on_cluster(dask_client):
+    """Run the test with the cluster as Dask's scheduler (as a user's active Client is)."""
+    with dask_client.as_current():
+        import dask
+
+        with dask.config.set(scheduler=dask_client.get):
+            yield dask_client
