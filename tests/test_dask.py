@@ -6,6 +6,8 @@ array folds its chunks in order and equals numpy ``partial_fit`` over the same c
 the single-machine posterior; without Dask the error names the extra.
 """
 
+import contextlib
+import os
 import subprocess
 import sys
 import warnings
@@ -195,3 +197,69 @@ def test_without_dask_a_clear_error_names_the_extra():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert 'pip install "skcep[dask]"' in out.stdout
+
+
+def test_a_worker_killed_mid_fit_changes_nothing():
+    """Sites persisted on a worker that dies are recomputed by Dask from their lineage (every
+    step is a deterministic function of its inputs), so the fit ends at the same posterior."""
+    import distributed
+
+    from skcep import _dask
+
+    X, y = classification(n=1600, n_classes=2, seed=4)
+    options = dict(method="ep", tol=1e-6, max_iter=500)
+    Xd, yd = da.from_array(X, chunks=(400, -1)), da.from_array(y, chunks=400)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster, set_as_default=False) as client, client.as_current():
+        import dask
+
+        with dask.config.set(scheduler=client.get):
+            calm = CEPProbitClassifier(**options).fit(Xd, yd)
+            step, sweeps = _dask.DaskPartitions.step, []
+
+            def step_then_kill(self, *state, **kw):
+                out = step(self, *state, **kw)
+                sweeps.append(1)
+                if len(sweeps) == 3:  # a worker process dies holding persisted sites
+                    victim = sorted(client.scheduler_info()["workers"])[0]
+                    with contextlib.suppress(Exception):  # the worker dies before it answers
+                        client.run(os._exit, 1, workers=[victim])
+                return out
+
+            _dask.DaskPartitions.step = step_then_kill
+            try:
+                hit = CEPProbitClassifier(**options).fit(Xd, yd)
+            finally:
+                _dask.DaskPartitions.step = step
+    assert len(sweeps) > 3
+    np.testing.assert_array_equal(hit.coef_, calm.coef_)
+    np.testing.assert_array_equal(hit.coef_var_, calm.coef_var_)
+
+
+def test_client_memory_stays_flat_for_4_million_rows_made_on_the_workers(on_cluster):
+    """4,000,000 × 20 rows generated on the workers: the client holds only O(d) state."""
+    import threading
+
+    import psutil
+
+    rs = da.random.RandomState(0)
+    X = rs.standard_normal((4_000_000, 20), chunks=(500_000, 20))
+    y = (X[:, 0] - X[:, 1] + rs.standard_normal(4_000_000, chunks=500_000) > 0).astype(int)
+    process = psutil.Process()
+    start, peak, running = process.memory_info().rss, [0], [True]
+
+    def watch():
+        while running[0]:
+            peak[0] = max(peak[0], process.memory_info().rss)
+            threading.Event().wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        est = CEPProbitClassifier(method="ep", max_iter=3).fit(X, y)
+    finally:
+        running[0] = False
+        watcher.join()
+    assert (peak[0] - start) < 200 * 2**20, f"client grew by {(peak[0] - start) / 2**20:.0f} MiB"
+    assert est.coef_[0, 0] > 0 > est.coef_[0, 1]
