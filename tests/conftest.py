@@ -2,16 +2,22 @@
 
 import pytest
 
+# The cluster setting docs/dask.md recommends: Dask's nanny sets MALLOC_TRIM_THRESHOLD_ in every
+# worker, which turns off glibc's adaptive mmap threshold; this keeps temporaries on the heap.
+WORKER_ENVIRON = {"distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 32 * 2**20}
+
 
 @pytest.fixture(scope="session")
 def dask_client():
     """A ``distributed.LocalCluster`` with 2 worker processes of one thread each, started once
     and made the default scheduler while the tests that ask for it run."""
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-        memory_limit="3GiB",
-    ) as cluster, distributed.Client(cluster, set_as_default=False) as client:
+    import dask
+
+    with dask.config.set(WORKER_ENVIRON):
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           dashboard_address=None, memory_limit="3GiB")
+    with cluster, distributed.Client(cluster, set_as_default=False) as client:
         yield client
 
 
