@@ -194,6 +194,20 @@ def run_worker(script, spec, snapshot, timeout=None, retry_after=10):
     raise RuntimeError(f"worker {spec} failed:\n{proc.stderr[-3000:]}")
 
 
+def write_report(out, name, quick):
+    """Join the report's lines; a ``--quick`` smoke run prints it and returns None, a full run
+    writes ``results/<name>`` and returns its path."""
+    report = "\n".join(out) + "\n"
+    if quick:
+        print("\n" + report)
+        return None
+    path = RESULTS / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(report)
+    print(f"wrote {path}")
+    return path
+
+
 def machine_lines():
     """Markdown bullets: CPUs, RAM, OS, library versions and BLAS thread pools."""
     import scipy

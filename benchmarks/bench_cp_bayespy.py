@@ -59,7 +59,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, command, library_state, md_table  # noqa: E402
+import _common  # noqa: E402
+from _common import command, library_state, md_table  # noqa: E402
 from bench_cp_image import load_image, split  # noqa: E402
 
 import skcep.engines.cp as cp_engine  # noqa: E402
@@ -296,13 +297,7 @@ def main(quick):
     ]
     for r in results:
         out += report_problem(r)
-    report = "\n".join(out) + "\n"
-    if quick:
-        print("\n" + report)
-        return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cp_bayespy.md").write_text(report)
-    print(f"wrote {RESULTS / 'cp_bayespy.md'}")
+    _common.write_report(out, "cp_bayespy.md", quick)
 
 
 if __name__ == "__main__":

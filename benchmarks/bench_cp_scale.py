@@ -413,14 +413,7 @@ def main(quick):
         "Warnings during fits: " + (", ".join(warned) if warned else "none")
         + (" (expected: tol=0 never converges)" if warned == ["ConvergenceWarning"] else "") + ".",
     ]
-    report = "\n".join(out) + "\n"
-    if quick:  # smoke test: print only, keep the full results file
-        print("\n" + report)
-        return
-    path = HERE / "results" / "cp_scale.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report)
-    print(f"wrote {path}")
+    _common.write_report(out, "cp_scale.md", quick)  # --quick: print only
 
 
 if __name__ == "__main__":

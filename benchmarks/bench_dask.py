@@ -36,7 +36,6 @@ os.environ["MKL_NUM_THREADS"] = "1"
 
 import argparse  # noqa: E402
 import shutil  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -713,14 +712,7 @@ def _main(quick):
         key = msg.splitlines()[0]
         seen[key] = seen.get(key, 0) + n
     out += ["", "Warnings during timed fits:", "", *warning_lines(seen)]
-    report = "\n".join(out) + "\n"
-    if quick:
-        print("\n" + report)
-        return
-    path = HERE / "results" / "dask.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report)
-    print(f"wrote {path}")
+    _common.write_report(out, "dask.md", quick)
 
 
 # Dask's nanny sets MALLOC_TRIM_THRESHOLD_ in every worker, which turns off glibc's adaptive mmap

@@ -369,14 +369,7 @@ def main(quick):
         )
         + ".",
     ]
-    report = "\n".join(out) + "\n"
-    if quick:  # smoke test: print only, keep the full results file
-        print("\n" + report)
-        return
-    path = HERE / "results" / "scale.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report)
-    print(f"wrote {path}")
+    _common.write_report(out, "scale.md", quick)  # --quick: print only
 
 
 if __name__ == "__main__":
