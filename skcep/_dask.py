@@ -162,6 +162,22 @@ def partial_fit_chunks(estimator, X, y=None, step=_partial_fit_step, **first_opt
     return model.compute()
 
 
+def _chunk_task(chunk_step, data, y, previous, global_state, options):
+    """``chunk_step`` on one chunk: ``previous`` is the chunk's task of the step before, whose
+    (state, reduction) pair is read here rather than through a task of its own."""
+    return chunk_step(data, y, None if previous is None else previous[0], *global_state, **options)
+
+
+def _client():
+    """The current ``distributed.Client``, or None (Dask's default scheduler)."""
+    try:
+        from distributed import default_client  # noqa: PLC0415
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
 class DaskPartitions:
     """Rows and their per-row state held on Dask workers, one partition per chunk.
 
@@ -170,27 +186,50 @@ class DaskPartitions:
     them between tasks) and returns the chunk's new per-row state (kept on the worker,
     ``None`` at the start) and the small reduction the global step combines.  ``data`` and
     ``ys`` are persisted Delayed objects, one per chunk.  :meth:`step` returns the list of the
-    chunks' reductions; :meth:`save` / :meth:`restore` keep and bring back the state of a sweep
-    (by reference: a step makes new state, so nothing is copied).  ``zero`` is the reduction of
-    a chunk whose state is still None.
+    chunks' reductions, in chunk order; :meth:`save` / :meth:`restore` keep and bring back the
+    state of a sweep (by reference: a step makes new state, so nothing is copied).  ``zero`` is
+    the reduction of a chunk whose state is still None.
+
+    A step is one task per chunk, which reads the state from the chunk's task of the step
+    before, and one small task that returns its reduction: the scheduler's cost per task, not
+    the arithmetic, sets the time of a sweep over small chunks.  On a ``distributed`` cluster
+    each chunk's task is pinned to the worker holding the chunk's data (free to move if that
+    worker is lost), so the scheduler never moves a chunk's rows and state to balance load.
     """
 
     def __init__(self, chunk_step, data, ys, zero, **fixed):
         self.chunk_step, self.data, self.ys, self.fixed = chunk_step, data, ys, fixed
+        self.client = _client()
+        self.workers = self._holders()
         self.state = [None] * len(data)
         self._reductions = [zero] * len(data)
         self._saved = None
 
+    def _holders(self):
+        """The worker holding each chunk's data (None without a cluster)."""
+        if self.client is None:
+            return [None] * len(self.data)
+        who = self.client.who_has([d.key for d in self.data])
+        return [min(who.get(d.key) or [None]) for d in self.data]
+
     def step(self, *global_state, **options):
         import dask  # noqa: PLC0415
 
-        tasks = [
-            dask.delayed(self.chunk_step, pure=False)(d, y, s, *global_state, **options, **self.fixed)
-            for d, y, s in zip(self.data, self.ys, self.state)
-        ]
-        tasks = dask.persist(*tasks)
-        self.state = [t[0] for t in tasks]
-        self._reductions = list(dask.compute(*[t[1] for t in tasks]))
+        options = {**options, **self.fixed}
+        tasks = []
+        for d, y, previous, worker in zip(self.data, self.ys, self.state, self.workers):
+            pinned = {} if worker is None else {"workers": [worker], "allow_other_workers": True}
+            with dask.annotate(**pinned):
+                tasks.append(dask.delayed(_chunk_task, pure=False)(self.chunk_step, d, y, previous, global_state,
+                                                                   options))
+        reductions = [t[1] for t in tasks]
+        if self.client is None:
+            self.state = list(dask.persist(*tasks))
+            self._reductions = list(dask.compute(*reductions))
+        else:  # one graph for the states and the reductions: one message to the scheduler
+            futures = self.client.compute([*tasks, *reductions])
+            self.state = futures[:len(tasks)]
+            self._reductions = self.client.gather(futures[len(tasks):])
         return list(self._reductions)
 
     def totals(self):

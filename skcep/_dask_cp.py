@@ -71,11 +71,14 @@ def _add_counts(a, b):
     return out
 
 
-def _partition_step(index, y, part, name, args, **options):
-    """The :class:`EntryPartition` step ``name`` on one chunk (the partition is built at the
-    first step); a copy is stepped, so the persisted state of the step before stays intact."""
+def _partition_step(index, y, part, calls, **options):
+    """The :class:`EntryPartition` steps ``calls`` (``(name, args)`` pairs, in order) on one
+    chunk, returning the last one's result (the partition is built at the first step); a copy
+    is stepped, so the persisted state of the step before stays intact."""
     part = EntryPartition(index, y, **options) if part is None else part.copy()
-    return part, getattr(part, name)(*args)
+    for name, args in calls:
+        result = getattr(part, name)(*args)
+    return part, result
 
 
 def _chunk_sums(post, index, y, likelihood):
@@ -83,14 +86,22 @@ def _chunk_sums(post, index, y, likelihood):
 
 
 class _Partitions(DaskPartitions):
-    """:class:`~skcep._dask.DaskPartitions` of :class:`EntryPartition` whose step arguments (the
-    moments of q updated since the step before) travel as one task that each worker fetches
-    once, instead of being copied into the task of every chunk."""
+    """:class:`~skcep._dask.DaskPartitions` of :class:`EntryPartition`.  A sweep's ``begin``
+    returns nothing the client needs, so it waits and runs in the task of the step after it:
+    one round trip to the workers fewer per sweep."""
+
+    _deferred = ("begin",)
+
+    def __init__(self, *args, **options):
+        super().__init__(*args, **options)
+        self.pending = []
 
     def step(self, name, *args):
-        import dask  # noqa: PLC0415
-
-        return super().step(name, dask.delayed(args, pure=False, traverse=False))
+        self.pending.append((name, args))
+        if name in self._deferred:
+            return None
+        calls, self.pending = self.pending, []
+        return super().step(calls)
 
 
 class DaskEntries:
