@@ -18,6 +18,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
 from ._dask import DaskPartitions, row_blocks, rows
+from .engines.evidence import factorized_site_terms, full_site_terms, log_evidence
 from .engines.glm import (
     _Design,
     _site_shape,
@@ -41,20 +42,31 @@ def _design_chunk(X, fit_intercept, block_size):
     return X if block_size is None else _Design(X, block_size)
 
 
-def _factorized_chunk(design, labels, sites, prec, shift, *, positive, **options):
+def _factorized_chunk(design, labels, sites, prec, shift, *, positive, evidence=None, **options):
+    """The engine's factorized partition step on one chunk; with ``evidence`` (a likelihood)
+    instead the chunk's site terms of the EP evidence (sites unchanged)."""
     sign = np.where(np.asarray(labels) == positive, 1.0, -1.0)
     if sites is None:
         site_prec, site_shift = np.zeros(_site_shape(design.X)), np.zeros(_site_shape(design.X))
     else:
         site_prec, site_shift = (a.copy() for a in sites)
+    if evidence is not None:
+        terms = factorized_site_terms(design, sign, site_prec, site_shift, prec, shift,
+                                      likelihood=evidence)
+        return (site_prec, site_shift), terms
     totals = factorized_partition_step(design, sign, site_prec, site_shift, prec, shift, **options)
     return (site_prec, site_shift), totals
 
 
-def _full_chunk(X, labels, sites, P, b, *, positive, **options):
+def _full_chunk(X, labels, sites, P, b, *, positive, evidence=None, **options):
+    """As :func:`_factorized_chunk` for the full covariance; with ``evidence``, (P, b) are
+    the posterior's (mean, covariance)."""
     sign = np.where(np.asarray(labels) == positive, 1.0, -1.0)
     n = X.shape[0]
     site_prec, site_shift = (np.zeros(n), np.zeros(n)) if sites is None else (a.copy() for a in sites)
+    if evidence is not None:
+        return (site_prec, site_shift), full_site_terms(X, sign, site_prec, site_shift, P, b,
+                                                        likelihood=evidence)
     change = full_partition_step(X, sign, site_prec, site_shift, P, b, **options)
     return (site_prec, site_shift), change
 
@@ -76,16 +88,25 @@ class DaskRows:
         self.data = list(dask.persist(*chunks))
         self.ys = list(dask.persist(*row_blocks(y)))
 
-    def fit(self, positive, likelihood, prior_mean, prior_spread, **options):
-        """The engine's fit of one binary model (``positive`` against the rest)."""
+    def fit(self, positive, likelihood, evidence_likelihood, prior_mean, prior_spread, **options):
+        """The engine's fit of one binary model (``positive`` against the rest), and its EP
+        evidence: one more pass in which each chunk sums its rows' site terms (a float each)."""
         options.pop("block_size", None)
         if self.full:
+            if np.ndim(prior_spread) == 1:
+                prior_spread = np.diag(prior_spread)
             parts = DaskPartitions(_full_chunk, self.data, self.ys, _zero_change(self.shape[1]),
                                    positive=positive, block_size=self.block_size)
-            return fit_full_partitions(parts, likelihood, prior_mean, prior_spread, **options)
+            post = fit_full_partitions(parts, likelihood, prior_mean, prior_spread, **options)
+            terms = parts.step(post.mean, post.cov, evidence=evidence_likelihood)
+            post.log_evidence = log_evidence(prior_mean, prior_spread, post.mean, post.cov, terms)
+            return post
         zero = (np.zeros(self.shape[1]), np.zeros(self.shape[1]), 0)
         parts = DaskPartitions(_factorized_chunk, self.data, self.ys, zero, positive=positive)
-        return fit_factorized_partitions(parts, likelihood, prior_mean, prior_spread, **options)
+        post = fit_factorized_partitions(parts, likelihood, prior_mean, prior_spread, **options)
+        terms = parts.step(1.0 / post.var, post.mean / post.var, evidence=evidence_likelihood)
+        post.log_evidence = log_evidence(prior_mean, prior_spread, post.mean, post.var, terms)
+        return post
 
 
 def _zero_change(dim):
@@ -110,6 +131,12 @@ def fit_classifier(estimator, X, y):
         raise ValueError("The training data need samples of at least 2 classes; "
                          f"got one class: {classes.tolist()[0]!r}.")
     estimator._check_options(X.shape[1])
+    if estimator.prior_variance == "auto":
+        raise ValueError(
+            "prior_variance='auto' is not supported for a fit on Dask collections (each trial "
+            "value of the prior variance would be a distributed fit); choose it on an "
+            "in-memory sample (fit there with prior_variance='auto', read prior_variance_) "
+            "and pass the number.")
     held = DaskRows(X, y, estimator.fit_intercept, estimator.covariance == "full")
     posterior = estimator._fit_posteriors(held, y, classes, prior=None)
     estimator.classes_ = classes

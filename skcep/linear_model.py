@@ -19,10 +19,11 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._base import COMMON_CONSTRAINTS, SkcepMixin, blas_limits, fit_method, predict_method
 from ._dask_glm import DaskRows, fit_classifier
-from ._docstrings import LOGISTIC_DOC, PROBIT_DOC
+from ._docstrings import FIT_DOC, LOGISTIC_DOC, PARTIAL_FIT_DOC, PROBIT_DOC
 from .engines.chunks import map_chunks
 from .engines.factors import LogisticFactor, OperatorSite
-from .engines.glm import fit_factorized, fit_full, predictor_moments
+from .engines.evidence import fit_glm
+from .engines.glm import predictor_moments
 from .engines.likelihoods import Logistic, Probit
 from .message_operator import KJITMessageOperator
 
@@ -37,7 +38,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
     _parameter_constraints = {
         "method": [StrOptions({"cep1", "cep2", "ep"})],
         "covariance": [StrOptions({"diagonal", "full"})],
-        "prior_variance": [Interval(Real, 0, None, closed="neither")],
+        "prior_variance": [StrOptions({"auto"}), Interval(Real, 0, None, closed="neither")],
         "fit_intercept": ["boolean"],
         "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
@@ -66,19 +67,6 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
 
     @fit_method
     def fit(self, X, y):
-        """Fit the posterior of the weights to all of (X, y).
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-            Training data; CSR input keeps memory O(nnz).
-        y : array-like of shape (n_samples,)
-            Class labels (two or more classes).
-
-        Returns
-        -------
-        self : object
-        """
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, reset=True)
         check_classification_targets(y)
         classes = np.unique(y)
@@ -91,24 +79,10 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         self._set_posterior(posterior)
         return self
 
+    fit.__doc__ = FIT_DOC
+
     @fit_method
     def partial_fit(self, X, y, classes=None):
-        """Fold one batch into the posterior (assumed density filtering).
-
-        The current posterior is the prior for the batch; the batch's sites are fitted, folded
-        in and forgotten.  Repeated calls over a stream approach :meth:`fit` on all the data.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
-        classes : array-like of shape (n_classes,), default=None
-            All classes of the stream; required on the first call.
-
-        Returns
-        -------
-        self : object
-        """
         first = _check_partial_fit_first_call(self, classes)  # sets classes_ on a first call
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, reset=first)
         check_classification_targets(y)
@@ -120,6 +94,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         posterior = self._fit_posteriors(X, y, self.classes_, prior=None if first else self._posterior)
         self._set_posterior(posterior)
         return self
+
+    partial_fit.__doc__ = PARTIAL_FIT_DOC
 
     def _check_options(self, n_features):
         if self.covariance == "full":
@@ -145,25 +121,28 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         spread over ``n_jobs`` threads.  ``site_lik`` overrides the likelihood whose tilted
         moments refine the sites (the operator site of ``method="kjit"``)."""
         A = X if isinstance(X, DaskRows) else self._design(X)
-        dim = A.shape[1]
+        dim, n_weights = A.shape[1], A.shape[1] - self.fit_intercept
         positives = classes[1:] if classes.size == 2 else classes
-        site_lik = site_lik or self._likelihoods()[0]
+        own_lik, evidence_lik = self._likelihoods()  # evidence: the accurate (predictive) rule
+        site_lik = site_lik or own_lik
         options = dict(damping=None if self.damping == "auto" else self.damping, tol=self.tol,
                        max_iter=self.max_iter, block_size=self.block_size, callback=self._progress())
-        prior_var = np.r_[np.full(dim - self.fit_intercept, float(self.prior_variance)),
+        auto = self.prior_variance == "auto"
+        prior_var = np.r_[np.full(n_weights, 1.0 if auto else float(self.prior_variance)),
                           [self.intercept_prior_variance] * self.fit_intercept]
         full = self.covariance == "full"
         if not full:
             options["method"] = "ep" if self.method == "kjit" else self.method
+        tune = n_weights if auto and prior is None and n_weights else None
 
         def fit_one(k):
             mean0 = np.zeros(dim) if prior is None else prior["mean"][k]
-            spread0 = prior["cov" if full else "var"][k] if prior is not None else (
-                np.diag(prior_var) if full else prior_var)
+            spread0 = prior_var if prior is None else prior["cov" if full else "var"][k]
             if isinstance(A, DaskRows):  # rows and sites held on Dask workers
-                return A.fit(positives[k], site_lik, mean0, spread0, **options)
+                return A.fit(positives[k], site_lik, evidence_lik, mean0, spread0, **options)
             sign = np.where(y == positives[k], 1.0, -1.0)
-            return (fit_full if full else fit_factorized)(A, sign, site_lik, mean0, spread0, **options)
+            return fit_glm(A, sign, site_lik, mean0, spread0, full=full,
+                           evidence_likelihood=evidence_lik, tune_weights=tune, **options)
 
         # a learned operator is trained as it answers: its models run one after another;
         # small factorizations run fastest on one BLAS thread (many threads only contend)
@@ -173,7 +152,12 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         if not all(r.converged for r in results):
             self._warn_not_converged(self.max_iter)
         stack = {name: np.array([getattr(r, name) for r in results])
-                 for name in ("mean", "var", "cov", "n_iter", "converged")}
+                 for name in ("mean", "var", "cov", "n_iter", "converged", "log_evidence")}
+        if prior is not None:  # streaming: the evidence accumulates, λ stays the first call's
+            stack["log_evidence"], stack["prior_variance"] = (
+                prior["log_evidence"] + stack["log_evidence"], prior["prior_variance"])
+        else:
+            stack["prior_variance"] = np.array([r.prior_variance or prior_var[0] for r in results])
         return {**stack, "cov": stack["cov"] if self.covariance == "full" else None}
 
     def _set_posterior(self, posterior):
@@ -192,6 +176,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         self.intercept_var_ = posterior["var"][:, d].copy() if self.fit_intercept else zeros.copy()
         self.n_iter_ = posterior["n_iter"].copy()
         self.converged_ = posterior["converged"].copy()
+        self.log_evidence_ = posterior["log_evidence"].astype(float)
+        self.prior_variance_ = posterior["prior_variance"].astype(float)
 
     def _predictor_moments(self, X):
         """Mean and variance of each model's linear predictor: (n, n_models) each."""

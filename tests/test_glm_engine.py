@@ -462,6 +462,25 @@ def test_fit_leaves_a_csr_input_untouched():
         assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_full_ep_continues_from_its_own_sites(sparse):
+    """``init_sites`` of fit_full (the warm start of prior_variance="auto"): started from a
+    converged fit's sites, the fit stays at that posterior and stops within two sweeps; started
+    from another prior's sites, it reaches the cold fit's posterior."""
+    X, y = _sparse_problem()
+    Xs = sp.csr_matrix(X) if sparse else X
+    d, kw = X.shape[1], dict(tol=1e-9, max_iter=200)
+    cold = fit("full", Xs, y, Probit(), np.zeros(d), np.ones(d), **kw)
+    again = glm.fit_full(Xs, y, Probit(), np.zeros(d), np.eye(d), init_sites=cold.sites, **kw)
+    assert again.n_iter <= 2
+    assert_allclose(again.mean, cold.mean, atol=1e-7)
+    assert_allclose(again.cov, cold.cov, atol=1e-7)
+    other = fit("full", Xs, y, Probit(), np.zeros(d), np.full(d, 5.0), **kw)
+    moved = glm.fit_full(Xs, y, Probit(), np.zeros(d), np.eye(d), init_sites=other.sites, **kw)
+    assert_allclose(moved.mean, cold.mean, atol=1e-6)
+    assert_allclose(moved.var, cold.var, rtol=1e-6)
+
+
 # --------------------------------------------------------------------------------------------
 # Streaming
 

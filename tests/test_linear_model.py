@@ -85,9 +85,12 @@ def test_shapes_and_probabilities(cls, method, cov, n_classes, names):
     assert est.n_features_in_ == X.shape[1]
     for name in ("coef_", "coef_var_"):
         assert getattr(est, name).shape == (n_models, X.shape[1]), name
-    for name in ("intercept_", "intercept_var_", "n_iter_", "converged_"):
+    for name in ("intercept_", "intercept_var_", "n_iter_", "converged_", "log_evidence_",
+                 "prior_variance_"):
         assert getattr(est, name).shape == (n_models,), name
     assert np.all(est.coef_var_ > 0) and np.all(est.intercept_var_ > 0)
+    assert np.all(np.isfinite(est.log_evidence_)) and np.all(est.log_evidence_ < 0)
+    assert np.all(est.prior_variance_ == 1.0)
     assert np.all(est.n_iter_ >= 1)
     if cov == "full":
         assert est.coef_cov_.shape == (n_models, X.shape[1], X.shape[1])
@@ -620,3 +623,20 @@ def test_extreme_inputs(cls, method, cov, case):
     # learn: every model must still fit the training data (noise-free cases: almost perfectly).
     min_accuracy = 0.95 if case.startswith("separable") else 0.8
     assert est.score(X, y) >= min_accuracy
+    assert np.all(np.isfinite(est.log_evidence_))
+
+
+@ignore_convergence
+@pytest.mark.parametrize("cls, method, cov", ALL)
+@pytest.mark.parametrize(
+    "case", ["scaled_1e6", "separable", "separable_blobs", "duplicated_columns", "constant_columns"]
+)
+def test_extreme_inputs_with_auto_prior_variance(cls, method, cov, case):
+    """The evidence search stays finite and within its bounds on degenerate designs."""
+    X, y = _extreme(case)
+    est = cls(method=method, covariance=cov, max_iter=50, prior_variance="auto").fit(X, y)
+    for name in ("coef_", "coef_var_", "intercept_", "log_evidence_", "prior_variance_"):
+        assert np.all(np.isfinite(getattr(est, name))), name
+    assert np.all((est.prior_variance_ >= 1e-6) & (est.prior_variance_ <= 1e6))
+    assert np.all(np.isfinite(est.predict_log_proba(X)))
+    assert est.score(X, y) >= 0.8

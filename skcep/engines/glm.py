@@ -59,6 +59,7 @@ __all__ = [
     "fit_full_partitions",
     "full_global_step",
     "full_partition_step",
+    "full_site_totals",
     "full_sweeps",
     "factorized_sweeps",
     "predictor_moments",
@@ -84,6 +85,8 @@ class GLMPosterior:
     n_skipped: int = 0
     trace: list = None
     sites: tuple = None
+    log_evidence: float = None
+    prior_variance: float = None
 
 
 def default_block_size(n_samples, n_entries):
@@ -631,6 +634,7 @@ def fit_full(
     max_iter=100,
     tol=1e-4,
     block_size=None,
+    init_sites=None,
     callback=None,
 ):
     """Weight-space EP with a full covariance (beyond the CEP paper).
@@ -641,25 +645,47 @@ def fit_full(
     refreshed by the block's rank-b change and re-factorized, O(b d² + d³) per block) and
     :func:`full_global_step`, judged by :class:`SweepControl`.
 
-    ``prior_cov`` is (d, d); other arguments as in :func:`fit_factorized`.
-    Returns a :class:`GLMPosterior` with ``cov`` set.
+    ``prior_cov`` is (d, d); ``init_sites`` (τ̃, ν̃) of shape (n,) each start the sweeps (zero
+    by default); other arguments as in :func:`fit_factorized`.
+    Returns a :class:`GLMPosterior` with ``cov`` and ``sites`` set.
     """
     n, d = X.shape
     block_size = block_size or max(default_block_size(n, n * d), min(d, 256))
-    parts = InMemoryPartitions(full_partition_step, X, np.asarray(y, dtype=float), np.zeros(n),
-                               np.zeros(n), block_size=block_size)
-    return fit_full_partitions(parts, likelihood, prior_mean, prior_cov, damping=damping,
-                               max_iter=max_iter, tol=tol, callback=callback)
+    if init_sites is None:
+        site_prec, site_shift, start = np.zeros(n), np.zeros(n), None
+    else:
+        site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
+        start = full_site_totals(X, site_prec, site_shift)
+    parts = InMemoryPartitions(full_partition_step, X, np.asarray(y, dtype=float), site_prec,
+                               site_shift, block_size=block_size)
+    post = fit_full_partitions(parts, likelihood, prior_mean, prior_cov, damping=damping,
+                               max_iter=max_iter, tol=tol, callback=callback, start=start)
+    post.sites = (site_prec, site_shift)
+    return post
+
+
+def full_site_totals(X, site_prec, site_shift):
+    """The summed natural parameters of full-EP sites: (Xᵀ diag(τ̃) X, Xᵀ ν̃)."""
+    if sp.issparse(X):
+        gram = (X.T @ sp.csr_matrix(X.multiply(site_prec[:, None]))).toarray()
+    else:
+        gram = X.T @ (site_prec[:, None] * X)
+    return gram, np.asarray(X.T @ site_shift).ravel()
 
 
 def fit_full_partitions(parts, likelihood, prior_mean, prior_cov, *, damping=None, max_iter=100,
-                        tol=1e-4, callback=None):
-    """:func:`fit_full` on rows held by ``parts`` (see :func:`full_sweeps`)."""
+                        tol=1e-4, callback=None, start=None):
+    """:func:`fit_full` on rows held by ``parts`` (see :func:`full_sweeps`); ``start`` = the
+    summed natural parameters (Xᵀ diag(τ̃) X, Xᵀ ν̃) of the sites ``parts`` starts from, if
+    any."""
     prior_prec = np.linalg.inv(np.asarray(prior_cov, dtype=float))
     prior_prec = 0.5 * (prior_prec + prior_prec.T)
     prior_shift = prior_prec @ np.asarray(prior_mean, dtype=float)
+    P0, b0 = prior_prec, prior_shift
+    if start is not None:
+        P0, b0 = P0 + start[0], b0 + start[1]
     P, b, chol, mean, var, it, converged, control = full_sweeps(
-        parts, prior_prec, prior_shift, likelihood=likelihood,
+        parts, P0, b0, likelihood=likelihood,
         damping=1.0 if damping is None else damping, tol=tol, max_iter=max_iter, callback=callback,
     )
     cov = cho_solve(chol, np.eye(len(mean)))

@@ -1,0 +1,355 @@
+r"""The EP approximation of the model evidence log p(y | X) of the GLM engines, and the
+type-II maximum-likelihood choice of the prior variance.
+
+**EP evidence** (Minka, "A family of algorithms for approximate Bayesian inference", 2001,
+§3.3; Rasmussen & Williams, "Gaussian Processes for Machine Learning", 2006, §3.6.3, eqs.
+3.65 and 3.73; Seeger, "Expectation propagation for exponential families", 2005).  Write the
+sites of datum i as t̃_i(w) = C_i exp(−½ wᵀT_i w + ν_iᵀw), q = p0 Π_i t̃_i / Z_EP, and
+A(P, b) = ½ bᵀP⁻¹b − ½ log|P| for the log-normaliser of exp(−½ wᵀPw + bᵀw) (the constant
+(d/2) log 2π cancels in every difference below).  Each C_i makes the site's normaliser match
+the tilted one, Z_i = ∫ q\i(w) lik(y_i x_iᵀw) dw, so
+
+    log Z_EP = A(q) − A(p0) + Σ_i [log Z_i + A(q\i) − A(q)]                          (E1)
+
+with q\i = q / t̃_i the cavity.  Z_i is a 1-D integral over a_i = x_iᵀw ~ N(m\, s\) (the
+likelihoods' ``derivatives(…, order=0)``).
+
+* **full** (weight-space EP): q\i and q differ only along x_i, so A(q\i) − A(q) =
+  A₁(cavity of a_i) − A₁(marginal of a_i) (matrix-determinant lemma), with the marginal
+  m_i = x_iᵀμ, s_i = x_iᵀΣx_i and the cavity 1/s\ = 1/s_i − τ̃_i, m\/s\ = m_i/s_i − ν̃_i.
+* **factorized**: q, p0 and q\i all factorize, so A(q) − A(p0) = Σ_m [A₁(q_m) − A₁(p0_m)]
+  and A(q\i) − A(q) = Σ_m [A₁(q_m − site_im) − A₁(q_m)]; Z_i is over the cavity of the whole
+  linear predictor, m\ = Σ_m x_im μ\_im, s\ = Σ_m x_im² v\_im (factorized EP's own cavity).
+  For CEP-1 / CEP-2 the same formula is evaluated with CEP's final sites (CEP has no evidence
+  of its own: its sites come from conditional expectations, not from Z_i).
+
+Both are partition steps (:func:`factorized_site_terms`, :func:`full_site_terms`: the sum of
+the bracket of (E1) over a partition's rows) plus a global step (:func:`log_evidence`).
+
+**Gradient in the prior variance.**  At an EP fixed point log Z_EP is stationary in the site
+parameters, so its total derivative in a prior hyper-parameter is the explicit one at fixed
+sites, that of A(q) − A(p0) (Rasmussen & Williams, §5.5.2, eq. 5.27; Seeger 2005).  For a prior
+N(0, λ) on the weights m ∈ W (|W| = d_w; the intercept keeps its own prior):
+
+    ∂ log Z_EP / ∂ log λ = ½ (Σ_{m∈W} (μ_m² + v_m) / λ − d_w)                          (E2)
+
+for the full and the factorized q alike (checked against finite differences of refitted
+evidences).  (E2) vanishes where λ = Σ_{m∈W}(μ_m² + v_m) / d_w, the M-step of EM;
+:func:`maximize_evidence` finds that root in log λ with warm-started fits.  For CEP (E2) at
+CEP's sites is not the derivative of (E1) at CEP's fixed point (measured, sonar, probit, λ = 1:
+−18.8 against −3.6 by finite differences), so CEP's λ is taken from factorized EP's evidence
+(:func:`fit_glm`).
+"""
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.linalg import cho_factor, cho_solve, solve_triangular
+from scipy.optimize import brentq, minimize_scalar
+
+from .gaussian import cavity, cavity_natural
+from .glm import (
+    _Design,
+    _site_shape,
+    default_block_size,
+    fit_factorized,
+    fit_full,
+    full_site_totals,
+)
+
+__all__ = [
+    "factorized_site_terms",
+    "fixed_site_log_variance",
+    "fit_glm",
+    "full_site_terms",
+    "gaussian_log_normalizer",
+    "log_evidence",
+    "maximize_evidence",
+    "prior_variance_gradient",
+]
+
+LOG_VARIANCE_BOUNDS = (np.log(1e-6), np.log(1e6))
+SEARCH_TOL_FACTOR = 10.0
+
+
+def gaussian_log_normalizer(precision, shift):
+    """A₁(p, h) = ½ h²/p − ½ log p: log ∫ exp(−½ p w² + h w) dw up to ½ log 2π (elementwise)."""
+    return 0.5 * (shift * shift / precision - np.log(precision))
+
+
+def _full_log_normalizer(mean, cov):
+    """A(P, b) of N(mean, cov) = ½ μᵀΣ⁻¹μ + ½ log|Σ| (up to (d/2) log 2π); −inf where the
+    covariance is not numerically positive definite (a diverged fit)."""
+    try:
+        chol = cho_factor(cov, lower=True)
+    except np.linalg.LinAlgError:
+        return -np.inf
+    z = solve_triangular(chol[0], mean, lower=True)
+    return 0.5 * float(z @ z) + float(np.sum(np.log(np.diag(chol[0]))))
+
+
+def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, likelihood):
+    """Partition step of (E1), factorized q: Σ_i [log Z_i + Σ_m (A₁(q_m − site_im) − A₁(q_m))]
+    over the rows of one partition (a ``_Design`` of :mod:`skcep.engines.glm`), block by block
+    (memory O(block)).  ``likelihood`` gives log Z_i (the accurate one: for the logistic, the
+    predictive quadrature, not CEP's site rule).  Cavities that are not proper (never for the
+    log-concave likelihoods here, whose site precisions are ≥ 0) count as the marginal."""
+    total = 0.0
+    for rows, block in design.blocks:
+        sl = block.sites
+        q_prec, q_shift = block.at_cols(prec), block.at_cols(shift)
+        cav_prec, cav_shift, _ = cavity_natural(q_prec, q_shift, site_prec[sl], site_shift[sl])
+        var_c = 1.0 / cav_prec
+        m_a = block.row_sum(block.x * (cav_shift * var_c))
+        s_a = block.row_sum(block.x2 * var_c)
+        log_z = likelihood.derivatives(m_a, s_a, y[rows], order=0)[0]
+        change = gaussian_log_normalizer(cav_prec, cav_shift) - gaussian_log_normalizer(q_prec, q_shift)
+        total += float(np.sum(log_z)) + float(np.sum(change))
+    return total
+
+
+def full_site_terms(X, y, site_prec, site_shift, mean, cov, *, likelihood, block_size=None):
+    """Partition step of (E1), full q = N(mean, cov): Σ_i [log Z_i(m\\, s\\) + A₁(cavity of a_i) −
+    A₁(marginal of a_i)] over the rows of X (dense or CSR), in blocks of rows.  An all-zero row
+    (s_i = 0) keeps a zero site and adds log Z(0, ·) = log ½ for these symmetric links."""
+    n, d = X.shape
+    block_size = block_size or max(1, min(n, 2**20 // max(d, 1)))
+    total = 0.0
+    for start in range(0, n, block_size):
+        rows = slice(start, min(start + block_size, n))
+        xb = X[rows]
+        xb = xb.toarray() if hasattr(xb, "toarray") else xb
+        m = xb @ mean
+        s = np.einsum("ij,ij->i", xb @ cov, xb)
+        s = np.where(s <= 0, 1.0, s)
+        mean_c, var_c, cav_prec, cav_shift, _ = cavity(1.0 / s, m / s, site_prec[rows], site_shift[rows])
+        log_z = likelihood.derivatives(mean_c, var_c, y[rows], order=0)[0]
+        change = gaussian_log_normalizer(cav_prec, cav_shift) - gaussian_log_normalizer(1.0 / s, m / s)
+        total += float(np.sum(log_z)) + float(np.sum(change))
+    return total
+
+
+def log_evidence(prior_mean, prior_spread, mean, spread, site_terms):
+    """Global step of (E1): A(q) − A(p0) + the partitions' site terms.
+
+    ``prior_spread`` / ``spread`` are variances (d,) of a factorized prior / q, or covariances
+    (d, d) of a full one.  Returns a float (−inf if the result is not finite, e.g. after a fit
+    that diverged)."""
+    if np.ndim(spread) == 2:
+        prior_cov = np.diag(prior_spread) if np.ndim(prior_spread) == 1 else prior_spread
+        total = _full_log_normalizer(mean, spread) - _full_log_normalizer(prior_mean, prior_cov)
+    else:
+        q = gaussian_log_normalizer(1.0 / spread, mean / spread)
+        p0 = gaussian_log_normalizer(1.0 / prior_spread, prior_mean / prior_spread)
+        total = float(np.sum(q - p0))
+    total += float(np.sum(site_terms))
+    return total if np.isfinite(total) else -np.inf
+
+
+def prior_variance_gradient(mean, var, prior_variance, n_weights):
+    """(E2): ∂ log Z_EP / ∂ log λ at a fixed point, the weights being the first ``n_weights``
+    coordinates of the posterior ``mean`` and marginal variances ``var``."""
+    second = float(np.sum(mean[:n_weights] ** 2 + var[:n_weights]))
+    return 0.5 * (second / prior_variance - n_weights)
+
+
+def fixed_site_log_variance(site_totals, prior_mean, prior_spread, n_weights, bounds):
+    """argmax over θ = log λ of the evidence at the fitted sites held fixed (EP's 'M-step'):
+    F(θ) = A(P0(θ) + Σ_i T_i, b0(θ) + Σ_i ν_i) − A(P0(θ), b0(θ)), the λ-dependent part of (E1)
+    with the sites' normalisers fixed (a linear-Gaussian evidence; its θ-derivative is (E2)).
+
+    ``site_totals`` = (Σ_i T_i, Σ_i ν_i): per-coordinate sums (d,) of factorized sites, or
+    (Xᵀ diag(τ̃) X, Xᵀ ν̃) of full ones (:func:`~skcep.engines.glm.full_site_totals`).  Cheap:
+    O(d) a θ for a factorized q, a d×d Cholesky for a full one; maximised by
+    :func:`scipy.optimize.minimize_scalar` (bounded) within ``bounds``."""
+    site_prec, site_shift = site_totals
+    weights = np.arange(n_weights)
+    if np.ndim(site_prec) == 1:
+        prior_prec, site_prec = 1.0 / prior_spread, np.maximum(site_prec, 0.0)
+
+        def neg(theta):
+            p0 = prior_prec.copy()
+            p0[weights] = np.exp(-theta)
+            b0 = p0 * prior_mean
+            return -float(np.sum(gaussian_log_normalizer(p0 + site_prec, b0 + site_shift)
+                                 - gaussian_log_normalizer(p0, b0)))
+    else:
+        prior_prec = np.linalg.inv(prior_spread)
+
+        def neg(theta):
+            p0 = prior_prec.copy()
+            p0[weights, weights] = np.exp(-theta)
+            b0 = p0 @ prior_mean
+            return -(_natural_log_normalizer(p0 + site_prec, b0 + site_shift)
+                     - _natural_log_normalizer(p0, b0))
+    return float(minimize_scalar(neg, bounds=bounds, method="bounded",
+                                 options=dict(xatol=1e-3)).x)
+
+
+def _natural_log_normalizer(P, b):
+    """A(P, b) = ½ bᵀP⁻¹b − ½ log|P| (up to (d/2) log 2π)."""
+    chol = cho_factor(P, lower=True)
+    return 0.5 * float(b @ cho_solve(chol, b)) - float(np.sum(np.log(np.diag(chol[0]))))
+
+
+def maximize_evidence(fit_at, step_of, log_variance, *, bounds=LOG_VARIANCE_BOUNDS, xtol=0.1,
+                      max_step=3.0, warm_within=1.0, max_fits=10, slack=0.25):
+    """Type-II maximum likelihood of the EP evidence (E1) over θ = log λ.
+
+    ``fit_at(θ, warm)`` fits at λ = e^θ, starting from the sites of the fitted result ``warm``
+    (None: a cold start), and returns a :class:`~skcep.engines.glm.GLMPosterior` with sites and
+    ``log_evidence``; ``step_of(θ, result, lo, hi)`` returns the θ in [lo, hi] that maximises
+    the evidence at that result's sites held fixed (:func:`fixed_site_log_variance`).  A fit
+    starts from the sites of the nearest θ fitted so far if it is within ``warm_within``
+    (farther sites start EP's adaptive damping worse than a cold start does).
+
+    1. The root of r(θ) = θ_F(θ) − θ, θ_F the fixed-site maximiser: r has the sign of (E2) and
+       vanishes where (E2) does; r(θ) ≈ (1 − ρ)(θ* − θ), ρ the sensitivity of the sites to λ,
+       so its first step (EM with the M-step solved exactly) often lands near the root.  Then
+       secant steps (expanding ones where r does not fall; at most ``max_step`` each) until r
+       changes sign — then :func:`scipy.optimize.brentq` to ``xtol`` — or the step is below
+       ``xtol``/2, or a bound is reached.
+    2. (E2) is the evidence's derivative only at a fixed point.  Where EP has none and stalls
+       in a slow drift (measured: factorized EP on the CEP paper's separable crabs data at
+       large λ), (E1) can fall on a step that (E2) says climbs, or the root's evidence can be
+       below that of another fit; then (E1) itself is maximised by
+       :func:`scipy.optimize.minimize_scalar` (bounded) between the neighbours of the best θ.
+
+    At most ``max_fits`` fits in all (phase 2 gets at least 2).  Near its maximum the evidence
+    is flat: an error δ in θ costs at most ~¼ d_w δ² nats.  Returns ``(θ*, fitted)``: the θ of
+    the largest evidence of all fits, and a dict {θ: result} of every fit.
+    """
+    fitted = {}
+    low, high = bounds
+
+    def fit(theta):
+        theta = float(np.clip(theta, low, high))
+        if theta not in fitted:
+            near = min(fitted, key=lambda t: abs(t - theta)) if fitted else None
+            warm = fitted[near] if near is not None and abs(near - theta) <= warm_within else None
+            fitted[theta] = fit_at(theta, warm)
+        return theta, fitted[theta]
+
+    def r(theta):
+        theta, post = fit(theta)
+        lo, hi = max(theta - max_step, low), min(theta + max_step, high)
+        return step_of(theta, post, lo, hi) - theta
+
+    t1 = float(np.clip(log_variance, low, high))
+    r1, root = r(t1), None
+    step = float(np.clip(r1, -max_step, max_step))
+    while abs(step) >= 0.5 * xtol and len(fitted) < max_fits:
+        t0, r0, t1 = t1, r1, float(np.clip(t1 + step, low, high))
+        if t1 == t0:  # at a bound, the gradient pointing out of it
+            root = t0
+            break
+        r1 = r(t1)
+        if np.sign(r1) != np.sign(r0):
+            root = fit(brentq(r, min(t0, t1), max(t0, t1), xtol=xtol))[0]
+            break
+        if fitted[t1].log_evidence < fitted[t0].log_evidence - slack:
+            break  # (E2) said the evidence climbs this way, and it fell: no fixed point
+        slope = (r1 - r0) / (t1 - t0)
+        step = -r1 / slope if slope < 0 else np.sign(r1) * max(abs(r1), 2.0 * abs(t1 - t0))
+        step = float(np.clip(step, -max_step, max_step))
+    else:
+        root = t1
+    evidence = {t: post.log_evidence for t, post in fitted.items()}
+    best = max(evidence, key=evidence.get)
+    if root is None or evidence[best] > evidence[root] + slack:
+        seen = sorted(fitted)
+        i = seen.index(best)
+        lo = seen[i - 1] if i > 0 else max(best - max_step, low)
+        hi = seen[i + 1] if i + 1 < len(seen) else min(best + max_step, high)
+        minimize_scalar(lambda t: -fit(t)[1].log_evidence, bounds=(lo, hi), method="bounded",
+                        options=dict(xatol=xtol, maxiter=max(max_fits - len(fitted), 2)))
+    return max(fitted, key=lambda t: fitted[t].log_evidence), fitted
+
+
+def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likelihood,
+            tune_weights=None, method="cep1", tol=1e-4, max_iter=100, callback=None, **options):
+    """One binary model: :func:`~skcep.engines.glm.fit_full` or
+    :func:`~skcep.engines.glm.fit_factorized`, and its evidence (E1) in ``log_evidence``.
+
+    ``prior_spread`` is the prior's variances (d,) (or a covariance (d, d) for a full fit that
+    continues a posterior).  With ``tune_weights`` = d_w the prior variance λ of the first d_w
+    coordinates is chosen first by :func:`maximize_evidence`, from its value in
+    ``prior_spread``, on the evidence of EP — weight-space EP for the full covariance, else
+    factorized EP with ``evidence_likelihood`` whatever ``method`` is (CEP has no evidence of
+    its own, and the EP formula at CEP's sites is not smooth in λ where CEP breaks down).
+    The search's fits stop at 10 × ``tol`` and at most max(20, 2 × the first fit's) sweeps;
+    then ``method`` is fitted at that λ to ``tol`` (EP: the nearest search fit continued; CEP:
+    from the prior, with its EP warm-up — measured faster than from EP's fixed point).
+    ``prior_variance`` is then λ and ``n_iter`` counts the sweeps of all fits.
+    """
+    if sp.issparse(X) and not full:  # the sites' order is the canonical CSR's (as in the fit)
+        X = sp.csr_matrix(X)
+        if not X.has_canonical_format:
+            X = X.copy()
+            X.sum_duplicates()
+    if full and np.ndim(prior_spread) == 1:
+        prior_spread = np.diag(prior_spread)
+    fit = fit_full if full else fit_factorized
+
+    def fit_at(spread, lik, warm=None, **kw):
+        if warm is not None:
+            kw.update(init_sites=warm.sites, **({} if full else dict(warmup_sweeps=0)))
+        post = fit(X, y, lik, prior_mean, spread, **{**options, **kw})
+        post.log_evidence = evidence_of(X, y, post, prior_mean, spread, evidence_likelihood)
+        return post
+
+    own = dict(tol=tol, max_iter=max_iter, callback=callback, **({} if full else dict(method=method)))
+    if not tune_weights:
+        return fit_at(prior_spread, likelihood, **own)
+    search = dict(tol=SEARCH_TOL_FACTOR * tol, max_iter=max_iter)
+    if not full:
+        search["method"] = "ep"
+        if method != "ep":  # EP's own damping (the user's applies to ``method``)
+            search["damping"] = None
+    spread_at = (lambda t: _with_variance(prior_spread, tune_weights, np.exp(t)))
+    first = []
+
+    def trial(t, warm):
+        post = fit_at(spread_at(t), evidence_likelihood, warm, **search)
+        if not first:
+            first.append(post.n_iter)
+            search["max_iter"] = min(max_iter, max(20, 2 * post.n_iter))
+        return post
+
+    def step_of(t, post, lo, hi):
+        if full:
+            totals = full_site_totals(X, *post.sites)
+        else:  # per-column sums of the sites (one per non-zero of the canonical CSR)
+            totals = tuple(np.bincount(X.indices, weights=a, minlength=X.shape[1])
+                           if sp.issparse(X) else a.sum(axis=0) for a in post.sites)
+        return fixed_site_log_variance(totals, prior_mean, spread_at(t), tune_weights, (lo, hi))
+
+    start = np.log((np.diag(prior_spread) if full else prior_spread)[0])
+    theta, fitted = maximize_evidence(trial, step_of, start)
+    near = min(fitted, key=lambda t: abs(t - theta))
+    same = full or (method == "ep" and likelihood is evidence_likelihood)
+    warm = fitted[near] if same and abs(near - theta) <= 1.0 else None
+    post = fit_at(spread_at(theta), likelihood, warm, **own)
+    post.prior_variance = float(np.exp(theta))
+    post.n_iter += sum(f.n_iter for f in fitted.values())
+    return post
+
+
+def evidence_of(X, y, post, prior_mean, prior_spread, likelihood):
+    """(E1) of a fitted in-memory model (sites in ``post.sites``)."""
+    if post.cov is not None:
+        terms = full_site_terms(X, y, *post.sites, post.mean, post.cov, likelihood=likelihood)
+        return log_evidence(prior_mean, prior_spread, post.mean, post.cov, terms)
+    design = _Design(X, default_block_size(X.shape[0], int(np.prod(_site_shape(X)))))
+    prec, shift = 1.0 / post.var, post.mean / post.var
+    terms = factorized_site_terms(design, y, *post.sites, prec, shift, likelihood=likelihood)
+    return log_evidence(prior_mean, prior_spread, post.mean, post.var, terms)
+
+
+def _with_variance(spread, n_weights, lam):
+    spread = spread.copy()
+    if spread.ndim == 2:
+        idx = np.arange(n_weights)
+        spread[idx, idx] = lam
+    else:
+        spread[:n_weights] = lam
+    return spread
