@@ -11,24 +11,27 @@ row chunks held on the workers and only small arrays travelling:
    median heuristic is their mean), its sum of outputs and its row count; the client draws the
    features from the estimator's generator exactly as
    :func:`~skcep.engines.random_features.draw_features` does;
-2. **γ²** — :func:`~skcep.engines.random_features.median_outer_width` looks at most 1000 rows,
-   a subsample drawn from a seed the generator gives; the same seed picks the same rows here,
-   and only those rows are gathered (in the same order) and featurised on the client;
+2. **widths (and σ_y²) on a subsample** —
+   :func:`~skcep.engines.random_features.plan_first_batch` looks at most
+   :data:`~skcep.engines.random_features.SELECTION_ROWS` rows, a subsample drawn from a seed
+   the generator gives; the same seed picks the same rows here, and only those rows (messages
+   and outputs) are gathered, in the same order, to the client, where the median heuristic
+   for γ² and the leave-one-out search of the widths and σ_y² run exactly as in the
+   single-machine fit;
 3. **statistics** — each chunk computes its inner features once and, for every candidate γ²,
    the partition step :func:`~skcep.engines.random_features.regression_statistics` (ΨᵀΨ, ΨᵀY,
    Σy², n) over sub-chunks of :data:`~skcep.engines.random_features.STATISTICS_CHUNK` rows;
    the D_out × D_out results are summed on the client in chunk order
    (:func:`~skcep.engines.random_features.sum_statistics`);
-4. **global steps** — σ_y² by the evidence
-   (:func:`~skcep.engines.random_features.best_noise_variance`) and the posterior
+4. **global steps** — :func:`~skcep.engines.random_features.choose_first_batch`: σ_y² by the
+   evidence (:func:`~skcep.engines.random_features.best_noise_variance`) or kept above the
+   floor of all rows' ΨᵀΨ, and the posterior
    (:func:`~skcep.engines.random_features.regression_posterior`), with the same choice of
    (γ², σ_y²) as the single-machine fit.
 
 The result equals the numpy fit up to the order of floating-point sums (means and ΨᵀΨ summed
 per chunk, then over chunks).  Nothing of size n reaches the client.
 """
-
-import inspect
 
 import numpy as np
 
@@ -37,9 +40,6 @@ from .engines import random_features as rf
 from .engines.chunks import chunk_slices
 
 __all__ = ["RowChunks", "fit_chunks", "fit_operator"]
-
-#: Rows the median heuristic for γ² looks at (its default subsample size).
-_MEDIAN_ROWS = inspect.signature(rf.median_outer_width).parameters["max_rows"].default
 
 
 class RowChunks:
@@ -96,39 +96,34 @@ def _gather(chunks, index):
     return out
 
 
-def fit_chunks(X, Y, families, n_inner, n_outer, rng, inner_widths=None, outer_width=None,
-               noise_variance=None, prior_variance=1.0, n_jobs=None):
+def fit_chunks(X, Y, families, n_inner, n_outer, rng, inner_widths="auto", outer_width="auto",
+               noise_variance="loo", prior_variance=1.0, n_jobs=None):
     """:func:`skcep.engines.random_features.fit_first_batch` on rows held in chunks.
 
     ``X`` and ``Y`` are :class:`RowChunks` of checked messages and outputs (n, D_y); the other
     arguments mean what they mean there (``n_jobs`` is unused: the workers run the chunks).
-    Draws from ``rng`` in the same order, so the features, widths, σ_y² and posterior are those
-    of the single-machine fit of the same rows, up to the order of floating-point sums.
+    Draws from ``rng`` in the same order and plans on the same subsample (gathered to the
+    client), so the features, widths, σ_y² and posterior are those of the single-machine fit
+    of the same rows, up to the order of floating-point sums.
     """
     import dask  # noqa: PLC0415
 
     sums = dask.compute(*[dask.delayed(_sums)(x, y, families) for x, y in zip(X.blocks, Y.blocks)])
     n_rows = sum(s[2] for s in sums)
-    if inner_widths is None:  # median_inner_widths: the mean message variance, else 1
+    widths = inner_widths
+    if isinstance(inner_widths, str):  # median_inner_widths: the mean message variance, else 1
         widths = np.sum([s[0] for s in sums], axis=0) / n_rows
-        inner_widths = np.where(np.isfinite(widths) & (widths > 0), widths, 1.0)
-    features = rf.draw_features(None, families, n_inner, n_outer, rng, inner_widths)
-    if outer_width is None:
-        seed = rng.randint(2**31)
-        index = np.arange(n_rows)
-        if n_rows > _MEDIAN_ROWS:  # median_outer_width's subsample, drawn from the same seed
-            index = np.random.default_rng(seed).choice(n_rows, _MEDIAN_ROWS, replace=False)
-        median = rf.median_outer_width(features.inner(_gather(X, index)), random_state=seed)
-        widths = [median * g for g in (rf.OUTER_WIDTH_GRID if noise_variance is None else (1.0,))]
-    else:
-        widths = [float(outer_width)]
+        widths = np.where(np.isfinite(widths) & (widths > 0), widths, 1.0)
+    features = rf.draw_features(None, families, n_inner, n_outer, rng, widths)
+    plan = rf.plan_first_batch(features, rng.randint(2**31), n_rows,
+                               lambda index: (_gather(X, index), _gather(Y, index)),
+                               inner_widths, outer_width, noise_variance, prior_variance)
     intercept = np.sum([s[1] for s in sums], axis=0) / n_rows
-    candidates = [features.with_outer_width(gamma2) for gamma2 in widths]
-    shared = dask.delayed(candidates, traverse=False)
+    shared = dask.delayed(plan.candidates, traverse=False)
     parts = dask.compute(*[dask.delayed(_chunk_statistics)(x, y, intercept, shared)
                            for x, y in zip(X.blocks, Y.blocks)])
-    statistics = [rf.sum_statistics(part[i] for part in parts) for i in range(len(candidates))]
-    return rf.choose_first_batch(candidates, statistics, intercept, noise_variance, prior_variance)
+    statistics = [rf.sum_statistics(part[i] for part in parts) for i in range(len(plan.candidates))]
+    return rf.choose_first_batch(plan, statistics, intercept, prior_variance)
 
 
 def fit_operator(estimator, X, Y):

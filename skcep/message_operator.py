@@ -1,9 +1,8 @@
 r"""KJIT, a learned EP message operator with just-in-time oracle calls (Jitkrittum, Gretton,
 Heess, Eslami, Lakshminarayanan, Sejdinovic and Szabó, "Kernel-Based Just-In-Time Learning for
-Passing Expectation Propagation Messages", UAI 2015).  The numerics are in
-:mod:`skcep.engines.random_features`; :class:`LogisticFactor` and :class:`OperatorSite` (from
-:mod:`skcep.engines.factors`) are importable from here.
-"""
+Passing Expectation Propagation Messages", UAI 2015).  Numerics in
+:mod:`skcep.engines.random_features`; :class:`LogisticFactor` and :class:`OperatorSite` are
+re-exported from :mod:`skcep.engines.factors`."""
 
 from numbers import Integral, Real
 
@@ -19,6 +18,7 @@ from .engines import random_features as rf
 from .engines.factors import LogisticFactor, OperatorSite
 
 __all__ = ["KJITMessageOperator", "LogisticFactor", "OperatorSite"]
+_POSITIVE = Interval(Real, 0, None, closed="neither")
 
 
 class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
@@ -39,18 +39,20 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         D_in, random features of the mean embeddings (Algorithm 1, steps 1–3).
     n_outer_features : int, default=500
         D_out, random features of the kernel on embeddings (steps 4–6); cost grows as D_out².
-    noise_variance : float or "auto", default=1e-4
-        σ_y², the oracle's noise variance (eq. 10).  "auto": maximise the first batch's evidence
-        over σ_y² (and γ², on multiples of the median heuristic, if ``outer_width="median"``).
+    noise_variance : float, "loo" or "evidence", default="loo"
+        σ_y², the oracle's noise variance (eq. 10).  "loo": smallest leave-one-out error of the
+        predicted message (≤ 1,000 rows of the first batch): mean log KL of the Gaussian whose
+        (E[x], E[x²]) are the first two outputs (else log mean squared error); σ_y² ≥ 1e-8 σ₀²
+        λ_max(ΨᵀΨ).  "evidence" (alias "auto"): the first batch's marginal likelihood.
     prior_variance : float, default=1.0
         σ₀², prior variance of every regression weight (eq. 9).
-    inner_widths : "median" or array-like of shape (n_messages,), default="median"
-        σ_l², squared kernel widths per message; "median": mean message variance (supplement A).
-    outer_width : "median" or float, default="median"
-        γ², squared width of the kernel on embeddings (eq. 7); "median": supplement A.
-    uncertainty_threshold : float, default=-8.5
-        :meth:`send` asks the oracle where the log predictive variance (noise included, in the
-        outputs' units) exceeds it (§4).
+    inner_widths, outer_width : "auto", "median", array-like (n_messages,) / float, default="auto"
+        σ_l² per message and γ² (eq. 7), squared kernel widths.  "median": the heuristic of
+        supplement A; "auto": that × 4^k (k = −2, …, 2) of smallest leave-one-out error — γ²
+        by the evidence and σ_l² "median" if ``noise_variance="evidence"``.
+    uncertainty_threshold : float, default=-10.0
+        :meth:`send` asks the oracle where log(ψᵀΣ_wψ + σ_y²), in output units, exceeds it (§4;
+        the paper's −8.5 was set beside σ_y² = 1e-4).  Keep it above log σ_y².
     oracle : callable, default=None
         ``oracle(X) -> Y``, Y of shape (n, D_y) or (n,); needed by :meth:`send` only.
     n_initial : int, default=300
@@ -61,7 +63,9 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     Attributes
     ----------
     inner_widths_, outer_width_, noise_variance_ : ndarray of shape (n_messages,), float, float
-        σ_l², γ² and σ_y² in use (fitted values where chosen by a heuristic or the evidence).
+        σ_l², γ² and σ_y² in use (fitted values where chosen by a heuristic or a criterion).
+    loo_error_ : float or None
+        Leave-one-out error of the chosen widths and σ_y² (``noise_variance``); None if unused.
     inner_frequencies_, inner_offsets_ : ndarray
         ω_i ∼ N(0, diag(σ_l⁻²)) as rows of shape (n_inner_features, n_messages); b_i ∼ U[0, 2π].
     outer_frequencies_, outer_offsets_ : ndarray
@@ -101,10 +105,10 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         "message_families": [tuple, list],
         "n_inner_features": [Interval(Integral, 1, None, closed="left")],
         "n_outer_features": [Interval(Integral, 1, None, closed="left")],
-        "noise_variance": [StrOptions({"auto"}), Interval(Real, 0, None, closed="neither")],
-        "prior_variance": [Interval(Real, 0, None, closed="neither")],
-        "inner_widths": [StrOptions({"median"}), "array-like"],
-        "outer_width": [StrOptions({"median"}), Interval(Real, 0, None, closed="neither")],
+        "noise_variance": [StrOptions({"loo", "evidence", "auto"}), _POSITIVE],
+        "prior_variance": [_POSITIVE],
+        "inner_widths": [StrOptions({"auto", "median"}), "array-like"],
+        "outer_width": [StrOptions({"auto", "median"}), _POSITIVE],
         "uncertainty_threshold": [Real],
         "oracle": [callable, None],
         "n_initial": [Interval(Integral, 1, None, closed="left")],
@@ -115,16 +119,15 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     _dask_fit = fit_operator
 
     def __init__(self, message_families=("gaussian", "beta"), n_inner_features=300,
-                 n_outer_features=500, noise_variance=1e-4, prior_variance=1.0,
-                 inner_widths="median", outer_width="median", uncertainty_threshold=-8.5,
+                 n_outer_features=500, noise_variance="loo", prior_variance=1.0,
+                 inner_widths="auto", outer_width="auto", uncertainty_threshold=-10.0,
                  oracle=None, n_initial=300, n_jobs=None, verbose=0, random_state=None):
-        self.message_families = message_families
+        self.message_families, self.uncertainty_threshold = message_families, uncertainty_threshold
         self.n_inner_features, self.n_outer_features = n_inner_features, n_outer_features
         self.noise_variance, self.prior_variance = noise_variance, prior_variance
-        self.inner_widths, self.outer_width = inner_widths, outer_width
-        self.uncertainty_threshold = uncertainty_threshold
-        self.oracle, self.n_initial = oracle, n_initial
-        self.n_jobs, self.verbose, self.random_state = n_jobs, verbose, random_state
+        self.inner_widths, self.outer_width, self.oracle = inner_widths, outer_width, oracle
+        self.n_initial, self.n_jobs, self.verbose, self.random_state = (
+            n_initial, n_jobs, verbose, random_state)
 
     def __sklearn_is_fitted__(self):
         return hasattr(self, "_blr")
@@ -149,8 +152,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         return self._fit_checked(X, self._as_2d(Y, X.shape[0]), np.ndim(Y) == 1)
 
     def _fit_checked(self, X, Y, y_1d, batch_fit=rf.fit_first_batch):
-        """:meth:`fit` after validation; ``batch_fit`` is the engine's batch fit or its Dask
-        counterpart, :func:`skcep._dask_kjit.fit_chunks` (same options, rows held in chunks)."""
+        """:meth:`fit` after validation, by the engine's or the Dask batch fit (``fit_chunks``)."""
         self._fit_batch(X, Y, y_1d, batch_fit)
         self.n_oracle_calls_, self._trace = 0, []
         self._report(X.shape[0])
@@ -160,9 +162,8 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         fitted = batch_fit(
             X, Y, rf.message_families(self.message_families), self.n_inner_features,
             self.n_outer_features, check_random_state(self.random_state),
-            inner_widths=None if isinstance(self.inner_widths, str) else self.inner_widths,
-            outer_width=None if isinstance(self.outer_width, str) else self.outer_width,
-            noise_variance=None if self.noise_variance == "auto" else self.noise_variance,
+            inner_widths=self.inner_widths, outer_width=self.outer_width,
+            noise_variance={"auto": "evidence"}.get(self.noise_variance, self.noise_variance),
             prior_variance=float(self.prior_variance), n_jobs=self._n_threads(),
         )
         f = self._feature_map = fitted.features
@@ -172,12 +173,12 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         self.outer_frequencies_, self.outer_offsets_ = f.outer_frequencies, f.outer_offsets
         self.noise_variance_, self.intercept_ = fitted.noise_variance, fitted.intercept
         self._blr, self._log_evidence, self._initial = fitted.posterior, fitted.log_evidence, None
+        self.loo_error_ = fitted.loo_error
 
     @fit_method
     def partial_fit(self, X, Y):
-        """Fold messages X and statistics Y into the posterior by rank-one / Woodbury updates
-        (eqs. 16–17).  The first call fits like :meth:`fit` (with any oracle answers
-        :meth:`send` holds for its initial batch)."""
+        """Fold messages X and statistics Y into the posterior online (eqs. 16–17); the first
+        call fits like :meth:`fit` (with any oracle answers :meth:`send` holds)."""
         first = not self.__sklearn_is_fitted__()
         held = getattr(self, "_initial", None) if first else None
         X, Y = self._check_X(X, first and held is None, y=Y, multi_output=True, y_numeric=True)
@@ -198,11 +199,12 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         self._blr.update(self._feature_map(X), Y - self.intercept_)
 
     def _report(self, n_rows, fitted_now=True):
-        progress = self._progress(unit="batch", objective="log evidence")
+        evidence = fitted_now and self._log_evidence is not None
+        progress = self._progress("batch", "log evidence" if evidence else "LOO error")
         if progress is not None:
-            evidence = self._log_evidence if fitted_now else None
+            value = (self._log_evidence if evidence else self.loo_error_) if fitted_now else None
             calls = f"{getattr(self, 'n_oracle_calls_', 0):,} oracle calls in all"
-            progress(f"of {n_rows:,} rows, {calls}", None, evidence)
+            progress(f"of {n_rows:,} rows, {calls}", None, value)
 
     @property
     def coef_(self):
@@ -243,12 +245,9 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     # just-in-time use --------------------------------------------------------------------------
     @fit_method
     def send(self, X):
-        """Outgoing statistics for messages X, asking the oracle where uncertain.
-
-        The first ``n_initial`` rows go to the oracle and are then fitted as one batch.  Later
-        calls predict with the posterior at the start of the call, ask the oracle for the rows
-        whose log predictive variance exceeds ``uncertainty_threshold``, fold those answers
-        in online and return them in place of the predictions."""
+        """Outgoing statistics for messages X: the first ``n_initial`` rows from the oracle (then
+        fitted as one batch), later rows predicted — or, where the log predictive variance at the
+        start of the call exceeds ``uncertainty_threshold``, the oracle's, folded in online."""
         if self.oracle is None:
             raise ValueError("send needs an oracle: set oracle=callable(X) -> Y.")
         fitted = self.__sklearn_is_fitted__()

@@ -367,7 +367,7 @@ def _logistic_rows(n, seed):
                             np.where(y, 2.0, 1.0), np.where(y, 1.0, 2.0)])
 
 
-@pytest.mark.parametrize("noise_variance", [1e-3, None])
+@pytest.mark.parametrize("noise_variance", [1e-3, "evidence", "loo"])
 def test_first_batch_fit_does_not_depend_on_chunks(noise_variance):
     """fit_first_batch (what KJITMessageOperator.fit runs) gives the same features, σ_y² and
     posterior whether its statistics are summed over one chunk or many (1e-10), and the
@@ -384,12 +384,137 @@ def test_first_batch_fit_does_not_depend_on_chunks(noise_variance):
     one, many = fits[10_000], fits[97]
     np.testing.assert_array_equal(one.features.outer_frequencies, many.features.outer_frequencies)
     assert one.noise_variance == pytest.approx(many.noise_variance, rel=1e-8)
-    assert (one.log_evidence is None) == (noise_variance is not None)
+    assert (one.log_evidence is None) == (noise_variance != "evidence")
+    assert (one.loo_error is None) == (noise_variance == "evidence")  # widths "auto" by default
     scale = np.abs(one.posterior.mean).max()
-    np.testing.assert_allclose(many.posterior.mean, one.posterior.mean, rtol=0, atol=1e-10 * scale)
+    Psi = one.features(X)
+    if noise_variance != "loo":  # well conditioned: the weights agree, not only the predictions
+        np.testing.assert_allclose(many.posterior.mean, one.posterior.mean, rtol=0,
+                                   atol=1e-10 * scale)
+    # σ_y² at the noise floor: the precision's condition number is ~1e8, so the order of the
+    # sums moves the weights by ~1e-6 of their size but the predictions by ~1e-9 of theirs
+    fitted = Psi @ one.posterior.mean
+    np.testing.assert_allclose(Psi @ many.posterior.mean, fitted, rtol=0,
+                               atol=1e-8 * np.abs(fitted).max())
     np.testing.assert_allclose(one.intercept, Y.mean(axis=0), rtol=1e-14)
-    ref = BayesianLinearRegression(one.noise_variance, 1.0).fit(one.features(X), Y - one.intercept)
+    ref = BayesianLinearRegression(one.noise_variance, 1.0).fit(Psi, Y - one.intercept)
     np.testing.assert_allclose(one.posterior.mean, ref.mean, rtol=0, atol=1e-10 * scale)
+
+
+# --------------------------------------------------------------------------------------------
+# the leave-one-out criterion (noise_variance="loo", widths "auto")
+# --------------------------------------------------------------------------------------------
+def test_gaussian_log_kl_against_quadrature():
+    """log KL(N(m, v) ‖ N(m̂, v̂)) from (E[x], E[x²]) pairs: ∫ p log(p/q) by quadrature, the
+    series ½(x − log(1 + x)), x = v/v̂ − 1, where the KL is ~1e-11, and a predicted variance
+    ≤ 0 marked NaN or floored (a large, finite error)."""
+    cases = [(0.3, 2.0, -0.1, 1.5), (5.0, 1e-3, 5.01, 2e-3), (-2.0, 9.0, -2.0, 9.0 * (1 + 1e-5))]
+    Y = np.array([[m, v + m * m] for m, v, _, _ in cases])
+    Y_hat = np.array([[mh, vh + mh * mh] for _, _, mh, vh in cases])
+    got = rf.gaussian_log_kl(Y, Y_hat)
+    for (m, v, mh, vh), value in zip(cases[:2], got[:2]):
+        p, q = stats.norm(m, np.sqrt(v)), stats.norm(mh, np.sqrt(vh))
+        kl = integrate.quad(lambda x: p.pdf(x) * (p.logpdf(x) - q.logpdf(x)),
+                            m - 15 * np.sqrt(v), m + 15 * np.sqrt(v), epsabs=0, epsrel=1e-11,
+                            limit=200)[0]
+        assert value == pytest.approx(np.log(kl), abs=1e-7)
+    x = cases[2][1] / cases[2][3] - 1.0
+    assert np.exp(got[2]) == pytest.approx(0.5 * (x - np.log1p(x)), rel=1e-8)
+    bad = np.array([[1.0, 1.0 - 0.1]])  # Ê[x²] < Ê[x]²
+    assert np.isnan(rf.gaussian_log_kl(Y[:1], bad))[0]
+    floored = rf.gaussian_log_kl(Y[:1], bad, variance_floor=1e-12)[0]
+    assert np.isfinite(floored) and floored > 20
+    # the criterion: mean log KL (floored) for Gaussian moments, log MSE for anything else
+    stacked = np.stack([Y_hat, Y])
+    assert rf.gaussian_moments(Y) and not rf.gaussian_moments(Y[:, :1])
+    np.testing.assert_allclose(rf.loo_error(Y, stacked), [np.mean(got), np.log(1e-300)])
+    assert rf.loo_error(Y[:, :1], Y_hat[:, :1]) == pytest.approx(
+        np.log(np.mean((Y_hat[:, 0] - Y[:, 0]) ** 2)))
+
+
+def test_loo_predictions_equal_refits_without_each_row():
+    """LeaveOneOut's closed form (hat-matrix diagonal from one eigendecomposition) equals
+    fitting the Bayesian linear regression (eqs. 12–13) on each set of n − 1 rows and
+    predicting the row left out — outputs centred by the mean of all n rows in both — for
+    several σ_y² and σ₀², with more rows than features and fewer."""
+    for n, d in ((40, 12), (15, 25)):
+        Psi, Y = _regression_data(n=n, d=d, noise=0.05, seed=n)
+        for s2, p2 in ((1e-4, 1.0), (1e-2, 1.0), (0.3, 2.5)):
+            loo = rf.LeaveOneOut(Psi, Y, prior_variance=p2)
+            got = loo.predictions([s2, 3 * s2])
+            for k, noise in enumerate((s2, 3 * s2)):
+                want = np.empty_like(Y)
+                for i in range(n):
+                    keep = np.arange(n) != i
+                    blr = BayesianLinearRegression(noise, p2).fit(Psi[keep], Y[keep] - loo.intercept)
+                    want[i] = blr.predict(Psi[i : i + 1])[0] + loo.intercept
+                np.testing.assert_allclose(got[k], want, rtol=1e-8, atol=1e-10)
+
+
+def test_loo_noise_is_the_minimiser_on_a_grid():
+    """best_noise_variance: no σ_y² of a 500-point grid over the search bounds has a smaller
+    criterion, the one returned is within the bounds and next to the grid's best — for generic
+    outputs (log mean squared error; with noise 0.1 and a matched prior the minimum sits near
+    the true 0.01) and for Gaussian moments (mean log KL)."""
+    Psi, Y = _regression_data(n=300, d=40, noise=0.1)
+    gaussian = np.column_stack([Y[:, 0], Y[:, 0] ** 2 + np.exp(Y[:, 1] / 3)])
+    for targets in (Y, gaussian):
+        loo = rf.LeaveOneOut(Psi, targets)
+        assert loo.gaussian == (targets is gaussian)
+        noise, error = loo.best_noise_variance()
+        low, high = loo.noise_bounds()
+        assert low == pytest.approx(rf.NOISE_FLOOR * np.linalg.eigvalsh(Psi.T @ Psi)[-1])
+        grid = np.geomspace(low, high, 500)
+        values = loo.error(grid)
+        assert low <= noise <= high
+        assert error == pytest.approx(loo.error(noise)[0], rel=1e-12)
+        assert error <= values.min() + 1e-12 * abs(values.min())
+        assert abs(np.log(noise / grid[np.argmin(values)])) <= 2 * np.log(grid[1] / grid[0])
+        if targets is Y:
+            assert 0.005 < noise < 0.02
+
+
+def test_select_by_loo_searches_multiples_of_the_median_heuristic():
+    """The coordinate search returns a candidate no worse than any inner-width multiple at its
+    median γ² (the first sweep) and than the median heuristic itself; its widths are grid
+    multiples of the heuristic's, its (σ_y², error) those of LeaveOneOut on its features; with
+    σ_y² and γ² given only σ_l² moves."""
+    from skcep.engines.factors import LogisticFactor
+
+    X = _logistic_rows(300, seed=43)
+    Y = LogisticFactor().exact(X)[:, :2]
+    base = draw_features(X, message_families(("gaussian", "beta")), 30, 50, np.random.RandomState(0))
+    chosen, noise, error = rf.select_by_loo(X, Y, base, seed=7)
+    phi = chosen.inner(X)
+    assert (noise, error) == pytest.approx(rf.LeaveOneOut(chosen.outer(phi), Y).best_noise_variance())
+    for scale in rf.INNER_WIDTH_GRID:
+        f = base.with_inner_widths(base.inner_widths * scale)
+        phi_s = f.inner(X)
+        g = f.with_outer_width(median_outer_width(phi_s, random_state=7))
+        assert error <= rf.LeaveOneOut(g.outer(phi_s), Y).best_noise_variance()[1] + 1e-12
+    ratio = chosen.inner_widths / base.inner_widths
+    assert ratio[0] == pytest.approx(ratio[1]) and min(abs(np.array(rf.INNER_WIDTH_GRID) - ratio[0])) < 1e-12
+    np.testing.assert_allclose(chosen.inner_frequencies * np.sqrt(chosen.inner_widths),
+                               base.inner_frequencies * np.sqrt(base.inner_widths), rtol=1e-14)
+    fixed, noise, _ = rf.select_by_loo(X, Y, base, 7, outer_width=0.3, noise_variance=1e-5)
+    assert fixed.outer_width == 0.3 and noise == 1e-5
+
+
+def test_loo_fit_keeps_the_noise_floor_of_all_rows():
+    """σ_y² chosen on the subsample of SELECTION_ROWS rows is raised, for the fit, to the floor
+    of all rows' ΨᵀΨ, so the precision's condition number stays below 1/NOISE_FLOOR."""
+    X = _logistic_rows(2500, seed=44)
+    Y = np.column_stack([np.tanh(X[:, 0] / 3), X[:, 0] ** 2 / 10 + 1.0])
+    fitted = fit_first_batch(X, Y, message_families(("gaussian", "beta")), 30, 50,
+                             np.random.RandomState(0))
+    gram = fitted.features(X).T @ fitted.features(X)
+    floor = rf.NOISE_FLOOR * np.linalg.eigvalsh(gram)[-1]
+    assert fitted.noise_variance >= floor * (1 - 1e-9) and fitted.loo_error is not None
+    precision = fitted.posterior.precision
+    assert np.linalg.cond(np.tril(precision) + np.tril(precision, -1).T) < 1.01 / rf.NOISE_FLOOR
+    index = rf.subsample_rows(2500, 5)
+    np.testing.assert_array_equal(index, np.random.default_rng(5).choice(2500, 1000, replace=False))
+    np.testing.assert_array_equal(rf.subsample_rows(900, 5), np.arange(900))
 
 
 def test_draw_features_and_outer_width():

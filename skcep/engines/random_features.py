@@ -25,8 +25,9 @@ Algorithm 1 (§3.2) approximates it in two stages:
   ψ̂(r)_j = √(2/D_out) cos(ν_jᵀφ̂(r) + c_j), so κ(R, S) ≈ ψ̂(R)ᵀψ̂(S) (eq. 8).
 
 :func:`draw_features` draws the frequencies and phases once, with the median heuristic of
-supplement A for the widths σ_l² and γ² (:func:`median_inner_widths`, :func:`median_outer_width`);
-the fitted map is a :class:`RandomFeatures`, and every row's features depend on that row only.
+supplement A for the widths σ_l² and γ² (:func:`median_inner_widths`, :func:`median_outer_width`)
+as the starting point (other widths rescale the same draws); the fitted map is a
+:class:`RandomFeatures`, and every row's features depend on that row only.
 
 **Regression as map/reduce.**  Each output is Bayesian linear regression on ψ̂ (§3.3,
 eqs. 9–15).  Its batch posterior depends on the data only through sums over rows, so it is
@@ -41,10 +42,22 @@ a fixed size here, Dask partitions elsewhere), the global step once on the sum:
   BayesianLinearRegression`` (eqs. 11–13) and ``best_noise_variance(stats, prior_variance)
   -> (σ_y², log evidence)`` (the marginal likelihood, from the same sums).
 
-:func:`fit_first_batch` runs them on one batch: it draws the features, centres the outputs,
-picks γ² and σ_y² by the evidence when asked (:data:`OUTER_WIDTH_GRID`), and sums the
-statistics of chunks of :data:`STATISTICS_CHUNK` rows — boundaries from the row count alone,
-never from ``n_jobs`` — so its result does not depend on the number of threads.
+**Choosing the widths and σ_y²: leave-one-out KL.**  The operator is for predicting
+messages, so by default the widths (multiples of the median heuristic) and σ_y² are those of
+smallest leave-one-out error of the predicted message — the mean log KL of the Gaussian whose
+(E[x], E[x²]) are the first two outputs (:func:`gaussian_log_kl`, the error of §4,
+experiment 1), else the log mean squared error (:func:`loo_error`).  The posterior mean is
+ridge regression, so every row's leave-one-out prediction follows from the hat-matrix
+diagonal, for any σ_y², after one eigendecomposition of ΨᵀΨ (:class:`LeaveOneOut`);
+:func:`select_by_loo` searches the widths; :func:`plan_first_batch` runs the search on at most
+:data:`SELECTION_ROWS` rows (:func:`subsample_rows`), before the partition step, and
+:func:`choose_first_batch` keeps σ_y² above :data:`NOISE_FLOOR` σ₀² λ_max(ΨᵀΨ) of all rows.
+
+:func:`fit_first_batch` runs them on one batch: it draws the features, plans the widths and
+σ_y² (leave-one-out, the evidence over :data:`OUTER_WIDTH_GRID`, or as given), centres the
+outputs, and sums the statistics of chunks of :data:`STATISTICS_CHUNK` rows — boundaries from
+the row count alone, never from ``n_jobs`` — so its result does not depend on the number of
+threads.
 
 **Online updates.**  After the first batch, new rows update the posterior by rank-one
 (Sherman–Morrison, eq. 16) or Woodbury updates of the covariance and eq. 17 for ΨᵀY
@@ -84,6 +97,10 @@ __all__ = [
     "RandomFeatures",
     "draw_features",
     "OUTER_WIDTH_GRID",
+    "INNER_WIDTH_GRID",
+    "SELECTION_ROWS",
+    "NOISE_FLOOR",
+    "subsample_rows",
     "RegressionStatistics",
     "regression_statistics",
     "sum_statistics",
@@ -94,13 +111,33 @@ __all__ = [
     "STATISTICS_CHUNK",
     "PREDICT_CHUNK",
     "predictive_moments",
+    "gaussian_log_kl",
+    "gaussian_moments",
+    "loo_error",
+    "LeaveOneOut",
+    "select_by_loo",
     "FirstBatch",
+    "Plan",
+    "plan_first_batch",
+    "noise_floor",
     "choose_first_batch",
     "fit_first_batch",
 ]
 
-#: Multiples of the median-heuristic γ² searched by the evidence when σ_y² is searched too.
+#: Multiples of the median-heuristic γ² searched for ``outer_width="auto"`` (by the
+#: leave-one-out error, or by the evidence with ``noise_variance="evidence"``).
 OUTER_WIDTH_GRID = (1 / 16, 1 / 4, 1.0, 4.0, 16.0)
+#: Multiples of the median-heuristic σ_l² (every message at once) searched by the
+#: leave-one-out error for ``inner_widths="auto"``.
+INNER_WIDTH_GRID = (1 / 16, 1 / 4, 1.0, 4.0, 16.0)
+#: Rows (a random subset of larger batches) on which widths — and σ_y² by leave-one-out —
+#: are chosen: the median heuristic's subsample.
+SELECTION_ROWS = 1000
+#: Smallest σ_y² the leave-one-out search and ``noise_variance="loo"`` allow, relative to σ₀²
+#: times the largest eigenvalue of ΨᵀΨ: the posterior precision's condition number stays
+#: below 1e8, so rounding (the order of a sum, long streams of online updates) moves the
+#: predictions by less than ~1e-8 of their size.  A noiseless oracle's σ_y² ends here.
+NOISE_FLOOR = 1e-8
 #: Rows per partition of the batch fit's statistics (fixed: the sum never depends on n_jobs).
 STATISTICS_CHUNK = 2048
 #: Rows per chunk of a prediction (fixed; temporaries of about 1 MB stay in cache and in reused
@@ -110,6 +147,7 @@ PREDICT_CHUNK = 256
 _CHUNK_ELEMENTS = 2**21  # bound on the elements of any (rows × features × nodes) temporary
 _TWO_PI = 2.0 * np.pi
 _CHOLESKY_ROWS = 320  # rows from which factorising the precision speeds up predictive variances
+_KL_VARIANCE_FLOOR = 1e-12  # predicted variances ≤ 0 count as this fraction of the target's
 
 
 def _cos(x, scale=None):
@@ -368,14 +406,22 @@ def outer_features(phi, frequencies, offsets):
     return _cos(z, scale=np.sqrt(2.0 / offsets.size))
 
 
-def median_outer_width(phi, max_rows=1000, random_state=None):
+def subsample_rows(n_rows, seed, max_rows=None):
+    """Positions of at most ``max_rows`` (default :data:`SELECTION_ROWS`) of ``n_rows`` rows:
+    all of them in order, or a random subset drawn from ``seed``.  The median heuristic and
+    the leave-one-out selection look at these rows only (a distributed fit gathers them)."""
+    max_rows = SELECTION_ROWS if max_rows is None else max_rows
+    if n_rows <= max_rows:
+        return np.arange(n_rows)
+    return np.random.default_rng(seed).choice(n_rows, max_rows, replace=False)
+
+
+def median_outer_width(phi, max_rows=None, random_state=None):
     """γ² = median of ‖φ̂(r_i) − φ̂(r_j)‖² over pairs i < j (supplement A, step 2).
 
-    At most ``max_rows`` rows (a random subset) enter; γ² = 1 if every pair coincides.
+    At most ``max_rows`` rows (:func:`subsample_rows`) enter; γ² = 1 if every pair coincides.
     """
-    if phi.shape[0] > max_rows:
-        rng = np.random.default_rng(random_state)
-        phi = phi[rng.choice(phi.shape[0], max_rows, replace=False)]
+    phi = phi[subsample_rows(phi.shape[0], random_state, max_rows)]
     sq = np.sum(phi * phi, axis=1)
     d2 = sq[:, None] + sq[None, :] - 2.0 * (phi @ phi.T)
     iu = np.triu_indices(phi.shape[0], k=1)
@@ -422,6 +468,12 @@ class RandomFeatures(NamedTuple):
         """The same draws with ν rescaled from γ² = ``self.outer_width`` to ``outer_width``."""
         frequencies = self.outer_frequencies * np.sqrt(self.outer_width) / np.sqrt(outer_width)
         return self._replace(outer_width=float(outer_width), outer_frequencies=frequencies)
+
+    def with_inner_widths(self, inner_widths):
+        """The same draws with ω rescaled from σ_l² = ``self.inner_widths`` to ``inner_widths``."""
+        widths = np.asarray(inner_widths, dtype=float)
+        frequencies = self.inner_frequencies * (np.sqrt(self.inner_widths) / np.sqrt(widths))
+        return self._replace(inner_widths=widths, inner_frequencies=frequencies)
 
 
 def draw_features(X, families, n_inner, n_outer, rng, inner_widths=None):
@@ -739,18 +791,212 @@ def best_noise_variance(stats, prior_variance, bounds=(1e-10, 1e2)):
 
 
 # --------------------------------------------------------------------------------------------
+# the leave-one-out criterion: the error of the predicted message, in KL
+
+
+def gaussian_log_kl(Y, Y_hat, variance_floor=None):
+    r"""log KL(N(m, v) ‖ N(m̂, v̂)) for targets Y and predictions Y_hat whose first two columns
+    (last axis) are a Gaussian's (E[x], E[x²]) — the error of a predicted projection on a
+    Gaussian variable (§4, experiment 1), shape ``Y_hat.shape[:-1]``.
+
+    A predicted variance v̂ = Ê[x²] − m̂² ≤ 0 gives no Gaussian: NaN, or with ``variance_floor``
+    v̂ is raised to ``variance_floor · v`` (a large but finite error).  Written as
+    ½((m̂ − m)²/v̂ + e^d − 1 − d), d = log(v/v̂), which stays accurate for tiny KL.
+    """
+    m, v = Y[..., 0], Y[..., 1] - Y[..., 0] ** 2
+    m_hat = Y_hat[..., 0]
+    v_hat = Y_hat[..., 1] - m_hat**2
+    valid = np.ones(v_hat.shape, dtype=bool) if variance_floor is not None else v_hat > 0
+    if variance_floor is not None:
+        v_hat = np.maximum(v_hat, variance_floor * v)
+    v_hat = np.where(valid, v_hat, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.log(v) - np.log(v_hat)
+        kl = 0.5 * ((m_hat - m) ** 2 / v_hat + np.expm1(d) - d)
+        return np.where(valid, np.log(np.maximum(kl, 1e-300)), np.nan)
+
+
+def gaussian_moments(Y):
+    """Whether every row of Y (n, D_y) can be a Gaussian's (E[x], E[x²], …): D_y ≥ 2 and
+    E[x²] > E[x]² — then :func:`loo_error` measures errors by :func:`gaussian_log_kl`."""
+    return Y.ndim == 2 and Y.shape[1] >= 2 and bool(np.all(Y[:, 1] > Y[:, 0] ** 2))
+
+
+def loo_error(Y, Y_hat, gaussian=None):
+    """The selection criterion of predictions Y_hat (…, n, D_y) of targets Y (n, D_y): the mean
+    over rows of the log KL of the predicted Gaussian (:func:`gaussian_log_kl`, predicted
+    variances floored at 1e-12 of the target's) if ``gaussian`` (default
+    :func:`gaussian_moments` of Y), else the log of the mean squared error summed over the
+    outputs.  Shape ``Y_hat.shape[:-2]``; smaller is better."""
+    if gaussian is None:
+        gaussian = gaussian_moments(Y)
+    if gaussian:
+        return np.mean(gaussian_log_kl(Y, Y_hat, variance_floor=_KL_VARIANCE_FLOOR), axis=-1)
+    return np.log(np.mean(np.sum((Y_hat - Y) ** 2, axis=-1), axis=-1) + 1e-300)
+
+
+class LeaveOneOut:
+    r"""Closed-form leave-one-out predictions of the Bayesian linear regression (eqs. 9–13) on
+    rows Ψ (n, D), Y (n, D_y) — every row predicted by the posterior mean of the other rows —
+    for any σ_y², and the σ_y² of smallest :func:`loo_error`.
+
+    With λ = σ_y²/σ₀² the posterior mean is ridge regression, a linear smoother with hat
+    matrix H = Ψ(ΨᵀΨ + λI)⁻¹Ψᵀ, so row i left out is predicted by
+    y_i − (y_i − (HY)_i)/(1 − H_ii) (Hastie, Tibshirani and Friedman, *The Elements of
+    Statistical Learning*, §7.10.1).  With ΨᵀΨ = V diag(Λ) Vᵀ (one ``eigh``) and P = ΨV,
+    H_ii = Σ_k P_ik²/(Λ_k + λ) and HY = P diag(1/(Λ + λ)) PᵀY, O(n D) per σ_y² and output.
+    The outputs are centred by ``intercept`` (default their mean), held fixed.
+    """
+
+    def __init__(self, Psi, Y, prior_variance=1.0, intercept=None):
+        self.Y = Y
+        self.intercept = Y.mean(axis=0) if intercept is None else intercept
+        self.prior_variance = float(prior_variance)
+        self.gaussian = gaussian_moments(Y)
+        lam, V = eigh(Psi.T @ Psi)
+        self.eigenvalues = np.maximum(lam, 0.0)
+        self.P = Psi @ V
+        self.Pz = self.P.T @ (Y - self.intercept)
+
+    def predictions(self, noise_variances):
+        """Leave-one-out predictions (G, n, D_y) for G values of σ_y²."""
+        ridge = np.atleast_1d(np.asarray(noise_variances, dtype=float)) / self.prior_variance
+        inverse = 1.0 / (self.eigenvalues[:, None] + ridge[None, :])  # (D, G)
+        leverage = (self.P * self.P) @ inverse  # H_ii, (n, G)
+        resid = self.Y - self.intercept
+        out = np.empty((ridge.size,) + self.Y.shape)
+        for j in range(self.Y.shape[1]):
+            fitted = self.P @ (self.Pz[:, j : j + 1] * inverse)  # (HY)_ij, (n, G)
+            loo = resid[:, j : j + 1] - (resid[:, j : j + 1] - fitted) / (1.0 - leverage)
+            out[..., j] = (loo + self.intercept[j]).T
+        return out
+
+    def error(self, noise_variances):
+        """:func:`loo_error` for each σ_y² given, (G,); +inf where rounding left none (1 − H_ii
+        = 0 at a σ_y² far below :meth:`noise_bounds`)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values = loo_error(self.Y, self.predictions(noise_variances), self.gaussian)
+        return np.where(np.isnan(values), np.inf, values)
+
+    def noise_bounds(self):
+        """The σ_y² searched: from :data:`NOISE_FLOOR` σ₀² Λ_max (below it the precision's
+        condition number would exceed 1e8) to 10 σ₀² Λ_max (every prediction shrunk to the
+        intercept)."""
+        low = NOISE_FLOOR * self.prior_variance * max(float(self.eigenvalues[-1]), 1e-300)
+        return low, low * 10.0 / NOISE_FLOOR
+
+    def best_noise_variance(self):
+        """σ_y² minimising :meth:`error` within :meth:`noise_bounds`: a grid of 4 points per
+        decade of σ_y², refined by a bounded scalar search between the grid neighbours of its
+        best point.  Returns ``(noise_variance, error)``."""
+        low, high = self.noise_bounds()
+        grid = np.linspace(np.log(low), np.log(high), 1 + round(4 * np.log10(high / low)))
+        values = self.error(np.exp(grid))
+        j = int(np.argmin(values))
+        res = minimize_scalar(
+            lambda g: float(self.error(np.exp(g))[0]), method="bounded",
+            bounds=(grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]),
+            options={"xatol": 1e-3},
+        )
+        if res.fun < values[j]:
+            return float(np.exp(res.x)), float(res.fun)
+        return float(np.exp(grid[j])), float(values[j])
+
+
+def _is(value, name):
+    """``value == name`` for a parameter that may also be a number or an array."""
+    return isinstance(value, str) and value == name
+
+
+def select_by_loo(X, Y, features, seed, inner_widths="auto", outer_width="auto",
+                  noise_variance="loo", prior_variance=1.0):
+    """Widths and σ_y² of smallest leave-one-out error (:class:`LeaveOneOut`) on rows X, Y.
+
+    A coordinate search over multiples of the median heuristic (supplement A): first σ_l² ×
+    :data:`INNER_WIDTH_GRID` (all messages scaled together; if ``inner_widths`` is "auto"),
+    each with γ² by the median heuristic on its embeddings (or ``outer_width`` if a number),
+    then, for the best of them, γ² × :data:`OUTER_WIDTH_GRID` (if ``outer_width`` is "auto");
+    each candidate with its best σ_y² (``noise_variance`` "loo") or the given one.  The draws
+    of ``features`` are kept, rescaled.  Returns ``(features, noise_variance, error)``.
+    """
+    def score(candidate, phi):
+        loo = LeaveOneOut(candidate.outer(phi), Y, prior_variance)
+        if _is(noise_variance, "loo"):
+            return (*loo.best_noise_variance()[::-1], candidate, phi)
+        return float(loo.error(noise_variance)[0]), float(noise_variance), candidate, phi
+
+    best = None
+    for scale in INNER_WIDTH_GRID if _is(inner_widths, "auto") else (1.0,):
+        candidate = features.with_inner_widths(features.inner_widths * scale)
+        phi = candidate.inner(X)
+        gamma2 = median_outer_width(phi, random_state=seed) if isinstance(outer_width, str) \
+            else float(outer_width)
+        trial = score(candidate.with_outer_width(gamma2), phi)
+        best = trial if best is None or trial[0] < best[0] else best
+    if _is(outer_width, "auto"):
+        _, _, chosen, phi = best
+        for scale in OUTER_WIDTH_GRID:
+            if scale != 1.0:
+                trial = score(chosen.with_outer_width(chosen.outer_width * scale), phi)
+                best = trial if trial[0] < best[0] else best
+    error, noise, chosen, _ = best
+    return chosen, noise, error
+
+
+# --------------------------------------------------------------------------------------------
 # the batch fit
 
 
 class FirstBatch(NamedTuple):
     """What :func:`fit_first_batch` fits: the feature map, the output offset, σ_y², the log
-    evidence of the chosen (γ², σ_y²) (None unless they were searched) and the posterior."""
+    evidence of the chosen (γ², σ_y²) (None unless ``noise_variance="evidence"``), the
+    posterior and the leave-one-out error of the chosen widths and σ_y² (None unless the
+    leave-one-out criterion chose anything)."""
 
     features: RandomFeatures
     intercept: np.ndarray
     noise_variance: float
     log_evidence: "float | None"
     posterior: BayesianLinearRegression
+    loo_error: "float | None" = None
+
+
+class Plan(NamedTuple):
+    """What :func:`plan_first_batch` decides before the statistics of all rows: the candidate
+    feature maps, σ_y² (a number, or "evidence"), whether σ_y² was chosen by the leave-one-out
+    criterion (then :func:`choose_first_batch` keeps it above the floor of all rows) and the
+    criterion's value."""
+
+    candidates: list
+    noise_variance: "float | str"
+    loo_noise: bool
+    loo_error: "float | None"
+
+
+def plan_first_batch(features, seed, n_rows, take, inner_widths="auto", outer_width="auto",
+                     noise_variance="loo", prior_variance=1.0):
+    """The widths (and a σ_y² chosen by leave-one-out) of a first batch, from its
+    :func:`subsample_rows` alone: ``take(index) -> (X[index], Y[index])`` fetches them.
+
+    * ``noise_variance="evidence"``: σ_l² as drawn (the median heuristic for "auto"), γ² by
+      the median heuristic, × :data:`OUTER_WIDTH_GRID` for "auto" — the candidates whose
+      evidence :func:`choose_first_batch` compares;
+    * otherwise, if ``noise_variance`` is "loo" or a width is "auto": :func:`select_by_loo`
+      on the subsample;
+    * otherwise the given or median-heuristic widths and the given σ_y².
+    """
+    loo = _is(noise_variance, "loo") or (not _is(noise_variance, "evidence") and (
+        _is(inner_widths, "auto") or _is(outer_width, "auto")))
+    if not loo and not isinstance(outer_width, str):
+        return Plan([features.with_outer_width(outer_width)], noise_variance, False, None)
+    X, Y = take(subsample_rows(n_rows, seed))
+    if loo:
+        chosen, noise, error = select_by_loo(X, Y, features, seed, inner_widths, outer_width,
+                                             noise_variance, prior_variance)
+        return Plan([chosen], noise, _is(noise_variance, "loo"), error)
+    median = median_outer_width(features.inner(X), random_state=seed)
+    grid = OUTER_WIDTH_GRID if _is(outer_width, "auto") else (1.0,)
+    return Plan([features.with_outer_width(median * g) for g in grid], noise_variance, False, None)
 
 
 def _statistics(features, phi, Y, slices, n_jobs):
@@ -769,52 +1015,59 @@ def fit_first_batch(
     n_inner,
     n_outer,
     rng,
-    inner_widths=None,
-    outer_width=None,
-    noise_variance=None,
+    inner_widths="auto",
+    outer_width="auto",
+    noise_variance="loo",
     prior_variance=1.0,
     n_jobs=None,
     chunk_size=STATISTICS_CHUNK,
 ):
     """The batch fit: features, widths, σ_y² and the posterior of one batch of rows.
 
-    Draws the features (:func:`draw_features`; ``inner_widths`` None: median heuristic),
-    centres the outputs by their mean (the returned ``intercept``), and computes the
-    posterior from statistics summed over chunks of ``chunk_size`` rows.  ``outer_width``
-    None takes γ² by the median heuristic (supplement A, step 2) — and, when
-    ``noise_variance`` is None too, searches multiples :data:`OUTER_WIDTH_GRID` of it;
-    ``noise_variance`` None picks σ_y² by the evidence (:func:`best_noise_variance`), jointly
-    with γ² where γ² is searched.  X (n, 2c) and Y (n, D_y) are checked arrays.
+    Draws the features (:func:`draw_features`; σ_l² given, or the median heuristic on the
+    batch for "median" and "auto") and a seed for the subsample, chooses the widths and σ_y²
+    (:func:`plan_first_batch`: leave-one-out, the evidence or as given; ``inner_widths`` an
+    array or "auto"/"median", ``outer_width`` a number or "auto"/"median", ``noise_variance``
+    a number, "loo" or "evidence"), centres the outputs by their mean (the returned
+    ``intercept``) and computes the posterior from statistics summed over chunks of
+    ``chunk_size`` rows (:func:`choose_first_batch`).  X (n, 2c) and Y (n, D_y) are checked.
     """
-    features = draw_features(X, families, n_inner, n_outer, rng, inner_widths)
+    given = None if isinstance(inner_widths, str) else inner_widths
+    features = draw_features(X, families, n_inner, n_outer, rng, given)
+    plan = plan_first_batch(features, rng.randint(2**31), X.shape[0], lambda i: (X[i], Y[i]),
+                            inner_widths, outer_width, noise_variance, prior_variance)
     slices = chunk_slices(X.shape[0], chunk_size)
-    phi = np.concatenate(map_chunks(lambda rows: features.inner(X[rows]), slices, n_jobs))
-    if outer_width is None:
-        median = median_outer_width(phi, random_state=rng.randint(2**31))
-        grid = OUTER_WIDTH_GRID if noise_variance is None else (1.0,)
-        widths = [median * g for g in grid]
-    else:
-        widths = [float(outer_width)]
+    phi = np.concatenate(map_chunks(lambda rows: plan.candidates[0].inner(X[rows]), slices, n_jobs))
     intercept = Y.mean(axis=0)
     Yc = Y - intercept
-    candidates = [features.with_outer_width(gamma2) for gamma2 in widths]
-    statistics = [_statistics(c, phi, Yc, slices, n_jobs) for c in candidates]
-    return choose_first_batch(candidates, statistics, intercept, noise_variance, prior_variance)
+    statistics = [_statistics(c, phi, Yc, slices, n_jobs) for c in plan.candidates]
+    return choose_first_batch(plan, statistics, intercept, prior_variance)
 
 
-def choose_first_batch(candidates, statistics, intercept, noise_variance, prior_variance):
-    """The global step of a first batch: of the candidate feature maps (outer widths γ²) with
-    their summed statistics, the one of largest evidence (σ_y² by :func:`best_noise_variance`
-    when ``noise_variance`` is None), else the only candidate; its posterior.  Returns a
+def noise_floor(stats, prior_variance):
+    """:data:`NOISE_FLOOR` σ₀² Λ_max(ΨᵀΨ) of all rows' statistics (see
+    :meth:`LeaveOneOut.noise_bounds`)."""
+    d = stats.gram.shape[0]
+    top = eigh(stats.gram, eigvals_only=True, subset_by_index=[d - 1, d - 1])[0]
+    return NOISE_FLOOR * prior_variance * max(float(top), 1e-300)
+
+
+def choose_first_batch(plan, statistics, intercept, prior_variance):
+    """The global step of a first batch: of the :class:`Plan`'s candidate feature maps with
+    their summed statistics, the one of largest evidence (σ_y² by :func:`best_noise_variance`)
+    if σ_y² is "evidence", else the only candidate, whose σ_y² — if chosen by leave-one-out on
+    the subsample — is raised to :func:`noise_floor` of all rows; its posterior.  Returns a
     :class:`FirstBatch`."""
     best = None
-    for candidate, stats in zip(candidates, statistics):
-        if noise_variance is None:
+    for candidate, stats in zip(plan.candidates, statistics):
+        if _is(plan.noise_variance, "evidence"):
             noise, evidence = best_noise_variance(stats, prior_variance)
         else:
-            noise, evidence = float(noise_variance), None
+            noise, evidence = float(plan.noise_variance), None
+            if plan.loo_noise:
+                noise = max(noise, noise_floor(stats, prior_variance))
         if best is None or (evidence is not None and evidence > best[3]):
             best = (candidate, stats, noise, evidence)
     candidate, stats, noise, evidence = best
     posterior = regression_posterior(stats, noise, prior_variance)
-    return FirstBatch(candidate, intercept, noise, evidence, posterior)
+    return FirstBatch(candidate, intercept, noise, evidence, posterior, plan.loo_error)
