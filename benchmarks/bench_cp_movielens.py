@@ -13,7 +13,8 @@ returns ``(train_idx, test_idx)`` into ``load_movielens().X``.  Hyper-parameters
 baselines are chosen on :func:`validation_split` (10 % of the training entries, seed 1).
 
 Compared, for ranks 3, 5, 8, 10 and ``mode_bias`` False / True: ``BayesianCPTensor`` with
-CEP-group, CEP-entry and VMP, otherwise at the estimator's defaults (prior_variance 1,
+CEP-group, CEP-group with ARD (``ard=True``), CEP-entry, VMP and (probit) VMP with ARD, otherwise
+at the estimator's defaults (prior_variance 1,
 init_scale 0.5, fit_intercept, damping 1) except ``max_iter`` (default 100 here, for the
 time budget; the *conv.* column says whether ``tol`` was met), ``shape`` = the full shape
 and ``random_state=0``.  For Gaussian entries CEP-group is VMP exactly (papers/001 Theorem 1),
@@ -26,6 +27,11 @@ chosen on the validation part; for AUC the same rating model's scores, and the s
 model fitted to the 0/1 labels (λ chosen by validation AUC).  A last section fits, at rank 8
 with ``mode_bias=True``, a small grid of ``prior_variance`` / ``bias_prior_variance`` /
 ``init_scale`` chosen on the validation part, to show what the defaults leave on the table.
+The section "Probit CP with offsets vs the one-hot logistic bias model" picks a probit
+``BayesianCPTensor(mode_bias=True)`` among ``PROBIT_CANDIDATES`` (ARD, rank, prior variance,
+damping, sweeps, CEP or VMP) by validation AUC and compares its test AUC with a one-hot
+``LogisticRegression`` on user and movie indicators (C by validation AUC); as a reference for what
+the CP term can add, the MAP of the same probit CP model with tuned L2 penalties.
 ``--quick``: ranks 3 only, 5 sweeps, a 20 % subsample of the training entries; printed, not
 written.
 """
@@ -38,7 +44,11 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
+import scipy.sparse as sp  # noqa: E402
+from scipy.optimize import minimize  # noqa: E402
+from scipy.special import log_ndtr  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
+from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 from _common import RESULTS, command, library_state, md_table, warning_lines  # noqa: E402
@@ -50,6 +60,21 @@ VMP_GAUSSIAN_RANKS = (3, 8)      # Gaussian VMP == CEP-group; checked at these r
 ENTRY_RANKS = (3, 8)
 ENTRY_BUDGET = 30.0               # seconds per CEP-entry fit (time box)
 LAMBDAS = (0.5, 1, 2, 3, 5, 8, 12, 20, 30)
+LOGISTIC_C = (0.03, 0.1, 0.3, 1, 3, 10)
+TARGET_MARGIN = 0.005             # probit CP with offsets must beat the one-hot logistic model by this
+# probit CP with offsets, chosen on the validation part (section "Probit CP with offsets vs ...")
+PROBIT_CANDIDATES = (
+    ("CEP, ARD, rank 3", dict(method="cep", ard=True, rank=3)),
+    ("CEP, ARD, rank 8", dict(method="cep", ard=True, rank=8)),
+    ("CEP, ARD, rank 8, prior_variance 0.15", dict(method="cep", ard=True, rank=8, prior_variance=0.15)),
+    ("CEP, ARD, rank 8, damping 0.5", dict(method="cep", ard=True, rank=8, damping=0.5)),
+    ("CEP, ARD, rank 8, 2 sweeps", dict(method="cep", ard=True, rank=8, max_iter=2)),
+    ("VMP, ARD, rank 3, init_scale 1", dict(method="vmp", ard=True, rank=3, init_scale=1.0)),
+    ("VMP, ARD, rank 8, init_scale 1", dict(method="vmp", ard=True, rank=8, init_scale=1.0)),
+    ("VMP, ARD, rank 8, init_scale 1, bias_prior_variance 0.3",
+     dict(method="vmp", ard=True, rank=8, init_scale=1.0, bias_prior_variance=0.3)),
+)
+MAP_GRID = [(8, lam_f, lam_b) for lam_f in (3.0, 10.0, 30.0) for lam_b in (1.0, 3.0)]  # (rank, λ factors, λ biases)
 WARNINGS_SEEN = {}
 
 
@@ -134,6 +159,96 @@ def baselines(d_real, d_bin, tr, te, fi, va):
     return out, val_rmse, val_auc
 
 
+def one_hot(X, shape):
+    """User and movie indicators of the entries (a sparse (n, d_user + d_movie) matrix)."""
+    n = X.shape[0]
+    return sp.csr_matrix((np.ones(2 * n), (np.r_[np.arange(n), np.arange(n)], np.r_[X[:, 0], shape[0] + X[:, 1]])),
+                         shape=(n, shape[0] + shape[1]))
+
+
+def logistic_baseline(d_bin, tr, te, fi, va):
+    """The user + movie bias model as scikit-learn users fit it: ``LogisticRegression`` on one-hot
+    user and movie indicators of the 0/1 labels, C chosen by validation AUC.  Returns (test AUC,
+    C, {C: validation AUC})."""
+    X, y, shape = d_bin.X, d_bin.y, d_bin.shape
+    val = {}
+    for C in LOGISTIC_C:
+        model = LogisticRegression(C=C, max_iter=5000).fit(one_hot(X[fi], shape), y[fi])
+        val[C] = roc_auc_score(y[va], model.decision_function(one_hot(X[va], shape)))
+    C = max(val, key=val.get)
+    model = LogisticRegression(C=C, max_iter=5000).fit(one_hot(X[tr], shape), y[tr])
+    return roc_auc_score(y[te], model.decision_function(one_hot(X[te], shape))), C, val
+
+
+def map_probit_cp(X, y, shape, rank, lam_f, lam_b, seed=0):
+    """Point estimate (MAP) of the same probit model as BayesianCPTensor(mode_bias=True):
+    Φ(b + c_user + c_movie + c_time + 1ᵀ(u ∘ m ∘ t)) with penalties ½λ_f‖factors‖² and
+    ½λ_b‖offsets‖², by L-BFGS from factors N(0, 0.1²).  A reference for what the CP term can add
+    to the offsets on this split when tuned.  Returns a predictor of the latent f."""
+    s = 2.0 * y - 1.0
+    sizes = [1, *shape, *(d * rank for d in shape)]
+    cut = np.cumsum([0] + sizes)
+    w0 = np.zeros(cut[-1])
+    w0[cut[4]:] = 0.1 * np.random.default_rng(seed).standard_normal(cut[-1] - cut[4])
+    cols = X.T
+
+    def unpack(w):
+        offsets = [w[cut[1 + k]:cut[2 + k]] for k in range(3)]
+        factors = [w[cut[4 + k]:cut[5 + k]].reshape(-1, rank) for k in range(3)]
+        return w[0], offsets, factors
+
+    def objective(w):
+        b, offsets, factors = unpack(w)
+        rows = [F[c] for F, c in zip(factors, cols)]
+        f = b + sum(o[c] for o, c in zip(offsets, cols)) + (rows[0] * rows[1] * rows[2]).sum(axis=1)
+        log_p = log_ndtr(s * f)
+        g = -s * np.exp(-0.5 * f**2 - log_p) / np.sqrt(2 * np.pi)  # d(−log Φ(s f))/df
+        grad = [np.array([g.sum()])]
+        grad += [np.bincount(c, g, d) + lam_b * o for o, c, d in zip(offsets, cols, shape)]
+        for k in range(3):
+            other = rows[(k + 1) % 3] * rows[(k + 2) % 3]
+            G = np.zeros_like(factors[k])
+            np.add.at(G, cols[k], g[:, None] * other)
+            grad.append((G + lam_f * factors[k]).ravel())
+        penalty = 0.5 * lam_b * sum(o @ o for o in offsets) + 0.5 * lam_f * sum(np.sum(F**2) for F in factors)
+        return -log_p.sum() + penalty, np.concatenate(grad)
+
+    w = minimize(objective, w0, jac=True, method="L-BFGS-B", options=dict(maxiter=500)).x
+    b, offsets, factors = unpack(w)
+    return lambda Xq: (b + sum(o[c] for o, c in zip(offsets, Xq.T))
+                       + np.prod([F[c] for F, c in zip(factors, Xq.T)], axis=0).sum(axis=1))
+
+
+def run_probit_vs_logistic(d_bin, tr, te, fi, va, max_iter, log, candidates=PROBIT_CANDIDATES, map_grid=MAP_GRID):
+    """Probit CP with offsets (``mode_bias=True``) against the one-hot logistic bias model."""
+    X, y, shape = d_bin.X, d_bin.y, d_bin.shape
+    lr_auc, lr_C, lr_val = logistic_baseline(d_bin, tr, te, fi, va)
+    log(f"one-hot LogisticRegression: C = {lr_C:g}, test AUC {lr_auc:.4f}")
+    rows = []
+    for name, params in candidates:
+        params = dict(params)
+        cap = params.pop("max_iter", max_iter)
+        est, secs, _ = fit_cp(X[fi], y[fi], likelihood="probit", max_iter=cap, shape=shape, mode_bias=True, **params)
+        val = evaluate(est, X[va], y[va], "probit")
+        est, secs, _ = fit_cp(X[tr], y[tr], likelihood="probit", max_iter=cap, shape=shape, mode_bias=True, **params)
+        rows.append(dict(name=name, val=val, test=evaluate(est, X[te], y[te], "probit"),
+                         train=evaluate(est, X[tr], y[tr], "probit"), s=secs, it=est.n_iter_,
+                         rank=est.effective_rank_, size=factor_size(est),
+                         lam=None if est.component_precision_ is None else est.component_precision_))
+        log(f"probit CP {name}: validation {val:.4f}, test {rows[-1]['test']:.4f} "
+            f"(effective rank {est.effective_rank_})")
+    maps = []
+    for rank, lam_f, lam_b in map_grid:
+        t0 = time.perf_counter()
+        val = roc_auc_score(y[va], map_probit_cp(X[fi], y[fi], shape, rank, lam_f, lam_b)(X[va]))
+        maps.append(dict(rank=rank, lam_f=lam_f, lam_b=lam_b, val=val, s=time.perf_counter() - t0))
+        log(f"MAP probit CP rank {rank} λ_f {lam_f:g} λ_b {lam_b:g}: validation {val:.4f}")
+    best_map = max(maps, key=lambda r: r["val"])
+    best_map["test"] = roc_auc_score(y[te], map_probit_cp(X[tr], y[tr], shape, best_map["rank"], best_map["lam_f"],
+                                                          best_map["lam_b"])(X[te]))
+    return dict(lr_auc=lr_auc, lr_C=lr_C, lr_val=lr_val, rows=rows, maps=maps, best_map=best_map)
+
+
 # ------------------------------------------------------------------------------------------
 # CP fits
 
@@ -185,11 +300,14 @@ def run_cp(data, tr, te, ranks, max_iter, entry_ranks, vmp_gauss_ranks, log, lab
         X, y, shape = d.X, d.y, d.shape
         for rank in ranks:
             for mode_bias in (False, True):
-                configs = [("cep-group", dict(method="cep", schedule="group"))]
+                configs = [("cep-group", dict(method="cep", schedule="group")),
+                           ("cep-group ARD", dict(method="cep", schedule="group", ard=True))]
                 if rank in entry_ranks:
                     configs.append(("cep-entry", dict(method="cep", schedule="entry")))
                 if likelihood == "probit" or rank in vmp_gauss_ranks:
                     configs.append(("vmp", dict(method="vmp")))
+                if likelihood == "probit":
+                    configs.append(("vmp ARD", dict(method="vmp", ard=True)))
                 preds = {}
                 for name, kw in configs:
                     params = dict(rank=rank, mode_bias=mode_bias, **kw)
@@ -204,7 +322,7 @@ def run_cp(data, tr, te, ranks, max_iter, entry_ranks, vmp_gauss_ranks, log, lab
                                metric=evaluate(est, X[te], y[te], likelihood),
                                train=evaluate(est, X[tr], y[tr], likelihood), s=secs,
                                it=est.n_iter_, cap=cap, conv=est.converged_, boxed=boxed,
-                               sweep_s=sweep_s, size=factor_size(est),
+                               sweep_s=sweep_s, size=factor_size(est), rank_eff=est.effective_rank_,
                                tau=est.noise_precision_ if likelihood == "gaussian" else None,
                                auc01=(roc_auc_score(labels01[te], preds[name])
                                       if likelihood == "gaussian" else None))
@@ -252,7 +370,39 @@ def fmt_params(p):
     return ", ".join(f"{k}={v:g}" for k, v in p.items()) or "defaults"
 
 
-def report(base, val_rmse, val_auc, rows, tuning, args, elapsed, n_train, n_test):
+def report_probit_vs_logistic(res):
+    """The section comparing probit CP with offsets to the one-hot logistic bias model."""
+    best = max(res["rows"], key=lambda r: r["val"])
+    margin = best["test"] - res["lr_auc"]
+    met = margin >= TARGET_MARGIN
+    m = res["best_map"]
+    out = ["## Probit CP with offsets vs the one-hot logistic bias model", "",
+           "Target: probit `BayesianCPTensor(mode_bias=True)` beats the held-out AUC of a user+movie bias model "
+           "fitted as scikit-learn users would — `LogisticRegression` on one-hot user and movie indicators, C "
+           f"chosen by validation AUC — by at least {TARGET_MARGIN}. Each candidate is fitted on the validation "
+           "split's training part (validation AUC, the choice) and refitted on all training entries (test AUC). "
+           "eff. rank = `effective_rank_`; λ = `component_precision_` (ARD).", "",
+           f"One-hot LogisticRegression: C = {res['lr_C']:g} (validation AUC by C: "
+           + ", ".join(f"{C:g}: {v:.4f}" for C, v in res["lr_val"].items()) + f"); test AUC **{res['lr_auc']:.4f}**.",
+           "",
+           md_table(("probit CP, mode_bias=True", "validation AUC", "test AUC", "test − logistic", "train AUC",
+                     "fit s", "sweeps", "eff. rank", "λ min–max", "|U|"),
+                    [[r["name"], f"{r['val']:.4f}", f"{r['test']:.4f}", f"{r['test'] - res['lr_auc']:+.4f}",
+                      f"{r['train']:.4f}", f"{r['s']:.1f}", r["it"], r["rank"],
+                      "" if r["lam"] is None else f"{r['lam'].min():.2f}–{r['lam'].max():.2f}", r["size"]]
+                     for r in res["rows"]]), "",
+           f"Chosen on validation: **{best['name']}**, test AUC {best['test']:.4f}, "
+           f"{margin:+.4f} against the logistic model — target **{'met' if met else 'not met'}**.", "",
+           "Reference, what the CP term can add to the offsets here when tuned: the MAP (point estimate) of the "
+           "same probit model, offsets + rank-8 CP term with L2 penalties λ_f (factors), λ_b (offsets), by "
+           "L-BFGS (`map_probit_cp`), penalties chosen on validation: "
+           + ", ".join(f"λ_f {r['lam_f']:g}/λ_b {r['lam_b']:g}: {r['val']:.4f}" for r in res["maps"])
+           + f". Chosen λ_f {m['lam_f']:g}, λ_b {m['lam_b']:g}: test AUC **{m['test']:.4f}** "
+           f"({m['test'] - res['lr_auc']:+.4f} against the logistic model).", ""]
+    return out
+
+
+def report(base, val_rmse, val_auc, rows, tuning, args, elapsed, n_train, n_test, versus=None):
     out = [f"`{command()}`", "",
            "# Bayesian CP decomposition of MovieLens-small (user × movie × time bin)", "",
            f"Split: `movielens_split(seed=0)` in `bench_cp_movielens.py` — {n_train:,} training / "
@@ -283,7 +433,7 @@ def report(base, val_rmse, val_auc, rows, tuning, args, elapsed, n_train, n_test
         if not sel:
             continue
         out += [f"## {title}", ""]
-        methods = ("cep-group", "cep-entry", "vmp")
+        methods = ("cep-group", "cep-group ARD", "cep-entry", "vmp") + (("vmp ARD",) if likelihood == "probit" else ())
         tab = []
         for mode_bias in (False, True):
             for rank in sorted({r["rank"] for r in sel}):
@@ -297,7 +447,8 @@ def report(base, val_rmse, val_auc, rows, tuning, args, elapsed, n_train, n_test
                     else:
                         cells.append("–")
                 tab.append(cells)
-        out += [md_table(("mode_bias", "rank", "CEP-group", "CEP-entry", "VMP"), tab), ""]
+        out += [md_table(("mode_bias", "rank", "CEP-group", "CEP-group ARD", "CEP-entry", "VMP")
+                         + (("VMP ARD",) if likelihood == "probit" else ()), tab), ""]
         if likelihood == "gaussian":
             best = min((r for r in sel if r["mode_bias"]), key=lambda r: r["metric"])
             met = best["metric"] < bias_rmse
@@ -332,11 +483,14 @@ def report(base, val_rmse, val_auc, rows, tuning, args, elapsed, n_train, n_test
         for r in sel:
             sweeps = f"{r['it']}/{r['cap']}" + (f" (box; 1 sweep {r['sweep_s']:.1f} s)" if r["sweep_s"] else "")
             tab.append([r["rank"], r["mode_bias"], r["method"], f"{r['metric']:.4f}", f"{r['train']:.4f}",
-                        f"{r['s']:.1f}", sweeps, "yes" if r["conv"] else "no", r["size"]]
+                        f"{r['s']:.1f}", sweeps, "yes" if r["conv"] else "no", r["size"], r["rank_eff"]]
                        + ([f"{r['tau']:.2f}", f"{r['auc01']:.4f}"] if likelihood == "gaussian" else []))
         header = ("rank", "mode_bias", "method", f"test {metric}", f"train {metric}", "fit s", "sweeps",
-                  "conv.", "|U| user/movie/time") + (("E[τ]", "AUC (rating ≥ 4)") if likelihood == "gaussian" else ())
+                  "conv.", "|U| user/movie/time", "eff. rank")
+        header += ("E[τ]", "AUC (rating ≥ 4)") if likelihood == "gaussian" else ()
         out += [md_table(header, tab), ""]
+    if versus:
+        out += report_probit_vs_logistic(versus)
     if tuning:
         res, final = tuning
         out += ["## Prior settings (Gaussian, CEP-group, mode_bias=True, rank "
@@ -377,9 +531,13 @@ def main():
                   ENTRY_RANKS, VMP_GAUSSIAN_RANKS, log, d_bin.y)
     grid = TUNING_GRID[:2] if args.quick else TUNING_GRID
     tuning = run_tuning(d_real, tr, fi, va, te, args.max_iter, grid, 3 if args.quick else args.tune_rank, log)
+    versus = run_probit_vs_logistic(d_bin, tr, te, fi, va, args.max_iter, log,
+                                    PROBIT_CANDIDATES[:2] if args.quick else PROBIT_CANDIDATES,
+                                    MAP_GRID[:1] if args.quick else MAP_GRID)
     if args.quick:
         args.tune_rank = 3
-    text = report(base, val_rmse, val_auc, rows, tuning, args, time.perf_counter() - t_start, tr.size, te.size)
+    text = report(base, val_rmse, val_auc, rows, tuning, args, time.perf_counter() - t_start, tr.size, te.size,
+                  versus)
     if not args.quick:
         (RESULTS / "cp_movielens.md").write_text(text)
     print(text)

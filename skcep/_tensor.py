@@ -6,6 +6,7 @@ and predictions from the posterior mean and variance of the latent entry.
 from numbers import Integral
 
 import numpy as np
+from scipy.special import ndtri
 from sklearn.base import BaseEstimator
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.metaestimators import available_if
@@ -13,15 +14,17 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import validate_data
 
 from ._base import SkcepMixin, predict_method
+from .engines.cp import effective_rank
 from .engines.likelihoods import Probit
 
-def _check_noise_prior(noise_prior):
+def _check_noise_prior(noise_prior, name="noise_prior"):
+    """A Gamma prior (a0, b0) with finite positive shape and rate."""
     try:
         a0, b0 = (float(v) for v in noise_prior)
     except (TypeError, ValueError):
-        raise ValueError(f"noise_prior must be a pair (a0, b0) of positive numbers; got {noise_prior!r}.") from None
+        raise ValueError(f"{name} must be a pair (a0, b0) of positive numbers; got {noise_prior!r}.") from None
     if not (np.isfinite(a0) and np.isfinite(b0) and a0 > 0 and b0 > 0):
-        raise ValueError(f"noise_prior must be a pair (a0, b0) of positive numbers; got {noise_prior!r}.")
+        raise ValueError(f"{name} must be a pair (a0, b0) of positive numbers; got {noise_prior!r}.")
     return a0, b0
 
 
@@ -202,3 +205,23 @@ def _check_positive_ints(value, name, allow_empty=False):
     return tuple(int(v) for v in items)
 
 
+def cp_attributes(result):
+    """The fitted attributes of :class:`~skcep.BayesianCPTensor` from an engine fit result."""
+    post = result.posterior
+    biases = dict(zip(post.offset_modes, post.offsets))  # None: the global offset, k: mode k's
+    b = biases.pop(None, None)
+    return dict(
+        factors_=[f.mean for f in post.factors], factor_covariances_=[f.cov for f in post.factors],
+        intercept_=0.0 if b is None else float(b.mean[0, 0]),
+        intercept_var_=0.0 if b is None else float(b.cov[0, 0, 0]),
+        biases_=[g.mean[:, 0] for g in biases.values()], biases_var_=[g.cov[:, 0, 0] for g in biases.values()],
+        noise_precision_=float(post.noise_precision), component_precision_=post.component_precision,
+        effective_rank_=effective_rank(post), elbo_=list(result.elbo), n_iter_=result.n_iter,
+        converged_=bool(result.converged))
+
+
+def link_mean(y, likelihood):
+    """The global offset that predicts the mean of y: mean(y), or Φ⁻¹ of the rate of ones."""
+    if likelihood == "gaussian":
+        return float(np.mean(y))
+    return float(ndtri(np.clip(np.mean(y), 1e-3, 1 - 1e-3)))

@@ -11,9 +11,9 @@ from sklearn.utils.validation import check_is_fitted
 
 from ._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method
 from ._dask_cp import fit_tensor
-from ._tensor import TensorEstimator, _check_noise_prior, check_tensor_index
+from ._tensor import TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes, link_mean
 from .engines.cp import (absorb_batch, elbo, fit_cp, grow_posterior, init_posterior, predict_cp,
-                         starting_noise_precision)
+                         starting_noise_precision, streaming_sweeps)
 
 __all__ = ["BayesianCPTensor"]
 
@@ -24,8 +24,8 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
     (``"probit"``), priors N(0, prior_variance·I) on the embeddings u^k_s ∈ R^rank and
     τ ~ Gam(a0, b0) (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.1
     eqs. 12–13; Li, Fang, Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.1 eq. 26),
-    and optional offsets b (global) and c (per object).  The posterior is factorized over τ,
-    every embedding (full rank×rank covariance) and every offset.
+    and optional offsets b (global) and c (per object); q is factorized over τ, every
+    embedding (full rank×rank covariance) and every offset.
 
     Parameters
     ----------
@@ -35,17 +35,24 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
         Real entries with Gaussian noise (a regressor), or binary entries with a probit link
         (a classifier).
     method : {"cep", "vmp"}, default="cep"
-        Conditional EP or variational message passing.  For Gaussian entries CEP with the
-        group schedule gives exactly the VMP updates (Li et al., Theorem 1).  For probit
-        entries CEP matches the conditional probit moments (rank-one sites; Wang & Zhe,
-        supplement §8.1.2) while VMP uses the augmented model with a truncated-Gaussian latent
-        entry; CEP is usually more accurate.
+        Conditional EP or variational message passing.  For Gaussian entries group CEP gives
+        exactly the VMP updates (Li et al., Theorem 1).  For probit entries CEP matches the
+        conditional probit moments (rank-one sites; Wang & Zhe, supplement §8.1.2) while VMP
+        uses the augmented model with a truncated-Gaussian latent entry.
     schedule : {"group", "entry"}, default="group"
         CEP only.  "group": all sites of a mode updated together and merged per row (one pass
         over the entries per mode, O(n) memory).  "entry": sites updated block by block with EP
         bookkeeping (Wang & Zhe, Algorithm 1); fewer, costlier sweeps, O(n·rank²) memory.
     prior_variance : float, default=1.0
-        Prior variance v of every embedding coordinate.
+        Prior variance v of every embedding coordinate (``ard``: 1/E[λ] at the start).
+    ard : bool, default=False
+        Automatic relevance determination (Zhao, Zhang & Cichocki, "Bayesian CP factorization
+        of incomplete tensors with automatic rank determination", TPAMI 2015): component r has
+        prior N(0, 1/λ_r) in every mode, λ_r ~ Gam(ard_prior), q(λ_r) updated after every sweep
+        (``partial_fit``: after every batch); unneeded components shrink to zero.  Probit CEP
+        keeps E[λ_r] ≥ 1/prior_variance (its factors and λ could otherwise grow without end).
+    ard_prior : tuple (a0, b0), default=(1e-6, 1e-6)
+        Gamma prior (shape, rate) of each λ_r.
     noise_prior : tuple (a0, b0), default=(1e-3, 1e-3)
         Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
     fit_intercept : bool, default=True
@@ -67,8 +74,11 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
     init_scale : float, default=0.5
         Initial scale of the latent factors: means drawn from N(0, init_scale²), covariance
         init_scale²·I (all-zero means are a fixed point), also for new objects in a stream.
-    n_inner_iter : int, default=10
+    n_inner_iter : int or "auto", default="auto"
         Largest number of sweeps over each batch in ``partial_fit`` (fewer when ``tol`` is met).
+        "auto": one sweep per batch (plain assumed density filtering), up to 10 for a first
+        batch with at least two entries per object it touches; the first batch starts the
+        global offset at its mean (probit: Φ⁻¹ of its rate of ones).  See the user guide.
     n_init : int, default=1
         Random initialisations; the fit with the highest ELBO is kept (as in
         :class:`sklearn.mixture.GaussianMixture`): small or very sparse tensors have poor
@@ -92,6 +102,10 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
         Posterior means and variances of the per-object offsets (``mode_bias=True``).
     noise_precision_ : float
         E[τ] (1.0 for probit, whose latent noise has unit variance).
+    component_precision_ : ndarray of shape (rank,) or None
+        E[λ_r], the prior precision of component r (``ard``; else None).
+    effective_rank_ : int
+        Components with power Π_k mean_s E[u^k_{sr}]² ≥ 1e-3 × the largest and > 1e-12.
     elbo_ : list of float
         Evidence lower bound after every sweep of the last call (non-decreasing for VMP and
         for group CEP with Gaussian entries; Li et al., Corollary 1).
@@ -124,7 +138,7 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
 class BayesianCPTensor(TensorEstimator):
     __doc__ = _DOC
 
-    _structural_params = ("rank", "likelihood", "method", "mode_bias", "fit_intercept", "shape")
+    _structural_params = ("rank", "likelihood", "method", "mode_bias", "fit_intercept", "shape", "ard")
     _dask_fit = fit_tensor  # fit on Dask collections: the entries stay on the workers
     _check_index = staticmethod(check_tensor_index)  # run on every chunk of a Dask fit
 
@@ -134,6 +148,8 @@ class BayesianCPTensor(TensorEstimator):
         "method": [StrOptions({"cep", "vmp"})],
         "schedule": [StrOptions({"group", "entry"})],
         "prior_variance": [Interval(Real, 0, None, closed="neither")],
+        "ard": ["boolean"],
+        "ard_prior": [tuple, list],
         "noise_prior": [tuple, list],
         "fit_intercept": ["boolean"],
         "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
@@ -143,7 +159,7 @@ class BayesianCPTensor(TensorEstimator):
         "tol": [Interval(Real, 0, None, closed="left")],
         "damping": [Interval(Real, 0, 1, closed="right")],
         "init_scale": [Interval(Real, 0, None, closed="neither")],
-        "n_inner_iter": [Interval(Integral, 1, None, closed="left")],
+        "n_inner_iter": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "n_init": [Interval(Integral, 1, None, closed="left")],
         "shape": [None, tuple, list],
         "random_state": ["random_state"],
@@ -151,32 +167,21 @@ class BayesianCPTensor(TensorEstimator):
     }
 
     def __init__(self, rank=8, *, likelihood="gaussian", method="cep", schedule="group", prior_variance=1.0,
-                 noise_prior=(1e-3, 1e-3), fit_intercept=True, intercept_prior_variance=100.0, mode_bias=False,
-                 bias_prior_variance=1.0, max_iter=100, tol=1e-4, damping=1.0, init_scale=0.5, n_inner_iter=10,
-                 n_init=1, shape=None, n_jobs=None, verbose=0, random_state=None):
-        self.rank = rank
-        self.likelihood = likelihood
-        self.method = method
-        self.schedule = schedule
-        self.prior_variance = prior_variance
-        self.noise_prior = noise_prior
-        self.fit_intercept = fit_intercept
-        self.intercept_prior_variance = intercept_prior_variance
-        self.mode_bias = mode_bias
-        self.bias_prior_variance = bias_prior_variance
-        self.max_iter = max_iter
-        self.tol = tol
-        self.damping = damping
-        self.init_scale = init_scale
-        self.n_inner_iter = n_inner_iter
-        self.n_init = n_init
-        self.shape = shape
-        self.n_jobs = n_jobs
-        self.verbose = verbose
-        self.random_state = random_state
+                 ard=False, ard_prior=(1e-6, 1e-6), noise_prior=(1e-3, 1e-3), fit_intercept=True,
+                 intercept_prior_variance=100.0, mode_bias=False, bias_prior_variance=1.0, max_iter=100, tol=1e-4,
+                 damping=1.0, init_scale=0.5, n_inner_iter="auto", n_init=1, shape=None, n_jobs=None, verbose=0,
+                 random_state=None):
+        self.rank, self.likelihood, self.method, self.schedule = rank, likelihood, method, schedule
+        self.prior_variance, self.ard, self.ard_prior, self.noise_prior = prior_variance, ard, ard_prior, noise_prior
+        self.fit_intercept, self.intercept_prior_variance = fit_intercept, intercept_prior_variance
+        self.mode_bias, self.bias_prior_variance = mode_bias, bias_prior_variance
+        self.max_iter, self.tol, self.damping, self.init_scale = max_iter, tol, damping, init_scale
+        self.n_inner_iter, self.n_init, self.shape = n_inner_iter, n_init, shape
+        self.n_jobs, self.verbose, self.random_state = n_jobs, verbose, random_state
 
     def _check_params(self):
         noise_prior = _check_noise_prior(self.noise_prior)
+        _check_noise_prior(self.ard_prior, "ard_prior")
         if self.method == "vmp" and self.schedule != "group":
             raise ValueError("schedule='entry' is a CEP schedule; use method='cep' or schedule='group'.")
         if self.shape is not None and not all(isinstance(d, Integral) and d >= 1 for d in self.shape):
@@ -204,8 +209,7 @@ class BayesianCPTensor(TensorEstimator):
         self : BayesianCPTensor
         """
         noise_prior, fixed_shape = self._check_params()
-        for name in ("classes_", "shape_"):
-            self.__dict__.pop(name, None)
+        self.__dict__.pop("classes_", None), self.__dict__.pop("shape_", None)
         X, y = self._prepare(X, y, first_call=True)
         self._start(X, y, noise_prior, self._resolve_shape(X, fixed_shape, None), self.max_iter)
         if not self.converged_:
@@ -217,7 +221,7 @@ class BayesianCPTensor(TensorEstimator):
         """Fold one batch of entries into the posterior (streaming; Li et al. §4.4 eq. 30).
 
         The current posterior is the prior for the batch; ``n_inner_iter`` sweeps absorb the
-        batch, which is then forgotten.  Indices beyond the current shape grow the modes.
+        batch, which is then forgotten (``ard``: then q(λ) is updated).  New indices grow the modes.
 
         Parameters
         ----------
@@ -235,24 +239,26 @@ class BayesianCPTensor(TensorEstimator):
         first_call = not hasattr(self, "_posterior")
         noise_prior, fixed_shape = self._check_params()
         X, y = self._prepare(X, y, first_call, classes)
-        if first_call:
-            self._start(X, y, noise_prior, self._resolve_shape(X, fixed_shape, None), self.n_inner_iter)
-            return self
+        auto = self.n_inner_iter == "auto"
+        sweeps = streaming_sweeps(X, first_call) if auto else self.n_inner_iter
+        if first_call:  # "auto": the global offset starts at the batch's mean
+            shape, offset = self._resolve_shape(X, fixed_shape, None), link_mean(y, self.likelihood) if auto else 0.0
+            return self._start(X, y, noise_prior, shape, sweeps, offset_init=offset)
         shape = self._resolve_shape(X, fixed_shape, self.shape_)
         result, self._n_seen = absorb_batch(
             self._posterior, X, y, self._n_seen, shape=shape, prior_variance=self.prior_variance,
             init_scale=self.init_scale, rng=self._rng, mode_offset_variance=self.bias_prior_variance,
-            **self._fit_options(self.n_inner_iter))
-        self._set_posterior(result, shape)
-        return self
+            **self._fit_options(sweeps))
+        return self._set_posterior(result, shape)
 
     def _fit_options(self, max_iter):
         return dict(likelihood=self.likelihood, method=self.method,
                     schedule=self.schedule if self.method == "cep" else "group", max_iter=max_iter,
                     tol=self.tol, damping=self.damping, n_jobs=self.n_jobs, callback=self._progress())
 
-    def _start(self, X, y, noise_prior, shape, max_iter, held=None):
-        """Keep the best of ``n_init`` random starts by ELBO; ``held``: the entries on Dask workers."""
+    def _start(self, X, y, noise_prior, shape, max_iter, held=None, offset_init=0.0):
+        """Keep the best of ``n_init`` random starts by ELBO; ``held``: the entries on Dask workers;
+        ``offset_init``: the starting mean of the global offset."""
         rng = check_random_state(self.random_state)
         gaussian = self.likelihood == "gaussian"
         fit, score, noise = ((held.fit_cp, held.elbo, held.starting_noise_precision) if held
@@ -263,30 +269,23 @@ class BayesianCPTensor(TensorEstimator):
                 shape, self.rank, prior_variance=self.prior_variance, init_scale=self.init_scale, rng=rng,
                 global_offset=self.intercept_prior_variance if self.fit_intercept else None,
                 mode_offsets=self.bias_prior_variance if self.mode_bias else None,
-                noise_prior=noise_prior if gaussian else None, noise_init=noise(y, noise_prior) if gaussian else None)
+                noise_prior=noise_prior if gaussian else None, noise_init=noise(y, noise_prior) if gaussian else None,
+                component_prior=_check_noise_prior(self.ard_prior, "ard_prior") if self.ard else None,
+                component_floor=1.0 / self.prior_variance if not gaussian and self.method == "cep" else 0.0,
+                offset_init=offset_init)
             result = fit(post, X, y, rng=rng, **self._fit_options(max_iter))
             value = score(result.posterior, X, y, self.likelihood, self.n_jobs) if self.n_init > 1 else 0.0
             if best is None or value > best_elbo:
                 best, best_elbo = result, value
         self._rng = rng
         self._n_seen = held.n_seen(shape) if held else [np.bincount(c, minlength=d) for c, d in zip(X.T, shape)]
-        self._set_posterior(best, shape)
+        return self._set_posterior(best, shape)
 
     def _set_posterior(self, result, shape):
-        self._posterior = post = result.posterior
+        self._posterior = result.posterior
         self.shape_ = tuple(shape)
-        self.factors_ = [f.mean for f in post.factors]
-        self.factor_covariances_ = [f.cov for f in post.factors]
-        biases = dict(zip(post.offset_modes, post.offsets))  # None: the global offset, k: mode k's
-        b = biases.pop(None, None)
-        self.intercept_ = 0.0 if b is None else float(b.mean[0, 0])
-        self.intercept_var_ = 0.0 if b is None else float(b.cov[0, 0, 0])
-        self.biases_ = [g.mean[:, 0] for g in biases.values()]
-        self.biases_var_ = [g.cov[:, 0, 0] for g in biases.values()]
-        self.noise_precision_ = float(post.noise_precision)
-        self.elbo_ = list(result.elbo)
-        self.n_iter_ = result.n_iter
-        self.converged_ = bool(result.converged)
+        self.__dict__.update(cp_attributes(result))
+        return self
 
     def _latent_moments(self, X):
         """Posterior mean and variance of f at the entries X (unseen indices use the prior)."""
@@ -298,3 +297,4 @@ class BayesianCPTensor(TensorEstimator):
             post = grow_posterior(post, seen, prior_variance=self.prior_variance,
                                   mode_offset_variance=self.bias_prior_variance)
         return predict_cp(post, X, self.n_jobs)
+

@@ -492,13 +492,26 @@ def test_n_init_keeps_the_start_with_the_highest_elbo():
                    "entries (13 % of a rank-2 20×15×10 tensor) has poor local optima even for a batch "
                    "fit — 6 of 8 random starts end with test RMSE ≥ 0.6 — and a one-pass stream never "
                    "revisits it")
-def test_one_pass_stream_of_small_batches_approaches_batch_fit():
+def test_one_pass_stream_of_small_batches_with_ten_sweeps_each_approaches_batch_fit():
+    X, y, X_test, y_test = _stream_problem()
+    stream = BayesianCPTensor(rank=2, n_init=3, random_state=0, n_inner_iter=10)  # the default until 0.1
+    perm = np.random.default_rng(1).permutation(y.size)
+    for start in range(0, y.size, 400):
+        sel = perm[start:start + 400]
+        stream.partial_fit(X[sel], y[sel])
+    assert _rmse(stream, X_test, y_test) < 0.1
+
+
+def test_one_pass_stream_of_small_batches_approaches_batch_fit_with_auto_sweeps():
+    """n_inner_iter="auto": the first batch (9 entries per object) gets up to 10 sweeps, the
+    later ones one each, which do not pull the decomposition into the first batch's optimum."""
     X, y, X_test, y_test = _stream_problem()
     stream = BayesianCPTensor(rank=2, n_init=3, random_state=0)
     perm = np.random.default_rng(1).permutation(y.size)
     for start in range(0, y.size, 400):
         sel = perm[start:start + 400]
         stream.partial_fit(X[sel], y[sel])
+        assert stream.n_iter_ == 1 or start == 0
     assert _rmse(stream, X_test, y_test) < 0.1
 
 

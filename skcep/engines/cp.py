@@ -86,6 +86,10 @@ Global steps:
 ``noise_update(noise_prior, n, sum_squared_error) -> (a, b)``
     q(τ) = Gam(a0 + n/2, b0 + ½ Σ_i E[(y_i − f_i)²]) (Li et al. §4.2; the merged CEP τ sites
     of §4.3).
+``component_update(post, refresh=False)``
+    Automatic relevance determination (Zhao, Zhang & Cichocki, TPAMI 2015): q(λ_r) =
+    Gam(a0 + ½ Σ_k d_k, b0 + ½ Σ_k Σ_s E[(u^k_{sr})²]) from the factors' moments, after the
+    last group of a sweep; the factors' prior precision becomes diag E[λ].
 
 Entries and their per-entry state (probit sites, the predictor means of the sweep before) live
 in an :class:`EntryPartition`, whose steps ``begin``, ``factor`` (mode k), ``offset`` (group j)
@@ -125,7 +129,8 @@ __all__ = [
     "starting_noise_precision", "noise_precision_for_variance", "posterior_sums", "take_rows", "put_rows",
     "mode_chunks", "gaussian_statistics", "probit_site_statistics", "probit_offset_sites",
     "offset_statistics", "entry_mean", "entry_second_moment", "augmented_target", "reduce_rows", "group_update",
-    "noise_update", "probit_site", "start_sweeps", "fit_cp", "absorb_batch", "predict_cp", "elbo",
+    "noise_update", "component_update", "effective_rank", "streaming_sweeps",
+    "probit_site", "start_sweeps", "fit_cp", "absorb_batch", "predict_cp", "elbo",
 ]
 
 CHUNK_SIZE = 8192
@@ -239,7 +244,11 @@ class CPPosterior:
 
     ``factors[k]`` is the rank-R group of mode k; ``offsets`` the rank-1 groups, with
     ``offset_modes[j]`` the mode whose index selects the row of offset j (None: one global row).
-    ``noise`` is (shape, rate) of q(τ) for Gaussian entries, None for probit.
+    ``noise`` is (shape, rate) of q(τ) for Gaussian entries, None for probit.  With automatic
+    relevance determination, ``components`` is (shape (R,), rate (R,)) of q(λ_r), the precision
+    of component r shared by every mode, and ``component_prior`` its Gamma prior (a0, b0); the
+    factors' prior precisions then hold diag E[λ] (see :func:`component_update`), never below
+    ``component_floor``.
     """
 
     factors: list
@@ -247,6 +256,9 @@ class CPPosterior:
     offset_modes: list = field(default_factory=list)
     noise: tuple = None
     noise_prior: tuple = None
+    components: tuple = None
+    component_prior: tuple = None
+    component_floor: float = 0.0
 
     @property
     def rank(self):
@@ -261,6 +273,11 @@ class CPPosterior:
         return 1.0 if self.noise is None else self.noise[0] / self.noise[1]
 
     @property
+    def component_precision(self):
+        """E[λ] (R,) with automatic relevance determination, else None."""
+        return None if self.components is None else self.components[0] / self.components[1]
+
+    @property
     def groups(self):
         return self.factors + self.offsets
 
@@ -271,6 +288,9 @@ class CPPosterior:
             list(self.offset_modes),
             self.noise,
             self.noise_prior,
+            self.components,
+            self.component_prior,
+            self.component_floor,
         )
 
     def as_prior(self):
@@ -280,6 +300,9 @@ class CPPosterior:
             list(self.offset_modes),
             self.noise,
             self.noise,
+            self.components,
+            self.component_prior,
+            self.component_floor,
         )
 
 
@@ -288,7 +311,9 @@ def take_rows(post, rows):
 
     A batch of entries touches only these rows; every other row keeps its posterior exactly
     (it has no site in the batch, and its KL term to itself as prior is zero), so streaming
-    fits the sub-model at a cost that follows the batch, not the tensor.
+    fits the sub-model at a cost that follows the batch, not the tensor.  The sub-model has no
+    q(λ): its rows' priors hold E[Λ] fixed (λ depends on every row; :func:`absorb_batch`
+    updates it after the batch).
     """
     def take(g, r):
         return GaussianRows(g.mean[r], g.cov[r], g.prior_precision[r], g.prior_shift[r])
@@ -315,7 +340,8 @@ def put_rows(post, rows, sub):
 
 
 def _prior_rows(n_rows, rank, variance, mean=None, working_variance=None):
-    """Rows with prior N(0, variance·I); q starts at N(mean (default 0), working_variance·I)."""
+    """Rows with prior N(0, diag(variance)) (a scalar or (R,)); q starts at N(mean (default 0),
+    working_variance·I)."""
     working = variance if working_variance is None else working_variance
     mean = np.zeros((n_rows, rank)) if mean is None else mean
     cov = np.broadcast_to(working * np.eye(rank), (n_rows, rank, rank)).copy()
@@ -334,7 +360,8 @@ def _random_rows(n_rows, rank, variance, init_scale, rng):
 
 
 def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_offset=None,
-                   mode_offsets=None, noise_prior=None, noise_init=None):
+                   mode_offsets=None, noise_prior=None, noise_init=None, component_prior=None, component_floor=0.0,
+                   offset_init=0.0):
     """Posterior to start from: embeddings N(m, init_scale²·I) with random m ~ N(0, init_scale²)
     drawn from ``rng`` under priors N(0, prior_variance·I).  All-zero means are a fixed point,
     and so, in practice, is a start at the prior covariance: partners that uncertain give every
@@ -342,12 +369,18 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
 
     ``global_offset`` / ``mode_offsets`` are prior variances (None: no such offset);
     ``noise_prior`` (a0, b0) is None for probit; ``noise_init`` the starting E[τ] (None: the
-    prior mean a0/b0).
+    prior mean a0/b0).  ``component_prior`` (a0, b0) turns on automatic relevance determination:
+    q(λ_r) starts at shape a0 + ½ Σ_k d_k with mean 1/prior_variance, and E[λ_r] is kept at least
+    ``component_floor``.  ``offset_init``: the starting mean of q(b) (its prior mean stays 0).
     """
     factors = [_random_rows(d, rank, prior_variance, init_scale, rng) for d in shape]
     post = CPPosterior(factors, noise_prior=noise_prior)
+    if component_prior is not None:
+        a = np.full(rank, float(component_prior[0]) + 0.5 * sum(shape))
+        post.components, post.component_prior = (a, a * prior_variance), tuple(map(float, component_prior))
+        post.component_floor = float(component_floor)
     if global_offset is not None:
-        post.offsets.append(_prior_rows(1, 1, global_offset))
+        post.offsets.append(_prior_rows(1, 1, global_offset, np.full((1, 1), float(offset_init))))
         post.offset_modes.append(None)
     if mode_offsets is not None:
         for k, d in enumerate(shape):
@@ -375,8 +408,11 @@ def noise_precision_for_variance(variance, noise_prior):
 
 def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mode_offset_variance=None):
     """A copy of ``post`` with prior rows added so that mode k has ``shape[k]`` rows (working
-    means as in :func:`init_posterior`; at the prior, without a generator, when init_scale = 0)."""
+    means as in :func:`init_posterior`; at the prior, without a generator, when init_scale = 0).
+    With q(λ) the new rows' prior is N(0, E[Λ]⁻¹), not ``prior_variance``."""
     post = post.copy()
+    if post.components is not None:
+        prior_variance = 1.0 / post.component_precision
     for k, d in enumerate(shape):
         extra = d - post.factors[k].n_rows
         if extra <= 0:
@@ -687,6 +723,37 @@ def noise_update(noise_prior, n, sum_squared_error):
     return a0 + 0.5 * n, b0 + 0.5 * sum_squared_error
 
 
+def component_update(post, refresh=False):
+    """Automatic relevance determination, a global step (Zhao, Zhang & Cichocki, "Bayesian CP
+    factorization of incomplete tensors with automatic rank determination", TPAMI 2015, §3):
+    q(λ_r) = Gam(a0 + ½ Σ_k d_k, b0 + ½ Σ_k Σ_s E[(u^k_{sr})²]), the VMP update of λ_r given q
+    of every factor; then every factor row's prior precision moves by diag(E[λ] − E[λ]_old).
+
+    With ``post.component_floor`` > 0 the rate is capped so that E[λ_r] stays at least the floor
+    (probit CEP: its sites are not a bound optimizer, and on separable entries a falling λ and
+    growing factors would feed each other without end).
+
+    ``refresh``: also move q(u_s) = prior_s × sites by the same amount (EP bookkeeping: the
+    entry schedule, and streaming, whose q serves as the next prior).  Without it q(u) is left
+    as it is — a coordinate step on q(λ) alone, so the VMP ELBO cannot decrease — and the next
+    group update combines the new prior with the sites.  Returns the change of E[λ].
+    """
+    a0, b0 = post.component_prior
+    old = post.component_precision
+    square = sum(np.einsum("sii->i", f.cov) + np.einsum("si,si->i", f.mean, f.mean) for f in post.factors)
+    a = np.full(post.rank, a0 + 0.5 * sum(post.shape))
+    post.components = (a, np.minimum(b0 + 0.5 * square, a / post.component_floor if post.component_floor else np.inf))
+    change = post.component_precision - old
+    if not np.any(change):
+        return change
+    for f in post.factors:
+        if refresh:  # (Σ⁻¹ + D)⁻¹ = (I + Σ D)⁻¹ Σ and its mean (I + Σ D)⁻¹ μ: one solve per row
+            both = np.linalg.solve(np.eye(post.rank) + f.cov * change, np.concatenate([f.cov, f.mean[:, :, None]], 2))
+            f.cov, f.mean = 0.5 * (both[:, :, :-1] + np.swapaxes(both[:, :, :-1], 1, 2)), both[:, :, -1]
+        f.prior_precision = f.prior_precision + np.diag(change)  # a new array: the KL caches the old one
+    return change
+
+
 # --------------------------------------------------------------------------------------------
 # moments of f at the entries
 
@@ -745,6 +812,41 @@ def _offset_rows(mode, index):
 
 def _noise_kl(a, b, a0, b0):
     return (a - a0) * digamma(a) - gammaln(a) + gammaln(a0) + a0 * (np.log(b) - np.log(b0)) + a * (b0 - b) / b
+
+
+def effective_rank(post, share=1e-3):
+    """Number of CP components that carry signal: those whose power Π_k mean_s E[u^k_{sr}]² (the
+    mean square of the rank-one term over all cells of the tensor) is at least ``share`` times
+    the largest component's, and above 1e-12 (a CP part collapsed to zero has none)."""
+    power = np.prod([np.mean(f.mean**2, axis=0) for f in post.factors], axis=0)
+    return int(np.count_nonzero(power >= max(share * power.max(), 1e-12)))
+
+
+def streaming_sweeps(index, first):
+    """Sweeps for a batch of ``partial_fit`` with ``n_inner_iter="auto"``: one (plain assumed
+    density filtering), and up to 10 for a first batch that holds at least two entries per object
+    it touches.  Iterating on a batch whose objects have one or two entries each drives their
+    embeddings, and then those of the modes they share, to the all-zero fixed point, and an
+    object seen once restarts later batches from there; one sweep keeps them alive.  A first
+    batch that pins its objects down needs the extra sweeps for its shared modes: their sites
+    are computed from the random starting partners, and one sweep leaves them wrong and
+    confident."""
+    if not first:
+        return 1
+    touched = sum(np.unique(column).size for column in index.T)
+    return 10 if index.shape[0] >= 2 * touched else 1
+
+
+def _component_kl(post):
+    """The ARD part of −ELBO: E_q(λ)[KL(q(u) ‖ N(0, Λ⁻¹))] − KL(q(u) ‖ N(0, E[Λ]⁻¹)) summed over
+    the factor rows, i.e. ½ Σ_k d_k Σ_r (log E[λ_r] − E[log λ_r]), plus KL(q(λ) ‖ p(λ)); 0
+    without q(λ).  (The factors' KL terms use their prior precision, diag E[λ].)"""
+    if post.components is None:
+        return 0.0
+    a, b = post.components
+    a0, b0 = post.component_prior
+    gap = np.log(a) - digamma(a)  # log E[λ] − E[log λ]
+    return float(0.5 * sum(post.shape) * gap.sum() + np.sum(_noise_kl(a, b, a0, b0)))
 
 
 class EntrySums(NamedTuple):
@@ -824,6 +926,7 @@ class SweepTotals:
         module function :func:`elbo`; the sums hold what it needs)."""
         post, s = self.post, self.sums
         kl = sum(f.kl_to_prior() for f in post.factors) + sum(g.kl_to_prior() for g in post.offsets)
+        kl += _component_kl(post)
         if (likelihood or self.likelihood) == "probit":
             return float(s.log_lik - 0.5 * self.total_variance() - kl)
         a, b = post.noise
@@ -1034,6 +1137,8 @@ class _GroupSweeps:
         stats = SweepTotals.combine(parts.step("finish", changes, G is None), post, self.likelihood, cp_second)
         if post.noise is not None and update_noise:
             post.noise = noise_update(post.noise_prior, stats.sums.n, stats.sum_squared_error())
+        if post.components is not None:
+            component_update(post)
         return stats
 
 
@@ -1126,6 +1231,12 @@ class _EntrySweeps:
         for b0 in range(0, self.order.size, self.block_size):
             self.block(np.sort(self.order[b0:b0 + self.block_size]))
         post, y = self.posterior, self.y
+        if post.components is not None:  # q = prior × sites: the new prior enters every row's q
+            delta = np.diag(component_update(post))
+            for k, f in enumerate(post.factors):
+                self.natural[k][0] = self.natural[k][0] + delta
+                f.set_natural(*self.natural[k], slice(None))  # in place: self.moments holds f.mean
+                self.moments.refresh(k, f, slice(None))
         sums, self.previous = posterior_sums(post, self.index, y, self.likelihood, self.n_jobs, self.previous)
         stats = SweepTotals.combine([sums], post, self.likelihood)
         if post.noise is not None and update_noise:
@@ -1284,7 +1395,10 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
     (:func:`put_rows`).  Objects never seen before (``n_seen[k]`` counts the entries seen per
     object) sit at the prior mean 0, a fixed point of the updates: they start the batch from
     random working means drawn from ``rng`` with scale ``init_scale`` (their prior stays
-    N(0, prior_variance·I)).  ``fit_options`` go to :func:`fit_cp`.
+    N(0, prior_variance·I)).  ``fit_options`` go to :func:`fit_cp`.  With q(λ) (automatic
+    relevance determination) λ is held during the batch (the sub-model sees a part of the rows
+    only) and updated once after it from every row, moving every row's prior and q
+    (:func:`component_update` with ``refresh``).
 
     Returns the :class:`CPFitResult` with the whole new posterior, and the updated ``n_seen``.
     """
@@ -1301,5 +1415,7 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
             f.mean[unseen], f.cov[unseen] = start.mean, start.cov
     result = fit_cp(sub, local, y, rng=rng, **fit_options)
     put_rows(full, rows, result.posterior)
+    if full.components is not None:
+        component_update(full, refresh=True)
     n_seen = [c + np.bincount(index[:, k], minlength=c.size) for k, c in enumerate(n_seen)]
     return replace(result, posterior=full), n_seen
