@@ -35,35 +35,43 @@ that loop is what the estimator's ``fit`` and ``partial_fit`` run.
 
 Where each equation lives (one function each, the function the fit calls)
 -------------------------------------------------------------------------
-* eqs. 8–9, the delta method at one entry: :meth:`Workspace.delta_method`, through the
-  forward and backward pass :meth:`Workspace.forward_backward`;
+The per-entry equations are compiled functions of :mod:`skcep.engines._deep_kernel`
+(imported here under the same names), called by the compiled batch loop
+:func:`~skcep.engines._deep_kernel.adf_loop` that :func:`adf_pass` runs:
+
+* eqs. 8–9, the delta method at one entry: :func:`delta_method`, through the forward and
+  backward pass :func:`forward_backward` (:class:`Workspace` holds their buffers and calls
+  them from Python);
 * eqs. 10 and 12, the running evidence of one entry: :func:`evidence_derivatives` (φ/Φ from
-  :func:`~skcep.engines.likelihoods.mills_ratio`, the Gaussian evidence from
-  :class:`~skcep.engines.likelihoods.Gaussian`); log Z itself, vectorised after each batch:
-  :func:`log_evidence`;
+  the compiled :func:`~skcep.engines._deep_kernel.mills_ratio`, the compiled twin of
+  :func:`~skcep.engines.likelihoods.mills_ratio`); log Z itself, vectorised after each batch:
+  :func:`log_evidence` (from :mod:`skcep.engines.likelihoods`);
 * eq. 7, the moment update: :func:`moment_update`;
 * supplement §1 eq. 4, the noise update: :func:`noise_update`;
 * supplement eqs. 5–9, the spike-and-slab EP step: :func:`spike_slab_tilted` and
   :func:`refine_spike_slab` (cavity and damping by :mod:`skcep.engines.gaussian`);
 * prediction: :func:`delta_moments` (eqs. 8–9 vectorised over entries), :func:`predict_moments`.
 
-The per-entry loop is interpreter-bound.  All weight means and variances live in one
-contiguous (2, P + V_0 + 1) array (layer matrices are views of it) that also holds the entry's
-input embeddings and the offset, so the moment updates of eq. 7 are a few whole-vector
-operations (two of them BLAS axpy) into preallocated buffers, and the forward and backward
-passes are small matrix–vector products written into preallocated buffers.
+Speed: the per-entry loop is sequential, and as numpy calls (about 25 per entry) its speed was
+set by the interpreter; it is compiled with numba (a run-time dependency for this reason; see
+:mod:`skcep.engines._deep_kernel`), so a batch is one call whose cost is the arithmetic.  All
+weight means and variances live in one contiguous (2, P + V_0 + 1) array (layer matrices are
+views of it) that also holds the entry's input embeddings and the offset, so eq. 7 is one loop
+over that array; the embeddings a batch touches are gathered into one array before the loop
+and scattered back after it (:func:`adf_pass`).
 """
 
 import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg.blas import daxpy as _daxpy
 from scipy.special import expit, logit
 from scipy.stats import truncnorm
 
+from ._deep_kernel import (adf_loop, delta_method, evidence_derivatives, forward_backward, moment_update,
+                           noise_update, workspace_buffers)
 from .gaussian import cavity_natural, damped_update
-from .likelihoods import Gaussian, Probit, mills_ratio
+from .likelihoods import Gaussian, Probit
 
 __all__ = [
     "ACTIVATIONS",
@@ -72,6 +80,8 @@ __all__ = [
     "grow_posterior",
     "entry_inputs",
     "Workspace",
+    "forward_backward",
+    "delta_method",
     "delta_moments",
     "predict_moments",
     "evidence_derivatives",
@@ -86,11 +96,6 @@ __all__ = [
 ]
 
 ACTIVATIONS = ("relu", "tanh")
-# the ADF variance update multiplies v by 1 − v g² κ, positive in exact arithmetic (κ < 1/(β+…)
-# with β ≥ v g²); rounding can only matter when one coordinate carries all of β, and the factor
-# is kept at least this large there
-_MIN_SHRINK = 1e-12
-_SAFE = 1.0 - 1e-9
 _TINY_VAR = np.finfo(float).tiny / np.finfo(float).eps
 
 
@@ -262,101 +267,38 @@ def entry_inputs(post, X):
 
 
 class Workspace:
-    """Preallocated buffers and views of one posterior for the per-entry loop.
+    """Buffers and views of one posterior for the compiled per-entry pass
+    (:mod:`skcep.engines._deep_kernel`).
 
-    The input slots of ``post.theta`` (``x_mean``, and ``slots[k]`` per mode) hold the current
-    entry's embeddings; :meth:`forward_backward` reads the weight means and those slots in
-    place and writes the gradient g = ∂f/∂(W, x, b) into ``grad`` (same layout as a row of
-    ``post.theta``); :meth:`delta_method` adds β.
+    The input slots of ``post.theta`` (``x_mean``; ``x_both`` holds means and variances) take
+    the current entry's embeddings; :meth:`forward_backward` reads the weight means and those
+    slots in place and writes the gradient g = ∂f/∂(W, x, b) into ``grad`` (same layout as a
+    row of ``post.theta``; ``gW`` its per-layer views, ``gx`` its input part);
+    :meth:`delta_method` adds β.  :func:`adf_pass` hands the same buffers to the compiled loop.
     """
 
     def __init__(self, post):
-        sizes = post.layer_sizes
-        L = len(sizes) - 1
-        P = post.n_weights
-        self.L = L
+        P, n_in = post.n_weights, post.layer_sizes[0]
+        self.sizes, self.h, self.deriv, self.delta, self.back = workspace_buffers(post.layer_sizes)
         self.relu = post.activation == "relu"
-        self.var = post.var
-        self.W = post.layer_views(post.mean)
+        self.mean, self.var = post.theta[0], post.theta[1]
         self.grad = np.zeros(post.theta.shape[1])
         self.gW = post.layer_views(self.grad)
-        self.gW_last = self.gW[L - 1][0]
-        self.W_last = self.W[L - 1][0]
-        self.gx = self.grad[P:P + sizes[0]]
-        self.grad[-1] = 1.0  # ∂f/∂b
-        self.vg = np.empty(self.grad.size)
-        self.tmp = np.empty(self.grad.size)
-        self.intercept = post.theta[0, -1:]
-        self.scale = [1.0 / math.sqrt(sizes[m] + 1) for m in range(L)]
-        # h̃_m = [h_m; 1] / √(V_m + 1): the scaled, bias-augmented input of layer m + 1
-        self.hs = []
-        for m in range(L):
-            b = np.empty(sizes[m] + 1)
-            b[-1] = self.scale[m]
-            self.hs.append(b)
-        self.h = [b[:-1] for b in self.hs]
-        self.hs_col = [b[None, :] for b in self.hs]
-        self.a = [np.empty(sizes[m + 1]) for m in range(L)]
-        self.deriv = [np.empty(sizes[m + 1]) for m in range(L - 1)]  # act'(a_m) / √(V_m + 1)
-        self.zero = [np.zeros(sizes[m + 1]) for m in range(L - 1)]
-        self.delta = [np.empty(sizes[m + 1]) for m in range(L - 1)]
-        self.delta_col = [d[:, None] for d in self.delta]
-        self.back = [np.empty(sizes[m] + 1) for m in range(L - 1)]
-        self.back_head = [b[:-1] for b in self.back]
-        self.x_mean = post.mean[P:P + sizes[0]]
-        # (2, V_0) view of the input slots of (mean, var): one assignment per mode fetches an
-        # embedding's means and variances
-        self.x_both = post.theta[:, P:P + sizes[0]]
-        offsets = np.cumsum((0,) + post.ranks)
-        self.slots = [self.x_both[:, int(offsets[k]):int(offsets[k + 1])] for k in range(len(post.ranks))]
-        # per-layer tuples of the buffers each step touches, so that the per-entry passes are
-        # plain loops over them
-        self.hidden = [(self.W[m], self.hs[m], self.a[m], self.h[m + 1], self.deriv[m], self.zero[m],
-                        self.scale[m + 1]) for m in range(L - 1)]
-        self.backward = [((self.back_head[m + 1] if m + 1 < L - 1 else self.W_last[:-1]), self.deriv[m],
-                          self.delta[m], self.delta_col[m], self.hs_col[m], self.gW[m], self.W[m], self.back[m])
-                         for m in range(L - 2, -1, -1)]
-        self.input_grad_source = self.back_head[0] if L > 1 else self.W_last[:-1]
+        self.gx = self.grad[P:P + n_in]
+        self.x_mean = self.mean[P:P + n_in]
+        self.x_both = post.theta[:, P:P + n_in]
 
     def forward_backward(self):
         """α = f(E[W], E[x]) + E[b] at the current means, and the gradient g of f into
-        ``self.grad`` by backpropagation (eq. 8)."""
-        multiply, dot = np.multiply, np.dot
-        multiply(self.x_mean, self.scale[0], out=self.h[0])
-        # forward: a_m = W_m h̃_{m−1}; h̃_m = c_m [act(a_m); 1]; deriv_m = c_m act'(a_m)
-        if self.relu:
-            for W, h_in, a, h_out, deriv, zero, c in self.hidden:
-                dot(W, h_in, out=a)
-                np.maximum(a, zero, out=h_out)
-                np.sign(h_out, out=deriv)
-                h_out *= c
-                deriv *= c
-        else:
-            for W, h_in, a, h_out, deriv, zero, c in self.hidden:
-                dot(W, h_in, out=a)
-                np.tanh(a, out=h_out)
-                multiply(h_out, h_out, out=deriv)
-                h_out *= c
-                deriv *= -c
-                deriv += c
-        hs_last = self.hs[-1]
-        alpha = float(dot(self.W_last, hs_last)) + float(self.intercept[0])
-        # backward: δ_m = ∂f/∂a_m = (∂f/∂h̃_m) ∘ deriv_m and ∂f/∂W_m = δ_m h̃_{m−1}ᵀ;
-        # the output's δ is 1
-        np.copyto(self.gW_last, hs_last)
-        for src, deriv, delta, delta_col, h_row, gW, W, back in self.backward:
-            multiply(src, deriv, out=delta)
-            dot(delta_col, h_row, out=gW)  # outer product
-            dot(delta, W, out=back)  # ∂f/∂h̃_{m−1}
-        multiply(self.input_grad_source, self.scale[0], out=self.gx)
-        return alpha
+        ``self.grad`` by backpropagation (eq. 8): :func:`~skcep.engines._deep_kernel.forward_backward`."""
+        return forward_backward(self.mean, self.grad, self.sizes, self.relu, self.h, self.deriv, self.delta,
+                                self.back)
 
     def delta_method(self):
-        """Eqs. 8–9 at the current entry: α = f(E[W], E[x]) and β = Σ_j g_j² var_j, with
-        ``self.vg`` = var ∘ g left for :func:`moment_update`.  Returns (α, β)."""
-        alpha = self.forward_backward()
-        np.multiply(self.var, self.grad, out=self.vg)
-        return alpha, float(np.dot(self.vg, self.grad))
+        """Eqs. 8–9 at the current entry: (α, β) with β = Σ_j g_j² var_j
+        (:func:`~skcep.engines._deep_kernel.delta_method`)."""
+        return delta_method(self.mean, self.var, self.grad, self.sizes, self.relu, self.h, self.deriv,
+                            self.delta, self.back)
 
 
 def _act(a, activation):
@@ -423,28 +365,6 @@ def predict_moments(post, X):
 # the running evidence (eqs. 10, 12), the moment update (eq. 7), the noise (supplement §1)
 
 
-def evidence_derivatives(likelihood, y, alpha, beta, noise_variance=None):
-    """∂log Z/∂α and κ = (∂log Z/∂α)² − 2 ∂log Z/∂β of one entry, as floats (eqs. 10, 12).
-
-    Z is a Gaussian smoothing of the likelihood in α, so ∂log Z/∂β = ½(L₂ + L₁²) with
-    L_k = ∂ᵏlog Z/∂αᵏ, and κ = −L₂ ≥ 0.
-
-    * probit (``y`` the sign ±1): Z = Φ(z), z = yα/√(1+β) (eq. 10), so L₁ = y r/√(1+β) and
-      κ = r(r + z)/(1 + β) with r = φ(z)/Φ(z) from :func:`~skcep.engines.likelihoods.mills_ratio`
-      (a scalar, no numpy call per entry);
-    * gaussian: Z = N(y | α, β + ``noise_variance``) (eq. 12), from
-      :class:`~skcep.engines.likelihoods.Gaussian`.
-    """
-    if likelihood == "gaussian":
-        _, d_alpha, second = Gaussian(noise_variance).derivatives(alpha, beta, y, 2, False)
-        return d_alpha, -second
-    denom = 1.0 + beta
-    root = math.sqrt(denom)
-    z = y * alpha / root
-    ratio = mills_ratio(z)
-    return y * ratio / root, ratio * (ratio + z) / denom
-
-
 def log_evidence(likelihood, y, alpha, beta, noise_variance=None):
     """log Z of many entries (eqs. 10, 12), vectorised: log Φ(yα/√(1+β)) (``y`` the signs) or
     log N(y | α, β + ``noise_variance``), from :mod:`skcep.engines.likelihoods`."""
@@ -452,41 +372,36 @@ def log_evidence(likelihood, y, alpha, beta, noise_variance=None):
     return model.derivatives(alpha, beta, y, order=0)[0]
 
 
-def moment_update(mean, var, vg, grad, beta, d_alpha, kappa, out):
-    """Eq. 7 for every parameter in place: μ* = μ + v ∂log Z/∂μ, v* = v − v²((∂log Z/∂μ)² −
-    2 ∂log Z/∂v), with ∂log Z/∂μ_j = g_j ∂log Z/∂α and ∂log Z/∂v_j = g_j² ∂log Z/∂β (g held
-    fixed), i.e. μ* = μ + (∂log Z/∂α) v g and v* = v − κ (v g)².
-
-    ``vg`` = var ∘ grad and ``beta`` = vg · grad as :meth:`Workspace.delta_method` leaves them;
-    ``out`` is a scratch buffer of the same size.  Every v_j g_j² ≤ β, so κβ < 1 keeps every
-    v* positive; otherwise (rounding only) the shrink factor 1 − κ v g² is floored at 1e-12.
-    """
-    np.multiply(vg, vg, out=out)
-    if kappa * beta < _SAFE:
-        _daxpy(out, var, a=-kappa)
-    else:
-        np.multiply(vg, grad, out=out)
-        out *= -kappa
-        out += 1.0
-        np.maximum(out, _MIN_SHRINK, out=out)
-        var *= out
-    _daxpy(vg, mean, a=d_alpha)
-
-
-def noise_update(a, b, y, alpha, beta):
-    """q(τ) = Gam(a, b) after one Gaussian entry (supplement §1, eq. 4): conditional moment
-    matching of the delta-method output, a* = a + ½, b* = b + ½((y − α)² + β)."""
-    resid = y - alpha
-    return a + 0.5, b + 0.5 * (resid * resid + beta)
+def _gather_rows(post, X):
+    """The embeddings the entries X (n, K) touch, one copy per object, for the compiled loop:
+    ``rows`` (2, S) (means, variances; mode after mode, object after object), ``starts`` (n, K)
+    the column of entry n's mode-k embedding in ``rows``, and the objects touched per mode.
+    Raises IndexError (before anything changes) for an index outside the posterior's shape."""
+    parts, touched = [], []
+    starts = np.empty(X.shape, dtype=np.int64)
+    offset = 0
+    for k, e in enumerate(post.emb):
+        objects, inverse = np.unique(X[:, k], return_inverse=True)
+        if objects.size and (objects[0] < 0 or objects[-1] >= e.shape[1]):
+            raise IndexError(f"entry indices must lie inside the posterior's shape {post.shape}; "
+                             f"mode {k} has index {objects[0] if objects[0] < 0 else objects[-1]}.")
+        r = e.shape[2]
+        parts.append(e[:, objects].reshape(2, -1))
+        starts[:, k] = offset + r * inverse.reshape(-1)
+        offset += objects.size * r
+        touched.append(objects)
+    rows = np.concatenate(parts, axis=1) if parts else np.empty((2, 0))
+    return np.ascontiguousarray(rows, dtype=float), starts, touched
 
 
 def adf_pass(post, X, y, likelihood):
     """Alg. 1 lines 3–8 over the entries of one batch, in order, updating ``post`` in place.
 
-    Per entry: its embeddings into the input slots, the delta method, the evidence derivatives,
-    the noise update (Gaussian), eq. 7 for every weight, the entry's embeddings and the offset,
-    and the embeddings back.  The entries' log Z are added to ``post.log_evidence`` after the
-    loop (vectorised, from the recorded α, β and noise variances).
+    Per entry (:func:`~skcep.engines._deep_kernel.adf_loop`, one compiled call for the batch):
+    its embeddings into the input slots, the delta method, the evidence derivatives, the noise
+    update (Gaussian), eq. 7 for every weight, the entry's embeddings and the offset, and the
+    embeddings back.  The entries' log Z are added to ``post.log_evidence`` after the loop
+    (vectorised, from the recorded α, β and noise variances).
 
     Parameters
     ----------
@@ -499,40 +414,28 @@ def adf_pass(post, X, y, likelihood):
     -------
     post : DeepPosterior
     """
+    X = np.asarray(X).reshape(-1, len(post.emb))
+    y = np.require(y, dtype=float, requirements=["C", "W"]).reshape(-1)
+    n = X.shape[0]
+    rows, starts, touched = _gather_rows(post, X)
     ws = Workspace(post)
-    mean, var, grad, vg, tmp = post.mean, post.var, ws.grad, ws.vg, ws.tmp
-    emb, slots = post.emb, ws.slots
-    delta_method, evidence, update = ws.delta_method, evidence_derivatives, moment_update
     gaussian = likelihood == "gaussian"
-    a_tau, b_tau = post.noise if gaussian else (1.0, 1.0)
-    modes = range(len(slots))
-    rows = np.asarray(X).tolist()
-    values = np.asarray(y, dtype=float).tolist()
-    moments, noise_variances = [], []
-    record, record_noise = moments.append, noise_variances.append
-    for row, yn in zip(rows, values):
-        for k in modes:  # the entry's embeddings (means and variances) into the input slots
-            slots[k][...] = emb[k][:, row[k]]
-        alpha, beta = delta_method()
-        if gaussian:
-            noise_variance = b_tau / a_tau
-            d_alpha, kappa = evidence(likelihood, yn, alpha, beta, noise_variance)
-            a_tau, b_tau = noise_update(a_tau, b_tau, yn, alpha, beta)
-            record_noise(noise_variance)
-        else:
-            d_alpha, kappa = evidence(likelihood, yn, alpha, beta)
-        update(mean, var, vg, grad, beta, d_alpha, kappa, tmp)
-        for k in modes:
-            emb[k][:, row[k]] = slots[k]
-        record((alpha, beta))
+    noise = (float(post.noise[0]), float(post.noise[1])) if gaussian else (1.0, 1.0)
+    moments = np.empty((3, n))
+    noise = adf_loop(ws.mean, ws.var, rows, starts, np.asarray(post.ranks, dtype=np.int64), y, gaussian, ws.relu,
+                     ws.sizes, noise, ws.grad, ws.h, ws.deriv, ws.delta, ws.back, moments)
+    offset = 0
+    for e, objects in zip(post.emb, touched):  # the updated embeddings back
+        width = objects.size * e.shape[2]
+        e[:, objects] = rows[:, offset:offset + width].reshape(2, objects.size, e.shape[2])
+        offset += width
     if gaussian:
-        post.noise = (a_tau, b_tau)
-    if rows:
-        alphas, betas = np.array(moments).T
-        log_z = log_evidence(likelihood, np.asarray(values), alphas, betas,
-                             np.asarray(noise_variances) if gaussian else None)
+        post.noise = (float(noise[0]), float(noise[1]))
+    if n:
+        alphas, betas, noise_variances = moments
+        log_z = log_evidence(likelihood, y, alphas, betas, noise_variances if gaussian else None)
         post.log_evidence += float(np.sum(log_z))
-    post.n_seen += len(rows)
+    post.n_seen += n
     return post
 
 
