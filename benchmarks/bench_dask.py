@@ -470,8 +470,9 @@ def comm_run(client, s, log):
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore", ConvergenceWarning)
                         est.fit(Xd, yd)
-                    assert len(record) == s["sweeps"], len(record)
-                    later = record[1:]  # the first sweep also creates the sites
+                    # the sweeps, then one pass that sums the rows' terms of the EP evidence
+                    assert len(record) == s["sweeps"] + 1, len(record)
+                    later = record[1:s["sweeps"]]  # the first sweep also creates the sites
                     per = {k: float(np.median([r[0][k] for r in later])) for k in later[0][0]}
                     row = dict(full=full, d=d, p=p, per=per, seconds=float(np.median([r[1] for r in later])),
                                formula=p * payload(d, full))

@@ -191,37 +191,25 @@ class DaskPartitions:
     the reduction of a chunk whose state is still None.
 
     A step is one task per chunk, which reads the state from the chunk's task of the step
-    before, and one small task that returns its reduction: the scheduler's cost per task, not
-    the arithmetic, sets the time of a sweep over small chunks.  On a ``distributed`` cluster
-    each chunk's task is pinned to the worker holding the chunk's data (free to move if that
-    worker is lost), so the scheduler never moves a chunk's rows and state to balance load.
+    before, and one small task that returns its reduction, sent to the scheduler as one graph:
+    the scheduler's cost per task and per message, not the arithmetic, sets the time of a sweep
+    over small chunks.  Tasks are not pinned to the worker holding their chunk: pinning keeps an
+    uneven placement uneven and stalled the fit that spills to disk.
     """
 
     def __init__(self, chunk_step, data, ys, zero, **fixed):
         self.chunk_step, self.data, self.ys, self.fixed = chunk_step, data, ys, fixed
         self.client = _client()
-        self.workers = self._holders()
         self.state = [None] * len(data)
         self._reductions = [zero] * len(data)
         self._saved = None
-
-    def _holders(self):
-        """The worker holding each chunk's data (None without a cluster)."""
-        if self.client is None:
-            return [None] * len(self.data)
-        who = self.client.who_has([d.key for d in self.data])
-        return [min(who.get(d.key) or [None]) for d in self.data]
 
     def step(self, *global_state, **options):
         import dask  # noqa: PLC0415
 
         options = {**options, **self.fixed}
-        tasks = []
-        for d, y, previous, worker in zip(self.data, self.ys, self.state, self.workers):
-            pinned = {} if worker is None else {"workers": [worker], "allow_other_workers": True}
-            with dask.annotate(**pinned):
-                tasks.append(dask.delayed(_chunk_task, pure=False)(self.chunk_step, d, y, previous, global_state,
-                                                                   options))
+        tasks = [dask.delayed(_chunk_task, pure=False)(self.chunk_step, d, y, previous, global_state, options)
+                 for d, y, previous in zip(self.data, self.ys, self.state)]
         reductions = [t[1] for t in tasks]
         if self.client is None:
             self.state = list(dask.persist(*tasks))
