@@ -127,6 +127,9 @@ def worker(spec):
     if spec.get("fraction", 1.0) < 1.0:
         X, y = X[: int(spec["fraction"] * X.shape[0])], y[: int(spec["fraction"] * X.shape[0])]
     est = make_estimator(spec["method"])
+    # a first fit in the process loads (or compiles) skcep's numba kernels; like the import,
+    # it is paid once per process, so it runs before the timed fit on a few rows
+    make_estimator(spec["method"]).fit(X[:300], y[:300])
     data_bytes = nbytes(X) + y.nbytes
     peak_reset = reset_peak_rss()
     before = maxrss_bytes()
@@ -160,6 +163,101 @@ def worker(spec):
         warnings=sorted({type(w.message).__name__ for w in caught}),
         module=sys.modules[type(est).__module__].__file__,
     )
+    print("RESULT " + json.dumps(out))
+
+
+def floor_worker(spec):
+    """What one core does, and where each dense fit spends its time.
+
+    * stream: one compiled pass that reads X and two n × d site arrays and writes both back —
+      the memory traffic a factorized sweep cannot avoid while its sites are stored per entry;
+    * likelihood: n·d evaluations of the probit log Z derivatives (L₁, L₂) compiled — what a
+      CEP-1 sweep cannot avoid (one conditional tilted per entry); scipy's vectorised
+      ``log_ndtr`` on n·d values beside it, for reference;
+    * GEMM: ``Xᵀ(X)`` at one BLAS thread, 2·n·d² flops — the rate of the full-covariance sweep,
+      whose rank-one (blocked) updates and quadratic forms are ≈ 2·n·d² multiply-adds;
+    * profile: each dense fit under cProfile (the functions with the most own time), and the
+      sweeps it ran counted by the partition steps it called (EP warm-up sweeps of CEP included).
+    """
+    import cProfile
+    import pstats
+
+    from numba import njit
+    from scipy.special import log_ndtr
+
+    from skcep.engines import glm
+    from skcep.engines._glm_kernel import probit_log_z_derivatives
+
+    @njit(cache=False)
+    def stream(X, a, b):
+        n, d = X.shape
+        for i in range(n):
+            for j in range(d):
+                x = X[i, j]
+                a[i, j] = 0.5 * a[i, j] + x
+                b[i, j] = 0.5 * b[i, j] - x
+
+    @njit(cache=False)
+    def likelihood(M, S):
+        total = 0.0
+        for i in range(M.shape[0]):
+            for j in range(M.shape[1]):
+                l1, l2 = probit_log_z_derivatives(M[i, j], S[i, j], 1.0)
+                total += l1 + l2
+        return total
+
+    def best(f, k=5):
+        times = []
+        for _ in range(k):
+            t = time.process_time()
+            f()
+            times.append(time.process_time() - t)
+        return min(times)
+
+    size = sizes(spec["quick"])["dense"]
+    X, y, _, _ = make_dense(**size)
+    n, d = X.shape
+    a, b = np.zeros((n, d)), np.zeros((n, d))
+    rng = np.random.default_rng(0)
+    M, S = rng.standard_normal((n, d)), rng.exponential(0.05, (n, d))
+    stream(X[:10], a[:10], b[:10])
+    likelihood(M[:10], S[:10])
+    out = dict(
+        n=n, d=d,
+        stream=best(lambda: stream(X, a, b)),
+        likelihood=best(lambda: likelihood(M, S)),
+        log_ndtr=best(lambda: log_ndtr(M)),
+        gemm=best(lambda: X.T @ X),
+        profiles={},
+    )
+    for key in ["cep1", "ep", "ep_full"]:
+        make_estimator(key).fit(X[:300], y[:300])
+        calls = []
+        inner = glm.factorized_partition_step, glm.full_partition_step
+
+        def counted(step):
+            def run(*args, **kw):
+                calls.append(kw.get("method", "ep"))
+                return step(*args, **kw)
+            return run
+
+        glm.factorized_partition_step, glm.full_partition_step = map(counted, inner)
+        try:
+            prof = cProfile.Profile()
+            est = make_estimator(key)
+            t = time.process_time()
+            prof.runcall(est.fit, X, y)
+            seconds = time.process_time() - t
+        finally:
+            glm.factorized_partition_step, glm.full_partition_step = inner
+        stats = pstats.Stats(prof).stats
+        total = sum(v[2] for v in stats.values())
+        top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:5]
+        out["profiles"][key] = dict(
+            seconds=seconds,
+            sweeps={m: calls.count(m) for m in sorted(set(calls))},
+            top=[(f"{Path(k[0]).name}:{k[2]}", v[2] / total, v[1]) for k, v in top],
+        )
     print("RESULT " + json.dumps(out))
 
 
@@ -201,6 +299,48 @@ def measure(spec, log, timeout=None):
 # Report
 
 
+def floor_section(f, dense):
+    """The arithmetic and memory floor of each dense sweep, the profile, and the ratios."""
+    n, d = f["n"], f["d"]
+    gb_s = 5 * n * d * 8 / f["stream"] / 1e9
+    lik_rate = n * d / f["likelihood"]
+    gflops = 2 * n * d * d / f["gemm"] / 1e9
+    per_sweep = {"ep": f["stream"], "cep1": f["stream"] + f["likelihood"],
+                 "full": 2 * 2 * n * d * d / (gflops * 1e9)}
+    lines = [
+        "",
+        "### Floor and profile (dense problem, one core)",
+        "",
+        f"What one core did in this run: a compiled pass reading X and two {n:,} × {d} site arrays "
+        f"and writing both back (5 × n·d × 8 bytes) took {f['stream'] * 1e3:.1f} ms "
+        f"({gb_s:.1f} GB/s); {n * d:,} compiled probit log-Z derivative pairs (L₁, L₂) "
+        f"{f['likelihood'] * 1e3:.1f} ms ({lik_rate / 1e6:.0f} M/s; scipy's vectorised `log_ndtr` "
+        f"on as many values: {f['log_ndtr'] * 1e3:.1f} ms); `Xᵀ X` (2·n·d² flops) "
+        f"{f['gemm'] * 1e3:.1f} ms ({gflops:.1f} GFLOP/s). The floor of a sweep: EP (diagonal) "
+        "one such memory pass (its per-row likelihood work is n, not n·d); CEP-1 the memory pass "
+        "plus n·d likelihood evaluations; EP (full) ≈ 2·n·d² multiply-adds at the GEMM rate "
+        "(the quadratic forms x_iᵀΣx_i and the rank-one updates of the precision). A fit's floor = "
+        "its sweeps × their floor (CEP-1's EP warm-up sweeps at EP's); CPU seconds of the fits "
+        "in the table above (median of 3).",
+        "",
+        "| method | sweeps run (EP + own) | fit cpu s | floor s | × floor | own time by function "
+        "(cProfile, share of the fit) |",
+        "|---|--:|--:|--:|--:|---|",
+    ]
+    for key, floor_key in [("ep", "ep"), ("cep1", "cep1"), ("ep_full", "full")]:
+        p = f["profiles"][key]
+        sw = p["sweeps"]
+        if key == "cep1":
+            floor = sw.get("ep", 0) * per_sweep["ep"] + sw.get("cep1", 0) * per_sweep["cep1"]
+        else:
+            floor = sum(sw.values()) * per_sweep[floor_key]
+        cpu = dense[key]["cpu"]
+        top = "; ".join(f"`{name}` {share:.0%}" for name, share, _ in p["top"][:4])
+        lines.append(f"| {METHODS[key][0]} | {' + '.join(f'{v} {k}' for k, v in sw.items())} | "
+                     f"{cpu:.3f} | {floor:.3f} | {cpu / floor:.1f} | {top} |")
+    return lines
+
+
 def mib(b):
     return f"{b / 2**20:,.0f} MiB"
 
@@ -218,6 +358,10 @@ def main(quick):
     dense = {}
     for key in ["logreg", "logreg_tight", "cep1", "cep2", "ep", "ep_full"]:
         dense[key] = measure(dict(problem="dense", method=key, quick=quick), log)
+
+    floor = run_worker(dict(problem="floor", quick=quick))
+    log(f"  floor: stream {floor['stream'] * 1e3:.1f} ms, likelihood {floor['likelihood'] * 1e3:.1f} ms, "
+        f"GEMM {floor['gemm'] * 1e3:.1f} ms")
 
     sparse = {}
     for key in ["logreg", "logreg_tight", "ep"]:
@@ -299,21 +443,23 @@ def main(quick):
         f"## Dense: {d['n']:,} × {d['d']} standard normal, w ~ N(0, I/{d['d']}), probit labels",
         "",
         f"Data X + y: {mib(ref[0]['data_bytes'])}; held-out {d['n_test']:,} rows. Extra memory = "
-        "process peak RSS during `fit` − RSS before it. Targets: EP (diagonal) ≤ 5×, "
-        "CEP-1 ≤ 10× LogisticRegression (wall).",
+        "process peak RSS during `fit` − RSS before it. Targets (must reach / goal, × "
+        "LogisticRegression, wall): EP (diagonal) ≤ 5× / ≤ 3×, CEP-1 ≤ 15× / ≤ 10×, EP (full) "
+        "≤ 4× / ≤ 2×.",
         "",
         "| method | fit s | cpu s | runs | sweeps¹ | converged | extra memory | × LogReg | "
         "× LogReg tol=1e-8 | target | held-out acc | log-loss | load |",
         "|---|--:|--:|--:|--:|:-:|--:|--:|--:|:-:|--:|--:|--:|",
     ]
-    limits = {"ep": 5.0, "cep1": 10.0}
+    limits = {"ep": (5.0, 3.0), "cep1": (15.0, 10.0), "ep_full": (4.0, 2.0)}
     for key in ["logreg", "logreg_tight", "cep1", "cep2", "ep", "ep_full"]:
         r = dense[key]
         target = ""
         if key in limits:
-            ok = r["seconds"] / ref[0]["seconds"] <= limits[key]
-            ok_cpu = r["cpu"] / ref[0]["cpu"] <= limits[key]
-            target = f"≤ {limits[key]:.0f}×: {verdict(ok)} (cpu: {'met' if ok_cpu else 'not met'})"
+            must, goal = limits[key]
+            x, x_cpu = r["seconds"] / ref[0]["seconds"], r["cpu"] / ref[0]["cpu"]
+            target = (f"≤ {must:.0f}×: {verdict(x <= must)} (cpu: {'met' if x_cpu <= must else 'not met'}); "
+                      f"goal ≤ {goal:.0f}×: {'met' if x <= goal else 'not met'}")
         out.append(row(METHODS[key][0], r, ref, target, peak=False))
 
     out += ["", "¹ CEP/EP: sweeps over the data (`n_iter_`; EP warm-up sweeps of CEP, if any, not counted); "
@@ -322,6 +468,7 @@ def main(quick):
             "reference); `tol=1e-8` is the same model solved to the optimum, the fair reference when "
             "the default tolerance stops L-BFGS early (its tol bounds the gradient of the *mean* "
             "loss, which on the sparse problem is below 1e-4 already at w = 0)."]
+    out += floor_section(floor, dense)
     s_ = sz["sparse"]
     ref = sparse["logreg"], sparse["logreg_tight"]
     out += [
@@ -378,6 +525,7 @@ if __name__ == "__main__":
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(json.loads(args.worker))
+        spec = json.loads(args.worker)
+        (floor_worker if spec["problem"] == "floor" else worker)(spec)
     else:
         main(args.quick)

@@ -46,6 +46,7 @@ import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, solve_triangular
 from scipy.optimize import brentq, minimize_scalar
 
+from ._glm_kernel import dense_cavity_terms
 from .gaussian import cavity, cavity_natural
 from .glm import (
     _Design,
@@ -93,6 +94,10 @@ def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, like
     (memory O(block)).  ``likelihood`` gives log Z_i (the accurate one: for the logistic, the
     predictive quadrature, not CEP's site rule).  Cavities that are not proper (never for the
     log-concave likelihoods here, whose site precisions are ≥ 0) count as the marginal."""
+    if not sp.issparse(design.X):  # dense: the per-entry part compiled, in one pass
+        m_a, s_a = np.empty(design.X.shape[0]), np.empty(design.X.shape[0])
+        change = dense_cavity_terms(design.X, site_prec, site_shift, prec, shift, m_a, s_a)
+        return float(np.sum(likelihood.derivatives(m_a, s_a, y, order=0)[0])) + change
     total = 0.0
     for rows, block in design.blocks:
         sl = block.sites

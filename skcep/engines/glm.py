@@ -44,6 +44,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, solve_triangular
 
+from ._glm_kernel import factorized_dense_step
 from .gaussian import cavity, cavity_natural, damped, site_from_marginal, to_moments
 
 __all__ = [
@@ -151,17 +152,34 @@ class _SparseBlock:
 
 
 class _Design:
-    """A dense or CSR design cut into row blocks, and column totals over all its sites."""
+    """A dense or CSR design cut into row blocks, and column totals over all its sites.
+
+    Dense blocks (copies of their rows and squares) are made on first use only: the compiled
+    step (:func:`~skcep.engines._glm_kernel.factorized_dense_step`) reads X directly.
+    """
 
     def __init__(self, X, block_size):
-        self.X = X
+        self.block_size = block_size
         n = X.shape[0]
-        rows = [slice(start, min(start + block_size, n)) for start in range(0, n, block_size)]
+        self._rows = [slice(start, min(start + block_size, n)) for start in range(0, n, block_size)]
+        self._blocks = None
         if sp.issparse(X):
+            self.X = X
             self.cols = X.indices.astype(np.intp)
-            self.blocks = [(r, _SparseBlock(X, r, self.cols)) for r in rows]
+            self._blocks = [(r, _SparseBlock(X, r, self.cols)) for r in self._rows]
         else:
-            self.blocks = [(r, _DenseBlock(X, r)) for r in rows]
+            self.X = np.ascontiguousarray(X, dtype=float)
+
+    @property
+    def blocks(self):
+        if self._blocks is None:
+            self._blocks = [(r, _DenseBlock(self.X, r)) for r in self._rows]
+        return self._blocks
+
+    def compiled(self, likelihood, method):
+        """Whether :func:`factorized_partition_step` runs compiled here: a dense design, the
+        probit likelihood, EP or CEP-1."""
+        return not sp.issparse(self.X) and likelihood.name == "probit" and method in ("ep", "cep1")
 
     def col_total(self, sites):
         if sp.issparse(self.X):
@@ -346,13 +364,16 @@ class SweepControl:
 
 
 def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, likelihood,
-                              method, step):
+                              method, step, out=None):
     """Partition step of factorized EP / CEP: refine the sites of one partition of the rows.
 
     The partition's row blocks are refined in order, each against the partition's running q
     (the global (prec, shift) plus the changes of the blocks before it), with the damped
     update (:meth:`SweepControl.apply` rule, ``step`` the damping).  ``site_prec`` and
-    ``site_shift`` (one entry per stored x_im) are updated in place.
+    ``site_shift`` (one entry per stored x_im) are updated in place, or, with ``out`` (two
+    arrays of their shape), the new sites are written there and the old ones are left as they
+    were (the roll-back copy without a copy).  A dense design with the probit likelihood runs
+    EP and CEP-1 compiled, in one pass (:func:`~skcep.engines._glm_kernel.factorized_dense_step`).
 
     Returns
     -------
@@ -360,6 +381,18 @@ def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, 
         The column sums of the partition's new sites (d,) and the number of site updates
         skipped; the global step adds the totals of all partitions to the prior.
     """
+    out_prec, out_shift = out if out is not None else (site_prec, site_shift)
+    if design.compiled(likelihood, method):
+        totals = np.zeros(site_prec.shape[1]), np.zeros(site_prec.shape[1])
+        y = np.ascontiguousarray(y, dtype=float)
+        n_skipped = factorized_dense_step(design.X, y, site_prec, site_shift, prec, shift,
+                                          design.block_size, method == "cep1", float(step),
+                                          *totals, out_prec, out_shift)
+        return (*totals, n_skipped)
+    if out is not None:
+        np.copyto(out_prec, site_prec)
+        np.copyto(out_shift, site_shift)
+        site_prec, site_shift = out_prec, out_shift
     prec, shift = prec.copy(), shift.copy()
     n_skipped = 0
     for rows, block in design.blocks:
@@ -465,7 +498,7 @@ def fit_factorized(
         parts, likelihood, prior_mean, prior_var, method=method, damping=damping,
         max_iter=max_iter, tol=tol, warmup_sweeps=warmup_sweeps, callback=callback,
     )
-    post.sites = (site_prec, site_shift)
+    post.sites = (parts.site_prec, parts.site_shift)
     return post
 
 
@@ -525,15 +558,26 @@ class InMemoryPartitions:
 
     ``partition_step`` is :func:`factorized_partition_step` or :func:`full_partition_step`;
     ``data`` its design argument (a :class:`_Design` or the matrix X).  The sites are updated in
-    place; :meth:`save` copies them into buffers reused from sweep to sweep.
+    place, except in a sweep after :meth:`save`: the factorized step then writes its new sites
+    to a second pair of buffers, reused from sweep to sweep, and keeps the old ones, which
+    :meth:`restore` brings back (no copy either way; the full step's sites are copied).
     """
 
     def __init__(self, partition_step, data, y, site_prec, site_shift, **fixed):
         self.partition_step, self.data, self.y, self.fixed = partition_step, data, y, fixed
         self.site_prec, self.site_shift = site_prec, site_shift
         self._saved = None
+        self._armed = False
 
     def step(self, *state, **options):
+        if self._armed:  # new sites into the spare buffers; the current ones become the saved
+            self._armed = False
+            new = self._saved
+            self._saved = (self.site_prec, self.site_shift)
+            result = self.partition_step(self.data, self.y, *self._saved, *state, **options,
+                                         out=new, **self.fixed)
+            self.site_prec, self.site_shift = new
+            return [result]
         return [self.partition_step(self.data, self.y, self.site_prec, self.site_shift, *state,
                                     **options, **self.fixed)]
 
@@ -544,13 +588,20 @@ class InMemoryPartitions:
     def save(self):
         if self._saved is None:
             self._saved = (np.empty_like(self.site_prec), np.empty_like(self.site_shift))
+        if self.partition_step is factorized_partition_step:
+            self._armed = True
+            return
         np.copyto(self._saved[0], self.site_prec)
         np.copyto(self._saved[1], self.site_shift)
 
     def restore(self):
+        if self.partition_step is factorized_partition_step:
+            (self.site_prec, self.site_shift), self._saved = self._saved, (self.site_prec,
+                                                                           self.site_shift)
+            return self.totals()
         np.copyto(self.site_prec, self._saved[0])
         np.copyto(self.site_shift, self._saved[1])
-        return self.totals() if isinstance(self.data, _Design) else None
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -660,7 +711,7 @@ def fit_full(
                                site_shift, block_size=block_size)
     post = fit_full_partitions(parts, likelihood, prior_mean, prior_cov, damping=damping,
                                max_iter=max_iter, tol=tol, callback=callback, start=start)
-    post.sites = (site_prec, site_shift)
+    post.sites = (parts.site_prec, parts.site_shift)
     return post
 
 
