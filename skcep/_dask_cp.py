@@ -144,7 +144,7 @@ class DaskEntries:
         self.n, _, m2 = functools.reduce(_pooled, [s[2] for s in summaries])
         self.variance = m2 / self.n
 
-    def starting_noise_precision(self, y, noise_prior):
+    def starting_noise_precision(self, y, noise_prior, weight=None):
         """:func:`~skcep.engines.cp.starting_noise_precision` of the chunks' values (``y`` unused)."""
         return noise_precision_for_variance(self.variance if self.n > 1 else 0.0, noise_prior)
 
@@ -161,7 +161,7 @@ class DaskEntries:
         runs its chunk's steps in its own thread)."""
         return fit_cp(post, None, None, partitions=self.partitions, **options)
 
-    def elbo(self, post, index=None, y=None, likelihood="gaussian", n_jobs=None):
+    def elbo(self, post, index=None, y=None, likelihood="gaussian", n_jobs=None, weight=None):
         """:func:`~skcep.engines.cp.elbo` of q ``post``, summed over the chunks."""
         import dask  # noqa: PLC0415
 
