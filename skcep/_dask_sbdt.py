@@ -37,7 +37,7 @@ def _stream_chunk(model, X, y, options):
     if len(X) == 0:
         return model
     model = copy.deepcopy(model)  # a task's inputs may be shared with other tasks
-    X, y, _, _ = model._prepare(X, y, first_call=False)
+    X, y, _ = model._prepare(X, y, first_call=False)
     return model._stream(X, y)
 
 

@@ -167,7 +167,11 @@ class StreamingDeepTensor(TensorEstimator):
         self.batch_size, self.shuffle, self.init_scale = batch_size, shuffle, init_scale
         self.shape, self.n_jobs, self.verbose, self.random_state = shape, n_jobs, verbose, random_state
 
-    def _prepare(self, X, y, first_call, classes=None, sample_weight=None):
+    def _prepare(self, X, y, first_call, classes=None):
+        """:meth:`_prepare_weighted` without weights: X, y and the shape."""
+        return self._prepare_weighted(X, y, first_call, classes)[:3]
+
+    def _prepare_weighted(self, X, y, first_call, classes=None, sample_weight=None):
         """Validate everything before any state changes: indices, targets (signs ±1 for
         probit), weights (entries of weight 0 left out) and the parameters that need X (ranks
         per mode, the shape).  Returns X, y, the shape and the weights (None: unweighted)."""
@@ -233,7 +237,7 @@ class StreamingDeepTensor(TensorEstimator):
         """
         for name in ("classes_", "shape_", "noise_precision_"):  # fit starts afresh
             self.__dict__.pop(name, None)
-        X, y, shape, weight = self._prepare(X, y, first_call=True, sample_weight=sample_weight)
+        X, y, shape, weight = self._prepare_weighted(X, y, first_call=True, sample_weight=sample_weight)
         self._start(X.shape[1], shape)
         return self._stream(X, y, weight)
 
@@ -277,7 +281,7 @@ class StreamingDeepTensor(TensorEstimator):
         self : StreamingDeepTensor
         """
         first_call = not hasattr(self, "_posterior")
-        X, y, shape, weight = self._prepare(X, y, first_call, classes, sample_weight)
+        X, y, shape, weight = self._prepare_weighted(X, y, first_call, classes, sample_weight)
         if first_call:
             rng = check_random_state(self.random_state)
             post = self._new_posterior(X.shape[1], shape, rng)
