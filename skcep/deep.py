@@ -229,7 +229,8 @@ class StreamingDeepTensor(TensorEstimator):
             Non-negative entry weights: an entry of weight w enters with its likelihood to the
             power w, by a power-EP step (exact for Gaussian entries, whose likelihood^w is
             N(y | f, σ²/w); for probit, w copies of one copy's site; see the user guide), and
-            counts w times in q(τ); entries of weight 0 are left out.  None: all 1.
+            counts w times in q(τ); entries of weight 0 are left out.  None: all 1.  Not with
+            Dask collections (a TypeError: the chunks are a chain of tasks without weights).
 
         Returns
         -------

@@ -140,6 +140,7 @@ class BayesianCPTensor(TensorEstimator):
 
     _structural_params = ("rank", "likelihood", "method", "mode_bias", "fit_intercept", "shape", "ard")
     _dask_fit = fit_tensor  # fit on Dask collections: the entries stay on the workers
+    _dask_fit_weights = True
     _check_index = staticmethod(check_tensor_index)  # run on every chunk of a Dask fit
 
     _parameter_constraints = {
@@ -206,7 +207,8 @@ class BayesianCPTensor(TensorEstimator):
         sample_weight : array-like of shape (n_entries,), default=None
             Non-negative entry weights: an entry of weight w enters as its likelihood to the
             power w, i.e. as w copies of itself (integer weights give repeated entries: exactly
-            for the group schedule); entries of weight 0 are left out.  None: all 1.
+            for the group schedule); entries of weight 0 are left out.  None: all 1.  With Dask
+            collections: a Dask (or numpy) vector, re-chunked like X.
 
         Returns
         -------
@@ -236,7 +238,7 @@ class BayesianCPTensor(TensorEstimator):
         classes : array-like of shape (2,), default=None
             Probit only: the two labels, needed on the first call if its batch holds only one.
         sample_weight : array-like of shape (n_entries,), default=None
-            Non-negative entry weights, as in ``fit``.
+            Non-negative entry weights, as in ``fit`` (not with Dask collections: a TypeError).
 
         Returns
         -------

@@ -481,12 +481,35 @@ def test_bad_weights_are_rejected_and_leave_the_model_unchanged(estimator, how, 
     assert pickle.dumps(est) == before
 
 
-def test_dask_collections_with_weights_are_a_clear_error():
+@pytest.mark.parametrize("config", [GROUP_CONFIGS[1], GROUP_CONFIGS[5]], ids=str)
+def test_cp_dask_fit_with_weights_is_the_numpy_fit(config):
+    """Weights as a Dask vector chunked unlike the entries (re-chunked like them), a chunk
+    whose weights are all 0: the chunked fit equals the in-memory weighted fit to rounding."""
+    da = pytest.importorskip("dask.array")
+    data = low_rank_tensor()
+    X, y = data[0], _y(config, data)
+    w = integer_weights(len(y)).astype(float)
+    w[40:80] = 0.0
+    numpy_fit = quiet(_cp(config), "fit", X, y, sample_weight=w)
+    dask_fit = quiet(_cp(config), "fit", da.from_array(X, chunks=(40, 3)), da.from_array(y, chunks=40),
+                     sample_weight=da.from_array(w, chunks=70))
+    assert dask_fit.shape_ == numpy_fit.shape_
+    assert max_change_in_sd(dask_fit, numpy_fit) < 1e-9
+    np.testing.assert_allclose(dask_fit.elbo_, numpy_fit.elbo_, rtol=1e-10)
+    with pytest.raises(ValueError, match="Negative"):
+        _cp(config).fit(da.from_array(X, chunks=(40, 3)), da.from_array(y, chunks=40),
+                        sample_weight=da.from_array(-w, chunks=40))
+
+
+def test_dask_streams_with_weights_are_a_clear_error():
+    """partial_fit on Dask collections (both estimators) and StreamingDeepTensor.fit run a chain
+    of per-chunk tasks that get no weights: a TypeError naming the limitation."""
     da = pytest.importorskip("dask.array")
     X, y, _ = low_rank_tensor(n=60)
-    for est in (BayesianCPTensor(rank=2, max_iter=5, random_state=0), StreamingDeepTensor(**SBDT)):
-        for how in ("fit", "partial_fit"):
-            with pytest.raises(TypeError, match="sample_weight with Dask"):
-                getattr(est, how)(da.from_array(X, chunks=20), da.from_array(y, chunks=20),
-                                  sample_weight=da.ones(60, chunks=20))
-            assert not hasattr(est, "shape_")
+    cases = [(BayesianCPTensor(rank=2, max_iter=5, random_state=0), "partial_fit"),
+             (StreamingDeepTensor(**SBDT), "fit"), (StreamingDeepTensor(**SBDT), "partial_fit")]
+    for est, how in cases:
+        with pytest.raises(TypeError, match="sample_weight with Dask"):
+            getattr(est, how)(da.from_array(X, chunks=20), da.from_array(y, chunks=20),
+                              sample_weight=da.ones(60, chunks=20))
+        assert not hasattr(est, "shape_")
