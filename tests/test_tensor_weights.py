@@ -516,6 +516,19 @@ def test_cp_dask_fit_with_weights_is_the_numpy_fit(config):
                         sample_weight=da.from_array(-w, chunks=40))
 
 
+def test_cp_dask_fit_with_weights_on_a_cluster(on_cluster):
+    """The same on worker processes (the weights travel with their chunk, and n_init = 2 scores
+    the restarts by the weighted ELBO summed over the chunks)."""
+    da = pytest.importorskip("dask.array")
+    X, y, _ = low_rank_tensor()
+    w = np.random.default_rng(6).uniform(0.0, 2.0, len(y))
+    numpy_fit = quiet(_cp(GROUP_CONFIGS[0], n_init=2), "fit", X, y, sample_weight=w)
+    dask_fit = quiet(_cp(GROUP_CONFIGS[0], n_init=2), "fit", da.from_array(X, chunks=(60, 3)),
+                     da.from_array(y, chunks=60), sample_weight=da.from_array(w, chunks=60))
+    assert max_change_in_sd(dask_fit, numpy_fit) < 1e-9
+    np.testing.assert_allclose(dask_fit.elbo_, numpy_fit.elbo_, rtol=1e-10)
+
+
 def test_dask_streams_with_weights_are_a_clear_error():
     """partial_fit on Dask collections (both estimators) and StreamingDeepTensor.fit run a chain
     of per-chunk tasks that get no weights: a TypeError naming the limitation."""
