@@ -269,8 +269,10 @@ def test_power_step_gaussian_is_the_tempered_likelihood_on_a_grid(y, alpha, beta
     sigma2 = 0.6
     d_alpha, kappa = deep.evidence_derivatives(True, y, alpha, beta, sigma2)
     d_alpha, kappa = deep.power_step(d_alpha, kappa, beta, w)
-    mean, var = grid_moments(lambda f: norm.logpdf(f, alpha, math.sqrt(beta)) + w * norm.logpdf(y, f, math.sqrt(sigma2)),
-                             alpha, math.sqrt(beta))
+    def log_tilted(f):
+        return norm.logpdf(f, alpha, math.sqrt(beta)) + w * norm.logpdf(y, f, math.sqrt(sigma2))
+
+    mean, var = grid_moments(log_tilted, alpha, math.sqrt(beta))
     assert alpha + beta * d_alpha == pytest.approx(mean, abs=1e-8)
     assert beta - beta**2 * kappa == pytest.approx(var, rel=1e-7)
 
