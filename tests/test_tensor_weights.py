@@ -468,6 +468,26 @@ def test_sbdt_weights_change_the_fit_and_stay_finite():
     assert not np.allclose(a.predict(X), b.predict(X))
 
 
+def test_weights_over_ten_orders_of_magnitude_stay_finite():
+    """Weights from 1e-6 to 1e4: every posterior and prediction finite, variances positive."""
+    data = low_rank_tensor()
+    X = data[0]
+    w = 10.0 ** np.random.default_rng(0).uniform(-6, 4, len(X))
+    for config in CP_CONFIGS:
+        y = _y(config, data)
+        est = quiet(_cp(config, max_iter=10), "fit", X, y, sample_weight=w)
+        quiet(est, "partial_fit", X[:30], y[:30], sample_weight=w[:30])
+        for cov in est.factor_covariances_:
+            assert np.all(np.isfinite(cov)) and np.all(np.linalg.eigvalsh(cov) > 0)
+        assert np.all(np.isfinite(est._latent_moments(X)[0])) and np.all(np.isfinite(est.elbo_))
+    for likelihood in ("gaussian", "probit"):
+        est = StreamingDeepTensor(likelihood=likelihood, **SBDT).fit(X, _y(dict(likelihood=likelihood), data),
+                                                                     sample_weight=w)
+        post = est._posterior
+        assert np.all(np.isfinite(post.theta)) and np.all(post.theta[1, :post.n_weights] > 0)
+        assert all(np.all(np.isfinite(e)) and np.all(e[1] > 0) for e in post.emb)
+
+
 # --------------------------------------------------------------------------------------------
 # bad weights leave a fitted model unchanged
 
