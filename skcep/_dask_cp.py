@@ -17,7 +17,9 @@ import functools
 
 import numpy as np
 
-from ._dask import DaskPartitions, row_blocks, rows
+from sklearn.utils.validation import _check_sample_weight
+
+from ._dask import DaskPartitions, is_dask_collection, row_blocks, rows
 from .engines.cp import (EntryPartition, SweepTotals, fit_cp, noise_precision_for_variance,
                          posterior_sums)
 
@@ -30,25 +32,40 @@ ENTRY_SCHEDULE = (
 )
 
 
-def _entries_chunk(index, y, check_index, classes):
+def _entries_chunk(index, y, check_index, classes, weight=None):
     """One chunk's entries, checked (``check_index``: the estimator's index check) and encoded:
-    indices as intp, values as floats (Gaussian) or 0/1 with ``classes[1]`` → 1 (probit)."""
+    indices as intp, values as floats (Gaussian) or 0/1 with ``classes[1]`` → 1 (probit).
+    With ``weight`` (the chunk's entry weights, checked here) the entries of weight 0 are left
+    out and the values come as a (2, c) array of values and weights (see :func:`_values`)."""
     index = check_index(index)
     if classes is None:
         y = np.asarray(y, dtype=float)
         if not np.all(np.isfinite(y)):
             raise ValueError("y contains NaN or infinity.")
+    else:
+        y = (np.asarray(y) == classes[1]).astype(float)
+    if weight is None:
         return index, y
-    return index, (np.asarray(y) == classes[1]).astype(float)
+    weight = _check_sample_weight(weight, index, dtype=np.float64, ensure_non_negative=True,
+                                  allow_all_zero_weights=True)
+    keep = weight > 0
+    return index[keep], np.stack([y[keep], weight[keep]])
 
 
-def _summary(index, y):
+def _values(values):
+    """A chunk's (y, weight) from what :func:`_entries_chunk` keeps (weight None: unweighted)."""
+    return (values, None) if values.ndim == 1 else (values[0], values[1])
+
+
+def _summary(index, values):
     """What a chunk tells before the sweeps: per-mode largest index and entry counts per
-    object, and (n, mean, Σ (y − mean)²) of its values."""
-    n = y.size
-    mean = float(y.mean()) if n else 0.0
-    return (index.max(axis=0) if n else np.full(index.shape[1], -1), [np.bincount(c) for c in index.T],
-            (n, mean, float(np.sum((y - mean) ** 2))))
+    object, and (n, mean, Σ (y − mean)²) of its values (weighted: Σ w, and weighted sums)."""
+    y, weight = _values(values)
+    n = y.size if weight is None else float(weight.sum())
+    mean = (float(y.mean()) if weight is None else float(weight @ y) / n) if y.size else 0.0
+    square = (y - mean) ** 2
+    return (index.max(axis=0) if y.size else np.full(index.shape[1], -1), [np.bincount(c) for c in index.T],
+            (n, mean, float(np.sum(square) if weight is None else weight @ square)))
 
 
 def _pooled(a, b):
@@ -75,14 +92,19 @@ def _partition_step(index, y, part, calls, **options):
     """The :class:`EntryPartition` steps ``calls`` (``(name, args)`` pairs, in order) on one
     chunk, returning the last one's result (the partition is built at the first step); a copy
     is stepped, so the persisted state of the step before stays intact."""
-    part = EntryPartition(index, y, **options) if part is None else part.copy()
+    if part is None:
+        y, weight = _values(y)
+        part = EntryPartition(index, y, weight=weight, **options)
+    else:
+        part = part.copy()
     for name, args in calls:
         result = getattr(part, name)(*args)
     return part, result
 
 
-def _chunk_sums(post, index, y, likelihood):
-    return posterior_sums(post, index, y, likelihood)[0]
+def _chunk_sums(post, index, values, likelihood):
+    y, weight = _values(values)
+    return posterior_sums(post, index, y, likelihood, weight=weight)[0]
 
 
 class _Partitions(DaskPartitions):
@@ -114,7 +136,7 @@ class DaskEntries:
     names (their ``index`` and ``y`` unused) and run on the chunks.
     """
 
-    def __init__(self, estimator, X, y):
+    def __init__(self, estimator, X, y, sample_weight=None):
         import dask  # noqa: PLC0415
         import dask.array as da  # noqa: PLC0415
 
@@ -124,6 +146,14 @@ class DaskEntries:
             raise ValueError(f"X must be (n_entries, n_modes) and y (n_entries,); got shapes {X.shape} and "
                              f"{y.shape}.")
         y, _ = rows(y, "y", X.chunks[0])
+        weights = [None] * X.numblocks[0]
+        if sample_weight is not None:
+            if not is_dask_collection(sample_weight):
+                sample_weight = da.from_array(np.asarray(sample_weight))
+            weight, _ = rows(sample_weight, "sample_weight")
+            if weight.shape != (X.shape[0],):
+                raise ValueError(f"sample_weight.shape == {weight.shape}, expected {(X.shape[0],)}!")
+            weights = row_blocks(rows(weight, "sample_weight", X.chunks[0])[0])
         head = X[:2].compute()
         if columns is not None:
             import pandas as pd  # noqa: PLC0415
@@ -134,17 +164,19 @@ class DaskEntries:
         if estimator.likelihood == "probit":
             estimator._encode(np.unique(da.unique(y).compute()), first_call=True)
             classes = estimator.classes_
-        chunks = [dask.delayed(_entries_chunk)(xb, yb, estimator._check_index, classes)
-                  for xb, yb, size in zip(row_blocks(X), row_blocks(y), X.chunks[0]) if size]
+        chunks = [dask.delayed(_entries_chunk)(xb, yb, estimator._check_index, classes, wb)
+                  for xb, yb, wb, size in zip(row_blocks(X), row_blocks(y), weights, X.chunks[0]) if size]
         held = dask.persist(*[c[0] for c in chunks], *[c[1] for c in chunks])
         self.index, self.y = list(held[:len(chunks)]), list(held[len(chunks):])
         summaries = dask.compute(*[dask.delayed(_summary)(i, v) for i, v in zip(self.index, self.y)])
         self.maxima = functools.reduce(np.maximum, [s[0] for s in summaries])
         self.counts = [functools.reduce(_add_counts, c) for c in zip(*[s[1] for s in summaries])]
         self.n, _, m2 = functools.reduce(_pooled, [s[2] for s in summaries])
+        if self.n == 0:
+            raise ValueError("Sample weights must contain at least one non-zero number.")
         self.variance = m2 / self.n
 
-    def starting_noise_precision(self, y, noise_prior):
+    def starting_noise_precision(self, y, noise_prior, weight=None):
         """:func:`~skcep.engines.cp.starting_noise_precision` of the chunks' values (``y`` unused)."""
         return noise_precision_for_variance(self.variance if self.n > 1 else 0.0, noise_prior)
 
@@ -161,7 +193,7 @@ class DaskEntries:
         runs its chunk's steps in its own thread)."""
         return fit_cp(post, None, None, partitions=self.partitions, **options)
 
-    def elbo(self, post, index=None, y=None, likelihood="gaussian", n_jobs=None):
+    def elbo(self, post, index=None, y=None, likelihood="gaussian", n_jobs=None, weight=None):
         """:func:`~skcep.engines.cp.elbo` of q ``post``, summed over the chunks."""
         import dask  # noqa: PLC0415
 
@@ -170,9 +202,11 @@ class DaskEntries:
         return SweepTotals.combine(sums, post, likelihood).elbo()
 
 
-def fit_tensor(estimator, X, y):
+def fit_tensor(estimator, X, y, sample_weight=None):
     """``BayesianCPTensor.fit`` on a Dask array or DataFrame of entry indices (chunked by
-    entries) and a Dask vector or Series of values.
+    entries) and a Dask vector or Series of values (``sample_weight``: a vector of entry
+    weights, re-chunked like the entries; checked, and its zero-weight entries dropped, on the
+    workers).
 
     The chunks are checked, encoded and kept on the workers; the estimator starts exactly as its
     in-memory fit does (the same ``random_state`` draws the same initial factors: the shape
@@ -202,7 +236,7 @@ def fit_tensor(estimator, X, y):
         raise ValueError(ENTRY_SCHEDULE)
     for name in ("classes_", "shape_"):
         estimator.__dict__.pop(name, None)
-    held = DaskEntries(estimator, X, y)
+    held = DaskEntries(estimator, X, y, sample_weight)
     shape = estimator._resolve_shape(held.maxima[None, :], fixed_shape, None)
     estimator._start(None, None, noise_prior, shape, estimator.max_iter, held=held)
     if not estimator.converged_:

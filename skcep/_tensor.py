@@ -11,7 +11,7 @@ from sklearn.base import BaseEstimator
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import type_of_target
-from sklearn.utils.validation import validate_data
+from sklearn.utils.validation import _check_sample_weight, validate_data
 
 from ._base import SkcepMixin, predict_method
 from .engines.cp import effective_rank
@@ -94,6 +94,32 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         if X.shape[1] < 2:
             raise ValueError(f"A tensor needs at least 2 modes (columns of X); got {X.shape[1]}.")
         return X, y
+
+    def _entry_weights(self, X, y, sample_weight):
+        """Entry weights checked (non-negative, finite, one per entry, not all zero) and the
+        entries of weight 0 left out, as if they had not been passed (they neither grow the
+        shape nor count as seen).  Returns (X, y, weight); weight is None when
+        ``sample_weight`` is None (the unweighted path)."""
+        if sample_weight is None:
+            return X, y, None
+        weight = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        keep = weight > 0
+        if keep.all():
+            return X, y, weight
+        return X[keep], y[keep], weight[keep]
+
+    #: Whether ``fit`` on Dask collections takes ``sample_weight``.
+    _dask_fit_weights = False
+
+    def _fit_dask(self, name, X, y=None, sample_weight=None, **options):
+        """Dask collections: ``sample_weight`` only where the estimator's Dask ``fit`` takes it
+        (a chain of ``partial_fit`` tasks gets one chunk at a time, not its weights)."""
+        if sample_weight is not None:
+            if name == "fit" and self._dask_fit_weights:
+                return self._dask_fit(X, y, sample_weight=sample_weight, **options)
+            raise TypeError(f"{type(self).__name__}.{name} does not take sample_weight with Dask collections; "
+                            "weight the entries of numpy arrays, or pass the Dask collections unweighted.")
+        return super()._fit_dask(name, X, y, **options)
 
     def _encode(self, y, first_call, classes=None):
         """Gaussian: finite floats.  Probit: two labels, encoded as 0/1 (``classes_[1]`` → 1)."""
@@ -220,8 +246,10 @@ def cp_attributes(result):
         converged_=bool(result.converged))
 
 
-def link_mean(y, likelihood):
-    """The global offset that predicts the mean of y: mean(y), or Φ⁻¹ of the rate of ones."""
+def link_mean(y, likelihood, weight=None):
+    """The global offset that predicts the (``weight``-weighted) mean of y: mean(y), or Φ⁻¹ of
+    the rate of ones."""
+    mean = np.mean(y) if weight is None else np.average(y, weights=weight)
     if likelihood == "gaussian":
-        return float(np.mean(y))
-    return float(ndtri(np.clip(np.mean(y), 1e-3, 1 - 1e-3)))
+        return float(mean)
+    return float(ndtri(np.clip(mean, 1e-3, 1 - 1e-3)))

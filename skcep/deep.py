@@ -168,14 +168,20 @@ class StreamingDeepTensor(TensorEstimator):
         self.shape, self.n_jobs, self.verbose, self.random_state = shape, n_jobs, verbose, random_state
 
     def _prepare(self, X, y, first_call, classes=None):
+        """:meth:`_prepare_weighted` without weights: X, y and the shape."""
+        return self._prepare_weighted(X, y, first_call, classes)[:3]
+
+    def _prepare_weighted(self, X, y, first_call, classes=None, sample_weight=None):
         """Validate everything before any state changes: indices, targets (signs ±1 for
-        probit) and the parameters that need X (ranks per mode, the shape)."""
+        probit), weights (entries of weight 0 left out) and the parameters that need X (ranks
+        per mode, the shape).  Returns X, y, the shape and the weights (None: unweighted)."""
         X, y = self._validate(X, y, reset=first_call)
         fixed = self._check_params(X.shape[1])
         y = self._encode(y, first_call=first_call, classes=classes)
         X = check_tensor_index(X, estimator_name=type(self).__name__)
+        X, y, weight = self._entry_weights(X, y, sample_weight)
         shape = self._resolve_shape(X, fixed, None if first_call else self.shape_)
-        return X, (2.0 * y - 1.0 if self.likelihood == "probit" else y), shape
+        return X, (2.0 * y - 1.0 if self.likelihood == "probit" else y), shape, weight
 
     def _check_params(self, n_modes):
         """Check the parameters that need the number of modes; the fixed shape or None."""
@@ -201,16 +207,16 @@ class StreamingDeepTensor(TensorEstimator):
             intercept_variance=self.intercept_prior_variance if self.fit_intercept else 0.0,
         )
 
-    def _fold(self, post, X, y, progress):
+    def _fold(self, post, X, y, progress, weight=None):
         """The engine's step on one batch; with ``verbose``, one progress line."""
         before = post.copy() if progress is not None else None
-        deep.fold_batch(post, X, y, self.likelihood, self.damping)
+        deep.fold_batch(post, X, y, self.likelihood, self.damping, weight)
         if progress is not None:
             change, mean_log_z = deep.fold_summary(before, post)
             progress(post.n_batches, change, mean_log_z)
 
     @fit_method
-    def fit(self, X, y):
+    def fit(self, X, y, sample_weight=None):
         """Start from the prior and stream the entries once, in batches of ``batch_size``.
 
         Parameters
@@ -219,6 +225,12 @@ class StreamingDeepTensor(TensorEstimator):
             Integer entry indices, one column per mode.
         y : array-like of shape (n_entries,)
             Entry values (real for "gaussian", two labels for "probit").
+        sample_weight : array-like of shape (n_entries,), default=None
+            Non-negative entry weights: an entry of weight w enters with its likelihood to the
+            power w, by a power-EP step (exact for Gaussian entries, whose likelihood^w is
+            N(y | f, σ²/w); for probit, w copies of one copy's site; see the user guide), and
+            counts w times in q(τ); entries of weight 0 are left out.  None: all 1.  Not with
+            Dask collections (a TypeError: the chunks are a chain of tasks without weights).
 
         Returns
         -------
@@ -226,28 +238,28 @@ class StreamingDeepTensor(TensorEstimator):
         """
         for name in ("classes_", "shape_", "noise_precision_"):  # fit starts afresh
             self.__dict__.pop(name, None)
-        X, y, shape = self._prepare(X, y, first_call=True)
+        X, y, shape, weight = self._prepare_weighted(X, y, first_call=True, sample_weight=sample_weight)
         self._start(X.shape[1], shape)
-        return self._stream(X, y)
+        return self._stream(X, y, weight)
 
     def _start(self, n_modes, shape):
         """fit's start (numpy and Dask): the prior, and the generator that orders the entries."""
         self._rng = check_random_state(self.random_state)
         self._set_posterior(self._new_posterior(n_modes, shape, self._rng))
 
-    def _stream(self, X, y):
+    def _stream(self, X, y, weight=None):
         """fit's pass over checked entries (on Dask: over one chunk): batches of ``batch_size``,
         in an order shuffled by the generator if ``shuffle``, folded into the posterior."""
         order = self._rng.permutation(X.shape[0]) if self.shuffle else np.arange(X.shape[0])
         progress = self._progress(unit="batch", objective="mean log evidence")
         for start in range(0, order.size, self.batch_size):
             batch = order[start:start + self.batch_size]
-            self._fold(self._posterior, X[batch], y[batch], progress)
+            self._fold(self._posterior, X[batch], y[batch], progress, None if weight is None else weight[batch])
         self._set_posterior(self._posterior)
         return self
 
     @fit_method
-    def partial_fit(self, X, y, classes=None):
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
         """Fold one batch of entries into the posterior (Alg. 1 lines 3–9).
 
         The entries are absorbed one by one by assumed density filtering, then the
@@ -262,20 +274,22 @@ class StreamingDeepTensor(TensorEstimator):
             Entry values.
         classes : array-like of shape (2,), default=None
             Probit only: the two labels, needed on the first call if its batch holds only one.
+        sample_weight : array-like of shape (n_entries,), default=None
+            Non-negative entry weights, as in ``fit``.
 
         Returns
         -------
         self : StreamingDeepTensor
         """
         first_call = not hasattr(self, "_posterior")
-        X, y, shape = self._prepare(X, y, first_call, classes)
+        X, y, shape, weight = self._prepare_weighted(X, y, first_call, classes, sample_weight)
         if first_call:
             rng = check_random_state(self.random_state)
             post = self._new_posterior(X.shape[1], shape, rng)
         else:  # work on copies (the generator draws only for init_scale > 0): a call that raises
             rng = copy.deepcopy(self._rng) if self.init_scale > 0 else self._rng  # changes nothing
             post = deep.grow_posterior(self._posterior.copy(), shape, rng, self.init_scale)
-        self._fold(post, X, y, self._progress(unit="batch", objective="mean log evidence"))
+        self._fold(post, X, y, self._progress(unit="batch", objective="mean log evidence"), weight)
         self._rng = rng
         self._set_posterior(post)
         return self

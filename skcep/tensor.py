@@ -140,6 +140,7 @@ class BayesianCPTensor(TensorEstimator):
 
     _structural_params = ("rank", "likelihood", "method", "mode_bias", "fit_intercept", "shape", "ard")
     _dask_fit = fit_tensor  # fit on Dask collections: the entries stay on the workers
+    _dask_fit_weights = True
     _check_index = staticmethod(check_tensor_index)  # run on every chunk of a Dask fit
 
     _parameter_constraints = {
@@ -188,13 +189,13 @@ class BayesianCPTensor(TensorEstimator):
             raise ValueError(f"shape must hold positive integers; got {self.shape!r}.")
         return noise_prior, None if self.shape is None else tuple(int(d) for d in self.shape)
 
-    def _prepare(self, X, y, first_call, classes=None):
+    def _prepare(self, X, y, first_call, classes=None, sample_weight=None):
         X, y = self._validate(X, y, reset=first_call)
         y = self._encode(y, first_call=first_call, classes=classes)
-        return check_tensor_index(X), y
+        return self._entry_weights(check_tensor_index(X), y, sample_weight)
 
     @fit_method
-    def fit(self, X, y):
+    def fit(self, X, y, sample_weight=None):
         """Fit the posterior to the observed entries.
 
         Parameters
@@ -203,6 +204,11 @@ class BayesianCPTensor(TensorEstimator):
             Integer entry indices, one column per mode.
         y : array-like of shape (n_entries,)
             Entry values (real for "gaussian", two labels for "probit").
+        sample_weight : array-like of shape (n_entries,), default=None
+            Non-negative entry weights: an entry of weight w enters as its likelihood to the
+            power w, i.e. as w copies of itself (integer weights give repeated entries: exactly
+            for the group schedule); entries of weight 0 are left out.  None: all 1.  With Dask
+            collections: a Dask (or numpy) vector, re-chunked like X.
 
         Returns
         -------
@@ -210,14 +216,14 @@ class BayesianCPTensor(TensorEstimator):
         """
         noise_prior, fixed_shape = self._check_params()
         self.__dict__.pop("classes_", None), self.__dict__.pop("shape_", None)
-        X, y = self._prepare(X, y, first_call=True)
-        self._start(X, y, noise_prior, self._resolve_shape(X, fixed_shape, None), self.max_iter)
+        X, y, weight = self._prepare(X, y, first_call=True, sample_weight=sample_weight)
+        self._start(X, y, noise_prior, self._resolve_shape(X, fixed_shape, None), self.max_iter, weight=weight)
         if not self.converged_:
             self._warn_not_converged(self.max_iter)
         return self
 
     @fit_method
-    def partial_fit(self, X, y, classes=None):
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
         """Fold one batch of entries into the posterior (streaming; Li et al. §4.4 eq. 30).
 
         The current posterior is the prior for the batch; ``n_inner_iter`` sweeps absorb the
@@ -231,6 +237,8 @@ class BayesianCPTensor(TensorEstimator):
             Entry values.
         classes : array-like of shape (2,), default=None
             Probit only: the two labels, needed on the first call if its batch holds only one.
+        sample_weight : array-like of shape (n_entries,), default=None
+            Non-negative entry weights, as in ``fit`` (not with Dask collections: a TypeError).
 
         Returns
         -------
@@ -238,17 +246,18 @@ class BayesianCPTensor(TensorEstimator):
         """
         first_call = not hasattr(self, "_posterior")
         noise_prior, fixed_shape = self._check_params()
-        X, y = self._prepare(X, y, first_call, classes)
+        X, y, weight = self._prepare(X, y, first_call, classes, sample_weight)
         auto = self.n_inner_iter == "auto"
-        sweeps = streaming_sweeps(X, first_call) if auto else self.n_inner_iter
+        sweeps = streaming_sweeps(X, first_call, weight) if auto else self.n_inner_iter
         if first_call:  # "auto": the global offset starts at the batch's mean
-            shape, offset = self._resolve_shape(X, fixed_shape, None), link_mean(y, self.likelihood) if auto else 0.0
-            return self._start(X, y, noise_prior, shape, sweeps, offset_init=offset)
+            shape = self._resolve_shape(X, fixed_shape, None)
+            offset = link_mean(y, self.likelihood, weight) if auto else 0.0
+            return self._start(X, y, noise_prior, shape, sweeps, offset_init=offset, weight=weight)
         shape = self._resolve_shape(X, fixed_shape, self.shape_)
         result, self._n_seen = absorb_batch(
             self._posterior, X, y, self._n_seen, shape=shape, prior_variance=self.prior_variance,
             init_scale=self.init_scale, rng=self._rng, mode_offset_variance=self.bias_prior_variance,
-            **self._fit_options(sweeps))
+            weight=weight, **self._fit_options(sweeps))
         return self._set_posterior(result, shape)
 
     def _fit_options(self, max_iter):
@@ -256,9 +265,9 @@ class BayesianCPTensor(TensorEstimator):
                     schedule=self.schedule if self.method == "cep" else "group", max_iter=max_iter,
                     tol=self.tol, damping=self.damping, n_jobs=self.n_jobs, callback=self._progress())
 
-    def _start(self, X, y, noise_prior, shape, max_iter, held=None, offset_init=0.0):
+    def _start(self, X, y, noise_prior, shape, max_iter, held=None, offset_init=0.0, weight=None):
         """Keep the best of ``n_init`` random starts by ELBO; ``held``: the entries on Dask workers;
-        ``offset_init``: the starting mean of the global offset."""
+        ``offset_init``: the starting mean of the global offset; ``weight``: the entry weights."""
         rng = check_random_state(self.random_state)
         gaussian = self.likelihood == "gaussian"
         fit, score, noise = ((held.fit_cp, held.elbo, held.starting_noise_precision) if held
@@ -269,12 +278,13 @@ class BayesianCPTensor(TensorEstimator):
                 shape, self.rank, prior_variance=self.prior_variance, init_scale=self.init_scale, rng=rng,
                 global_offset=self.intercept_prior_variance if self.fit_intercept else None,
                 mode_offsets=self.bias_prior_variance if self.mode_bias else None,
-                noise_prior=noise_prior if gaussian else None, noise_init=noise(y, noise_prior) if gaussian else None,
+                noise_prior=noise_prior if gaussian else None,
+                noise_init=noise(y, noise_prior, weight) if gaussian else None,
                 component_prior=_check_noise_prior(self.ard_prior, "ard_prior") if self.ard else None,
                 component_floor=1.0 / self.prior_variance if not gaussian and self.method == "cep" else 0.0,
                 offset_init=offset_init)
-            result = fit(post, X, y, rng=rng, **self._fit_options(max_iter))
-            value = score(result.posterior, X, y, self.likelihood, self.n_jobs) if self.n_init > 1 else 0.0
+            result = fit(post, X, y, rng=rng, weight=weight, **self._fit_options(max_iter))
+            value = score(result.posterior, X, y, self.likelihood, self.n_jobs, weight) if self.n_init > 1 else 0.0
             if best is None or value > best_elbo:
                 best, best_elbo = result, value
         self._rng = rng

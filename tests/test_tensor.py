@@ -62,10 +62,15 @@ def quiet_fit(est, X, y):
 COMMON_FAILURES = {
     "check_fit2d_1feature": "a tensor has at least two modes: one column of indices is rejected "
     "with a ValueError, which this check does not accept",
+    "check_sample_weight_equivalence_on_dense_data": "check limitation: it feeds continuous rand X, "
+    "ignoring the categorical tag, and tensor indices must be integers (tests/test_tensor_weights.py "
+    "checks zero and integer weights against left-out and repeated entries)",
 }
 GAUSSIAN_FAILURES = dict(COMMON_FAILURES)
 PROBIT_FAILURES = {
     **COMMON_FAILURES,
+    "check_classifiers_one_label_sample_weights": "check limitation: it feeds continuous uniform X, "
+    "ignoring the categorical tag, and tensor indices must be integers",
     "check_decision_proba_consistency": "check limitation: it feeds continuous make_blobs X, "
     "ignoring the categorical tag, and tensor indices must be integers",
 }

@@ -38,6 +38,7 @@ __all__ = [
     "delta_method",
     "evidence_derivatives",
     "moment_update",
+    "power_step",
     "noise_update",
     "adf_loop",
     "workspace_buffers",
@@ -224,19 +225,36 @@ def moment_update(mean, var, grad, beta, d_alpha, kappa):
 
 
 @njit(cache=True)
-def noise_update(a, b, y, alpha, beta):
-    """q(τ) = Gam(a, b) after one Gaussian entry (supplement §1, eq. 4): conditional moment
-    matching of the delta-method output, a* = a + ½, b* = b + ½((y − α)² + β)."""
-    resid = y - alpha
-    return a + 0.5, b + 0.5 * (resid * resid + beta)
+def power_step(d_alpha, kappa, beta, weight):
+    """The evidence derivatives of an entry of weight w (its likelihood to the power w), by
+    power EP (Minka, "Power EP", 2004): one copy's ADF step from q implies a Gaussian site in
+    f = gᵀθ, precision κ/(1 − κβ); q takes w copies of it.  With q(f) = N(α, β) this is the
+    step of eq. 7 with ∂log Z/∂α and κ both multiplied by w / (1 + (w − 1) κβ).
+
+    w = 1 leaves them unchanged, w = 0 gives no step, every w ≥ 0 keeps κ_w β < 1 (variances
+    stay positive), and for Gaussian entries (κ = 1/(β + σ²)) it is the exact moment match of
+    N(y | f, σ²)^w ∝ N(y | f, σ²/w): ∂log Z/∂α = w(y − α)/(wβ + σ²), κ = w/(wβ + σ²)."""
+    scale = weight / (1.0 + (weight - 1.0) * kappa * beta)
+    return d_alpha * scale, kappa * scale
 
 
 @njit(cache=True)
-def adf_loop(mean, var, rows, starts, ranks, y, gaussian, relu, sizes, noise, grad, h, deriv, delta, back, out):
+def noise_update(a, b, y, alpha, beta, weight=1.0):
+    """q(τ) = Gam(a, b) after one Gaussian entry (supplement §1, eq. 4): conditional moment
+    matching of the delta-method output, a* = a + ½, b* = b + ½((y − α)² + β); an entry of
+    weight w counts w times: a* = a + w/2, b* = b + w/2·((y − α)² + β)."""
+    resid = y - alpha
+    half = 0.5 * weight
+    return a + half, b + half * (resid * resid + beta)
+
+
+@njit(cache=True)
+def adf_loop(mean, var, rows, starts, ranks, y, weight, gaussian, relu, sizes, noise, grad, h, deriv, delta, back,
+             out):
     """Alg. 1 lines 4–8 for every entry of a batch, in order, in place: the entry's embeddings
-    (means and variances) into the input slots, the delta method, the evidence derivatives,
-    the noise update (``gaussian``), eq. 7 for every weight, the entry's embeddings and the
-    offset, and the embeddings back.
+    (means and variances) into the input slots, the delta method, the evidence derivatives
+    (for the entry's ``weight``: :func:`power_step`), the noise update (``gaussian``), eq. 7 for
+    every weight, the entry's embeddings and the offset, and the embeddings back.
 
     ``rows`` (2, S) holds the means and variances of the embeddings the batch touches, one
     copy per object; entry n's mode-k embedding is ``rows[:, s:s + ranks[k]]`` with
@@ -257,12 +275,14 @@ def adf_loop(mean, var, rows, starts, ranks, y, gaussian, relu, sizes, noise, gr
             pos += ranks[k]
         alpha, beta = delta_method(mean, var, grad, sizes, relu, h, deriv, delta, back)
         yn = y[n]
+        wn = weight[n]
         if gaussian:
             noise_variance = b_tau / a_tau
             d_alpha, kappa = evidence_derivatives(True, yn, alpha, beta, noise_variance)
-            a_tau, b_tau = noise_update(a_tau, b_tau, yn, alpha, beta)
+            a_tau, b_tau = noise_update(a_tau, b_tau, yn, alpha, beta, wn)
         else:
             d_alpha, kappa = evidence_derivatives(False, yn, alpha, beta, 1.0)
+        d_alpha, kappa = power_step(d_alpha, kappa, beta, wn)
         moment_update(mean, var, grad, beta, d_alpha, kappa)
         pos = P
         for k in range(ranks.size):

@@ -53,11 +53,11 @@ first and packed second moments of every factor under q.
     as a CSR product.  ``sparse=False`` always gives ModeChunks (probit CEP needs them; its
     chunks hold at most 2¹⁷/R² entries, so that the per-entry R×R work stays cache-sized).
 
-``gaussian_statistics(chunk, k, means, second, target) -> RowStatistics(rows, second, first)``
+``gaussian_statistics(chunk, k, means, second, target, weight=None) -> RowStatistics(rows, second, first)``
     Gaussian VMP and group CEP (and probit VMP with the augmented targets of
     :func:`augmented_target`): for every row s of mode k that the chunk touches,
-    Σ_{i: i_k = s} E[z zᵀ] (packed) and Σ_{i: i_k = s} target_i E[z_i];
-    ``target = (y − E[offsets])[chunk.entries]``.
+    Σ_{i: i_k = s} w_i E[z zᵀ] (packed) and Σ_{i: i_k = s} w_i target_i E[z_i];
+    ``target = (y − E[offsets])[chunk.entries]``, ``weight`` the entry weights w (None: 1).
 
 ``probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites, damping)``
     ``-> (sites, RowStatistics(rows, Σ π x̄ x̄ᵀ packed, Σ β x̄), n_skipped)``: probit group CEP.
@@ -103,6 +103,17 @@ partitions' results in order) and makes the global steps on their sums: one
 convergence, and :func:`absorb_batch` folds a streaming batch into the posterior (assumed
 density filtering).  The entry schedule is sequential by design (block after block, each
 refreshing q) and runs in memory only.
+
+Entry weights
+-------------
+An entry of weight w ≥ 0 enters through its likelihood to the power w, i.e. as w copies of
+itself (``weight`` in :func:`fit_cp`, :func:`absorb_batch`, :class:`EntryPartition`; None: all
+1, the unweighted arithmetic unchanged).  VMP and the Gaussian sites are linear in the
+likelihood, so w scales the entry's statistics, its share of q(τ) (a += w/2, b += w/2·E[(y − f)²])
+and its ELBO term: integer weights equal repeated entries exactly.  The probit rank-one sites are
+power EP (Minka, "Power EP", 2004): the stored site t is one copy, the cavity removes t, the new
+copy t* comes from the tilted distribution of one copy, and q holds w·t.  In the group schedule
+the copies of an entry would all see the same cavity, so this too equals repeated entries.
 
 Symmetric R×R quantities travel packed (upper triangle, R(R+1)/2 numbers); no n×R×R array is
 ever formed.
@@ -393,11 +404,16 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
     return post
 
 
-def starting_noise_precision(y, noise_prior):
+def starting_noise_precision(y, noise_prior, weight=None):
     """E[τ] to start a Gaussian fit from: 10 / Var(y), a noise that leaves 90 % of the spread of
     y to the model (the prior mean a0/b0 of a vague prior would let the random start's large
-    residuals shrink every embedding to zero); a0/b0 when y is constant."""
-    return noise_precision_for_variance(float(np.var(y)) if y.size > 1 else 0.0, noise_prior)
+    residuals shrink every embedding to zero); a0/b0 when y is constant.  With entry
+    ``weight``: the weighted variance (that of the entries repeated w times)."""
+    if weight is None:
+        return noise_precision_for_variance(float(np.var(y)) if y.size > 1 else 0.0, noise_prior)
+    mean = np.average(y, weights=weight)
+    variance = float(np.average((y - mean) ** 2, weights=weight)) if weight.sum() > 1 else 0.0
+    return noise_precision_for_variance(variance, noise_prior)
 
 
 def noise_precision_for_variance(variance, noise_prior):
@@ -531,6 +547,14 @@ def _sparse_chunks(index, shape, k, small, big, size):
 # statistics (partition) steps
 
 
+def _weigh(values, weight):
+    """``values`` (c, …) times the entry weights ``weight`` (c,): an entry of weight w counts as
+    w copies (its likelihood to the power w).  None: unweighted, ``values`` itself."""
+    if weight is None:
+        return values
+    return values * weight.reshape((-1,) + (1,) * (np.ndim(values) - 1))
+
+
 def _hadamard(arrays, columns, skip=None):
     """∘_{j≠skip} arrays[j][columns[j]]: Hadamard moments of z^{\\skip} (Wang & Zhe eqs. 16–17).
 
@@ -547,22 +571,25 @@ def _hadamard(arrays, columns, skip=None):
     return out
 
 
-def gaussian_statistics(chunk, k, means, second, target):
-    """Σ E[z zᵀ] (packed) and Σ target_i E[z_i] per mode-k row of the chunk's entries.
+def gaussian_statistics(chunk, k, means, second, target, weight=None):
+    """Σ w_i E[z zᵀ] (packed) and Σ w_i target_i E[z_i] per mode-k row of the chunk's entries.
 
     The statistics of VMP (Li et al. §4.2 eq. 27) and of group CEP with Gaussian sites
-    (§4.3 eq. 29); ``target`` (c,) is in the chunk's entry order.
+    (§4.3 eq. 29); ``target`` (c,) and the entry weights ``weight`` (c,) (None: all 1) are in
+    the chunk's entry order.
     """
+    target = _weigh(target, weight)
     if isinstance(chunk, SparseChunk):
         shape = (chunk.rows.size * chunk.n_small, chunk.n_big)
-        A = sp.csr_matrix((np.ones(target.size), chunk.indices, chunk.indptr), shape=shape)
+        A = sp.csr_matrix((np.ones(target.size) if weight is None else weight, chunk.indices, chunk.indptr),
+                          shape=shape)
         A_t = sp.csr_matrix((target, chunk.indices, chunk.indptr), shape=shape)
         T = (A @ second[chunk.big]).reshape(chunk.rows.size, chunk.n_small, -1)
         G = np.einsum("dcp,cp->dp", T, second[chunk.small])
         T = (A_t @ means[chunk.big]).reshape(chunk.rows.size, chunk.n_small, -1)
         return RowStatistics(chunk.rows, G, np.einsum("dcr,cr->dr", T, means[chunk.small]))
     xbar = _hadamard(means, chunk.columns, skip=k)
-    xx = _hadamard(second, chunk.columns, skip=k)
+    xx = _weigh(_hadamard(second, chunk.columns, skip=k), weight)
     xbar *= target[:, None]
     return RowStatistics(chunk.rows, np.add.reduceat(xx, chunk.starts, axis=0),
                          np.add.reduceat(xbar, chunk.starts, axis=0))
@@ -634,13 +661,14 @@ def _cavity_terms(cov, mean, e, pi, beta, xbar, xx, packing):
     return m, a, q2, ok
 
 
-def probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites, damping=1.0):
+def probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites, damping=1.0, weight=None):
     """Probit group CEP for the chunk's entries in mode k (Wang & Zhe, supplement §8.1.2).
 
     Every site is recomputed from the cavity q(u_s) / (its current site), with q of mode k
     given by ``mean`` (d_k, R), ``cov`` (d_k, R, R).  Returns the new sites (direction x̄,
-    π, β), their sums per row (Σ π x̄ x̄ᵀ packed, Σ β x̄) and the number of sites kept because
-    their cavity was improper.
+    π, β), their sums per row (Σ w π x̄ x̄ᵀ packed, Σ w β x̄) and the number of sites kept because
+    their cavity was improper.  With entry weights ``weight`` (c,) the sites are power EP's: a
+    site is one copy (the cavity removes it once) and q holds w copies.
     """
     packing = _packing(mean.shape[1])
     s = chunk.columns[k]
@@ -652,8 +680,10 @@ def probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites
     pi, beta = _damped_probit_site(t, a, q2, sign, rest, precision, shift, damping, ok)
     if ok is not True:
         xbar = np.where(ok[:, None], xbar, direction)
-    statistics = RowStatistics(chunk.rows, np.add.reduceat(packing.outer(xbar) * pi[:, None], chunk.starts, axis=0),
-                               np.add.reduceat(xbar * beta[:, None], chunk.starts, axis=0))
+    copies_pi, copies_beta = _weigh(pi, weight), _weigh(beta, weight)
+    statistics = RowStatistics(chunk.rows,
+                               np.add.reduceat(packing.outer(xbar) * copies_pi[:, None], chunk.starts, axis=0),
+                               np.add.reduceat(xbar * copies_beta[:, None], chunk.starts, axis=0))
     return (xbar, pi, beta), statistics, _n_skipped(ok)
 
 
@@ -822,7 +852,7 @@ def effective_rank(post, share=1e-3):
     return int(np.count_nonzero(power >= max(share * power.max(), 1e-12)))
 
 
-def streaming_sweeps(index, first):
+def streaming_sweeps(index, first, weight=None):
     """Sweeps for a batch of ``partial_fit`` with ``n_inner_iter="auto"``: one (plain assumed
     density filtering), and up to 10 for a first batch that holds at least two entries per object
     it touches.  Iterating on a batch whose objects have one or two entries each drives their
@@ -834,7 +864,8 @@ def streaming_sweeps(index, first):
     if not first:
         return 1
     touched = sum(np.unique(column).size for column in index.T)
-    return 10 if index.shape[0] >= 2 * touched else 1
+    n = index.shape[0] if weight is None else weight.sum()  # an entry of weight w counts w times
+    return 10 if n >= 2 * touched else 1
 
 
 def _component_kl(post):
@@ -850,7 +881,8 @@ def _component_kl(post):
 
 
 class EntrySums(NamedTuple):
-    """Sums over a set of entries of the moments of f under q, which add across partitions:
+    """Sums over a set of entries of the moments of f under q, which add across partitions
+    (with entry weights, every sum weighted: ``n`` is then Σ w):
     ``n`` entries, ``squared_residual`` Σ (y_i − E f_i)², ``cp_second`` Σ E[(1ᵀz_i)²],
     ``cp_mean_square`` Σ (E 1ᵀz_i)², ``offset_variance`` Σ Var(offsets at i), ``log_lik``
     Σ log Φ(s_i E f_i) (probit), ``change_square`` Σ (E f_i − E f_i before the sweep)² and
@@ -866,29 +898,34 @@ class EntrySums(NamedTuple):
     mean_square: float
 
 
-def _entry_sums(index, y, cp_mean, cp_second, offsets, offset_modes, previous, likelihood):
-    """:class:`EntrySums` of the entries ``index`` with values ``y``, from E[1ᵀz_i], E[(1ᵀz_i)²]
-    (None: not needed, 0 is summed), the offset groups' (mean, cov) and the predictor means of
-    the sweep before (``previous``; None: no change).  Returns the sums and the means E f_i."""
+def _entry_sums(index, y, cp_mean, cp_second, offsets, offset_modes, previous, likelihood, weight=None):
+    """:class:`EntrySums` of the entries ``index`` with values ``y`` and weights ``weight``
+    (None: all 1), from E[1ᵀz_i], E[(1ᵀz_i)²] (None: not needed, 0 is summed), the offset
+    groups' (mean, cov) and the predictor means of the sweep before (``previous``; None: no
+    change).  Returns the sums and the means E f_i."""
     off_mean, off_var = _offset_moments_of(offsets, offset_modes, index)
     mean = cp_mean + off_mean
     resid = y - mean
-    log_lik = np.sum(log_phi_derivatives((2.0 * y - 1.0) * mean, order=0)[0]) if likelihood == "probit" else 0.0
+    log_lik = (np.sum(_weigh(log_phi_derivatives((2.0 * y - 1.0) * mean, order=0)[0], weight))
+               if likelihood == "probit" else 0.0)
     if previous is None:
         change = np.nan
     else:
         delta = mean - previous
-        change = delta.dot(delta)
-    sums = EntrySums(y.size, float(resid @ resid), 0.0 if cp_second is None else np.sum(cp_second),
-                     cp_mean @ cp_mean, off_var.sum(), log_lik, change, mean.dot(mean))
+        change = _weigh(delta, weight).dot(delta)
+    sums = EntrySums(y.size if weight is None else weight.sum(), float(_weigh(resid, weight) @ resid),
+                     0.0 if cp_second is None else np.sum(_weigh(cp_second, weight)),
+                     _weigh(cp_mean, weight) @ cp_mean, _weigh(off_var, weight).sum(), log_lik, change,
+                     _weigh(mean, weight).dot(mean))
     return sums, mean
 
 
-def posterior_sums(post, index, y, likelihood, n_jobs=None, previous=None):
-    """:class:`EntrySums` of the entries (index, y) under q ``post`` (``previous``: the predictor
-    means to measure the change from), and the predictor means E f_i."""
+def posterior_sums(post, index, y, likelihood, n_jobs=None, previous=None, weight=None):
+    """:class:`EntrySums` of the entries (index, y) of weights ``weight`` (None: all 1) under q
+    ``post`` (``previous``: the predictor means to measure the change from), and the predictor
+    means E f_i."""
     return _entry_sums(index, y, _cp_mean(post, index, n_jobs), _cp_second(post, index, n_jobs),
-                       [(g.mean, g.cov) for g in post.offsets], post.offset_modes, previous, likelihood)
+                       [(g.mean, g.cov) for g in post.offsets], post.offset_modes, previous, likelihood, weight)
 
 
 @dataclass
@@ -936,10 +973,11 @@ class SweepTotals:
         return float(loglik - kl - _noise_kl(a, b, a0, b0))
 
 
-def elbo(post, index, y, likelihood, n_jobs=None):
+def elbo(post, index, y, likelihood, n_jobs=None, weight=None):
     """The evidence lower bound of q (Li et al. §2.1.1).  For probit, the augmented model's
-    bound with q(z) at its optimum: Σ log Φ(s_i E[f_i]) − ½ Σ Var f_i − KL."""
-    sums, _ = posterior_sums(post, index, y, likelihood, n_jobs)
+    bound with q(z) at its optimum: Σ log Φ(s_i E[f_i]) − ½ Σ Var f_i − KL.  With entry
+    ``weight``, every entry's likelihood term is multiplied by its weight."""
+    sums, _ = posterior_sums(post, index, y, likelihood, n_jobs, weight=weight)
     return SweepTotals.combine([sums], post, likelihood).elbo()
 
 
@@ -960,8 +998,9 @@ class EntryPartition:
     """A partition of the training entries with its per-entry state, and the map steps of a
     group sweep on it (:class:`_GroupSweeps` runs them and the global steps between them).
 
-    ``index`` (c, K) and ``y`` (c,) are the partition's entries, ``shape`` the whole tensor's
-    and ``offset_modes`` the modes of the offset groups (as in :class:`CPPosterior`).  The
+    ``index`` (c, K) and ``y`` (c,) are the partition's entries, ``weight`` (c,) their weights
+    (None: all 1), ``shape`` the whole tensor's and ``offset_modes`` the modes of the offset
+    groups (as in :class:`CPPosterior`).  The
     partition keeps the moments of q its steps read — every factor's mean and packed second
     moment, every offset group's (mean, cov) — and every step first applies ``changes``, the
     ``(group, moments)`` updated since the step before (groups numbered as
@@ -975,8 +1014,9 @@ class EntryPartition:
     """
 
     def __init__(self, index, y, *, shape, offset_modes, likelihood, method, damping=1.0, n_jobs=None,
-                 chunk_size=CHUNK_SIZE):
+                 chunk_size=CHUNK_SIZE, weight=None):
         self.index, self.y, self.shape, self.offset_modes = index, y, tuple(shape), list(offset_modes)
+        self.weight = weight
         self.likelihood, self.method, self.damping = likelihood, method, damping
         self.n_jobs, self.chunk_size = n_jobs, chunk_size
         self.sign = 2.0 * y - 1.0 if likelihood == "probit" else None
@@ -1028,7 +1068,9 @@ class EntryPartition:
             return self._probit_factor(k, cov)
         resid = self.target - self.off_mean
         means, second = self.means, self.second
-        parts = map_chunks(lambda c: gaussian_statistics(c, k, means, second, resid[c.entries]),
+        weight = self.weight
+        parts = map_chunks(lambda c: gaussian_statistics(c, k, means, second, resid[c.entries],
+                                                         None if weight is None else weight[c.entries]),
                            self.chunks(k, True, self.chunk_size), self.n_jobs)
         return parts, 0
 
@@ -1042,7 +1084,8 @@ class EntryPartition:
         def step(i):
             c = chunks[i]
             return probit_site_statistics(c, k, mean, cov, self.means, self.second, self.off_mean[c.entries],
-                                          self.sign[c.entries], sites[i], self.damping)
+                                          self.sign[c.entries], sites[i], self.damping,
+                                          None if self.weight is None else self.weight[c.entries])
 
         parts = map_chunks(step, range(len(chunks)), self.n_jobs)
         self.factor_sites[k] = [p[0] for p in parts]
@@ -1064,8 +1107,9 @@ class EntryPartition:
             sites, skipped = probit_offset_sites(rows, mean, cov, self.rest, self.sign, self.offset_sites[j],
                                                  self.damping)
             self.offset_sites[j] = sites
-            return offset_statistics(rows, *sites, mean.shape[0]), skipped
-        return offset_statistics(rows, np.ones(self.y.size), self.target - self.rest, mean.shape[0]), 0
+            return offset_statistics(rows, *(_weigh(site, self.weight) for site in sites), mean.shape[0]), skipped
+        precision = np.ones(self.y.size) if self.weight is None else self.weight
+        return offset_statistics(rows, precision, _weigh(self.target - self.rest, self.weight), mean.shape[0]), 0
 
     def finish(self, changes, with_second):
         """The partition's :class:`EntrySums` after the sweep (Σ E[(1ᵀz_i)²] only if
@@ -1075,7 +1119,7 @@ class EntryPartition:
             self.cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
         cp_second = _cp_second_of(self.second, self.index, self.n_jobs) if with_second else None
         sums, self.previous = _entry_sums(self.index, self.y, self.cp_mean, cp_second, self.offsets,
-                                          self.offset_modes, self.previous, self.likelihood)
+                                          self.offset_modes, self.previous, self.likelihood, self.weight)
         return sums
 
 
@@ -1179,8 +1223,8 @@ class _EntrySweeps:
     refreshing them block by block lets E[τ] fall while the embeddings are still random, and
     they collapse."""
 
-    def __init__(self, post, index, y, likelihood, damping, block_size, rng, n_jobs):
-        self.posterior, self.index, self.y = post, index, y
+    def __init__(self, post, index, y, likelihood, damping, block_size, rng, n_jobs, weight=None):
+        self.posterior, self.index, self.y, self.weight = post, index, y, weight
         self.damping, self.n_jobs = damping, n_jobs
         self.gaussian = likelihood == "gaussian"
         self.obs = y if self.gaussian else 2.0 * y - 1.0
@@ -1200,9 +1244,9 @@ class _EntrySweeps:
             self.sites = []
         for k, f in enumerate(post.factors):
             prec, shift = f.natural()
-            counts = np.bincount(index[:, k], minlength=f.n_rows)
+            counts = np.bincount(index[:, k], weights=weight, minlength=f.n_rows)  # Σ w per row
             seen = counts > 0
-            share = 1.0 / np.maximum(counts, 1)
+            share = 1.0 / np.where(seen, counts, 1)  # per copy: a row's copies share its excess
             excess = np.where(seen[:, None], shift - f.prior_shift, 0.0)
             per_entry = (excess * share[:, None])[index[:, k]]
             if self.gaussian:
@@ -1237,15 +1281,17 @@ class _EntrySweeps:
                 self.natural[k][0] = self.natural[k][0] + delta
                 f.set_natural(*self.natural[k], slice(None))  # in place: self.moments holds f.mean
                 self.moments.refresh(k, f, slice(None))
-        sums, self.previous = posterior_sums(post, self.index, y, self.likelihood, self.n_jobs, self.previous)
+        sums, self.previous = posterior_sums(post, self.index, y, self.likelihood, self.n_jobs, self.previous,
+                                             self.weight)
         stats = SweepTotals.combine([sums], post, self.likelihood)
         if post.noise is not None and update_noise:
-            post.noise = noise_update(post.noise_prior, y.size, stats.sum_squared_error())
+            post.noise = noise_update(post.noise_prior, sums.n, stats.sum_squared_error())
         return stats
 
     def block(self, B):
         post, packing, moments = self.posterior, self.packing, self.moments
         idx, obs = self.index[B], self.obs[B]
+        w = None if self.weight is None else self.weight[B]  # q holds w copies of every site
         cols = idx.T
         tau = post.noise_precision
         off_mean, _ = _offset_moments(post, idx)
@@ -1255,8 +1301,8 @@ class _EntrySweeps:
             s = idx[:, k]
             if self.gaussian:
                 new_prec, new_shift = _gaussian_sites(xbar, xx, obs - off_mean, tau)
-                d_prec = new_prec - self.site_prec[k][B]
-                d_shift = new_shift - self.site_shift[k][B]
+                d_prec = _weigh(new_prec - self.site_prec[k][B], w)
+                d_shift = _weigh(new_shift - self.site_shift[k][B], w)
                 self.site_prec[k][B], self.site_shift[k][B] = new_prec, new_shift
             else:
                 direction, precision, shift = (part[B] for part in self.sites[k])
@@ -1266,8 +1312,8 @@ class _EntrySweeps:
                 self.n_skipped += _n_skipped(ok)
                 if ok is not True:
                     xbar = np.where(ok[:, None], xbar, direction)
-                d_prec = packing.outer(xbar) * pi[:, None] - packing.outer(direction) * precision[:, None]
-                d_shift = xbar * beta[:, None] - direction * shift[:, None]
+                d_prec = _weigh(packing.outer(xbar) * pi[:, None] - packing.outer(direction) * precision[:, None], w)
+                d_shift = _weigh(xbar * beta[:, None] - direction * shift[:, None], w)
                 self.sites[k][0][B], self.sites[k][1][B], self.sites[k][2][B] = xbar, pi, beta
             prec, shift = self.natural[k]
             rows, inverse = np.unique(s, return_inverse=True)
@@ -1276,9 +1322,9 @@ class _EntrySweeps:
             f.set_natural(prec[rows], shift[rows], rows)
             moments.refresh(k, f, rows)
         if post.offsets:
-            self._offsets(B, idx, obs, tau)
+            self._offsets(B, idx, obs, tau, w)
 
-    def _offsets(self, B, idx, obs, tau):
+    def _offsets(self, B, idx, obs, tau, w):
         post = self.posterior
         cp_mean = _cp_mean(post, idx)
         for j, g in enumerate(post.offsets):
@@ -1296,14 +1342,14 @@ class _EntrySweeps:
                                                           old_prec, old_shift, self.damping, ok)
                 self.n_skipped += _n_skipped(ok)
             rows, inverse = np.unique(rows_all, return_inverse=True)
-            prec[rows, 0, 0] += np.bincount(inverse, new_prec - old_prec, minlength=rows.size)
-            shift[rows, 0] += np.bincount(inverse, new_shift - old_shift, minlength=rows.size)
+            prec[rows, 0, 0] += np.bincount(inverse, _weigh(new_prec - old_prec, w), minlength=rows.size)
+            shift[rows, 0] += np.bincount(inverse, _weigh(new_shift - old_shift, w), minlength=rows.size)
             self.off_prec[j][B], self.off_shift[j][B] = new_prec, new_shift
             g.set_natural(prec[rows], shift[rows], rows)
 
 
 def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", damping=1.0,
-                 block_size=None, rng=None, n_jobs=None, chunk_size=CHUNK_SIZE, partitions=None):
+                 block_size=None, rng=None, n_jobs=None, chunk_size=CHUNK_SIZE, partitions=None, weight=None):
     """The sweeps :func:`fit_cp` runs, on a copy of ``post``: an object whose
     ``sweep(update_noise=True)`` runs one sweep and returns its :class:`SweepTotals`, and
     whose ``posterior`` is q after the last sweep (updated in place).
@@ -1313,6 +1359,7 @@ def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedul
     :class:`EntryPartition` step ``name`` on every partition (each built from its entries and
     ``options`` before its first step) and returns their results in partition order; ``index``
     and ``y`` are then unused.  By default the entries are one :class:`InMemoryEntries`.
+    ``weight`` (n,): the entries' weights (None: all 1; see the module docstring).
     """
     post = post.copy()
     if schedule == "entry":
@@ -1320,12 +1367,14 @@ def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedul
             raise ValueError("The entry schedule updates the sites block after block, each from the q left by the "
                              "one before: it needs the entries in memory. Use schedule='group' for partitioned "
                              "entries.")
-        return _EntrySweeps(post, index, y, likelihood, damping, block_size, rng, n_jobs)
+        return _EntrySweeps(post, index, y, likelihood, damping, block_size, rng, n_jobs, weight)
     options = dict(shape=post.shape, offset_modes=post.offset_modes, likelihood=likelihood, method=method,
                    damping=damping, chunk_size=chunk_size)
     if partitions is None:
-        parts = InMemoryEntries(EntryPartition(index, y, n_jobs=n_jobs, **options))
+        parts = InMemoryEntries(EntryPartition(index, y, n_jobs=n_jobs, weight=weight, **options))
     else:
+        if weight is not None:
+            raise ValueError("Partitioned entries carry their own weights; pass weight=None.")
         parts = partitions(**options)
     return _GroupSweeps(post, parts, likelihood, method)
 
@@ -1350,7 +1399,7 @@ class CPFitResult:
 
 def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", max_iter=100,
            tol=1e-4, damping=1.0, block_size=None, rng=None, n_jobs=None, callback=None, track_elbo=True,
-           hold_noise=0, chunk_size=CHUNK_SIZE, partitions=None):
+           hold_noise=0, chunk_size=CHUNK_SIZE, partitions=None, weight=None):
     """Fit q on the entries (index, y), starting from and with the priors of ``post``.
 
     Iterates until the relative change of the training predictor means is below ``tol`` or
@@ -1363,11 +1412,12 @@ def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="gro
     ``track_elbo``).  q(τ) is held at its starting value for the first ``hold_noise`` sweeps:
     early residuals of a random start would make E[τ] small and shrink every embedding to the
     zero fixed point.  ``partitions``: the entries held elsewhere (see :func:`start_sweeps`).
+    ``weight`` (n,): entry weights w ≥ 0, each entry's likelihood to the power w (None: all 1).
     Returns a :class:`CPFitResult` holding a new posterior (``post`` is not modified).
     """
     sweeps = start_sweeps(post, index, y, likelihood=likelihood, method=method, schedule=schedule,
                           damping=damping, block_size=block_size, rng=rng, n_jobs=n_jobs, chunk_size=chunk_size,
-                          partitions=partitions)
+                          partitions=partitions, weight=weight)
     post = sweeps.posterior
     trace, converged, n_iter = [], False, 0
     for n_iter in range(1, max_iter + 1):
@@ -1386,7 +1436,7 @@ def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="gro
 
 
 def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, rng=None,
-                 mode_offset_variance=None, **fit_options):
+                 mode_offset_variance=None, weight=None, **fit_options):
     """Fold a batch of entries into ``post`` (assumed density filtering; Li et al. §4.4 eq. 30,
     Wang & Zhe §6.3): the current posterior is the prior of the batch.
 
@@ -1398,7 +1448,7 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
     N(0, prior_variance·I)).  ``fit_options`` go to :func:`fit_cp`.  With q(λ) (automatic
     relevance determination) λ is held during the batch (the sub-model sees a part of the rows
     only) and updated once after it from every row, moving every row's prior and q
-    (:func:`component_update` with ``refresh``).
+    (:func:`component_update` with ``refresh``).  ``weight``: the batch's entry weights (None: 1).
 
     Returns the :class:`CPFitResult` with the whole new posterior, and the updated ``n_seen``.
     """
@@ -1413,7 +1463,7 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
         if unseen.size and init_scale > 0:
             start = _random_rows(unseen.size, rank, prior_variance, init_scale, rng)
             f.mean[unseen], f.cov[unseen] = start.mean, start.cov
-    result = fit_cp(sub, local, y, rng=rng, **fit_options)
+    result = fit_cp(sub, local, y, rng=rng, weight=weight, **fit_options)
     put_rows(full, rows, result.posterior)
     if full.components is not None:
         component_update(full, refresh=True)

@@ -46,7 +46,8 @@ The per-entry equations are compiled functions of :mod:`skcep.engines._deep_kern
   the compiled :func:`~skcep.engines._deep_kernel.mills_ratio`, the compiled twin of
   :func:`~skcep.engines.likelihoods.mills_ratio`); log Z itself, vectorised after each batch:
   :func:`log_evidence` (from :mod:`skcep.engines.likelihoods`);
-* eq. 7, the moment update: :func:`moment_update`;
+* eq. 7, the moment update: :func:`moment_update`; for an entry of weight w (its likelihood
+  to the power w), the power-EP step :func:`power_step`;
 * supplement §1 eq. 4, the noise update: :func:`noise_update`;
 * supplement eqs. 5–9, the spike-and-slab EP step: :func:`spike_slab_tilted` and
   :func:`refine_spike_slab` (cavity and damping by :mod:`skcep.engines.gaussian`);
@@ -69,7 +70,7 @@ from scipy.special import expit, logit
 from scipy.stats import truncnorm
 
 from ._deep_kernel import (adf_loop, delta_method, evidence_derivatives, forward_backward, moment_update,
-                           noise_update, workspace_buffers)
+                           noise_update, power_step, workspace_buffers)
 from .gaussian import cavity_natural, damped_update
 from .likelihoods import Gaussian, Probit
 
@@ -87,6 +88,7 @@ __all__ = [
     "evidence_derivatives",
     "log_evidence",
     "moment_update",
+    "power_step",
     "noise_update",
     "adf_pass",
     "spike_slab_tilted",
@@ -394,7 +396,7 @@ def _gather_rows(post, X):
     return np.ascontiguousarray(rows, dtype=float), starts, touched
 
 
-def adf_pass(post, X, y, likelihood):
+def adf_pass(post, X, y, likelihood, weight=None):
     """Alg. 1 lines 3–8 over the entries of one batch, in order, updating ``post`` in place.
 
     Per entry (:func:`~skcep.engines._deep_kernel.adf_loop`, one compiled call for the batch):
@@ -409,6 +411,9 @@ def adf_pass(post, X, y, likelihood):
     X : ndarray (n, K) of int, indices inside the posterior's shape
     y : ndarray (n,), values (Gaussian) or signs ±1 (probit)
     likelihood : {"gaussian", "probit"}
+    weight : ndarray (n,) or None
+        Entry weights w ≥ 0 (None: all 1): the entry's likelihood to the power w
+        (:func:`power_step`; its noise update and log Z count w times; w = 0 skips it).
 
     Returns
     -------
@@ -422,8 +427,9 @@ def adf_pass(post, X, y, likelihood):
     gaussian = likelihood == "gaussian"
     noise = (float(post.noise[0]), float(post.noise[1])) if gaussian else (1.0, 1.0)
     moments = np.empty((3, n))
-    noise = adf_loop(ws.mean, ws.var, rows, starts, np.asarray(post.ranks, dtype=np.int64), y, gaussian, ws.relu,
-                     ws.sizes, noise, ws.grad, ws.h, ws.deriv, ws.delta, ws.back, moments)
+    weights = np.ones(n) if weight is None else np.require(weight, dtype=float, requirements=["C"]).reshape(-1)
+    noise = adf_loop(ws.mean, ws.var, rows, starts, np.asarray(post.ranks, dtype=np.int64), y, weights, gaussian,
+                     ws.relu, ws.sizes, noise, ws.grad, ws.h, ws.deriv, ws.delta, ws.back, moments)
     offset = 0
     for e, objects in zip(post.emb, touched):  # the updated embeddings back
         width = objects.size * e.shape[2]
@@ -434,8 +440,8 @@ def adf_pass(post, X, y, likelihood):
     if n:
         alphas, betas, noise_variances = moments
         log_z = log_evidence(likelihood, y, alphas, betas, noise_variances if gaussian else None)
-        post.log_evidence += float(np.sum(log_z))
-    post.n_seen += n
+        post.log_evidence += float(np.sum(log_z if weight is None else weights * log_z))
+    post.n_seen += n if weight is None else int(np.count_nonzero(weights))
     return post
 
 
@@ -512,7 +518,7 @@ def refine_spike_slab(post, damping=1.0):
 # the partition step
 
 
-def fold_batch(post, X, y, likelihood, damping):
+def fold_batch(post, X, y, likelihood, damping, weight=None):
     """Fold one batch into the posterior (Alg. 1 lines 3–9): ADF over its entries in order
     (:func:`adf_pass`), then the EP refinement of the spike-and-slab terms
     (:func:`refine_spike_slab`, step ``damping``).  Updates ``post`` in place and returns it.
@@ -524,12 +530,14 @@ def fold_batch(post, X, y, likelihood, damping):
     y : ndarray (n,), values (Gaussian) or signs ±1 (probit)
     likelihood : {"gaussian", "probit"}
     damping : float in (0, 1]
+    weight : ndarray (n,) or None
+        Entry weights (None: all 1), see :func:`adf_pass`.
 
     Returns
     -------
     post : DeepPosterior
     """
-    adf_pass(post, X, y, likelihood)
+    adf_pass(post, X, y, likelihood, weight)
     refine_spike_slab(post, damping)
     post.n_batches += 1
     return post
