@@ -106,6 +106,15 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
 
     partial_fit.__doc__ = PARTIAL_FIT_DOC
 
+    def _fit_dask(self, name, X, y=None, **options):
+        if name == "partial_fit" and options.get("sample_weight") is not None:
+            raise ValueError(
+                "partial_fit on Dask collections does not take sample_weight (its chunks are "
+                "folded by a chain of tasks that carries X and y only). Use fit, which takes a "
+                "Dask array of weights chunked like the rows, or call partial_fit on each chunk "
+                "with its weights.")
+        return super()._fit_dask(name, X, y, **options)
+
     def _row_weights(self, X, y, classes, sample_weight, partial):
         """Each row's weight, ``sample_weight`` × ``class_weight`` of its label (as in
         :class:`~sklearn.linear_model.LogisticRegression`), or None when both are None (the
@@ -121,19 +130,30 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
                 "classes=classes, y=y_sample), and pass them as a dict to class_weight.")
         weight = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True,
                                       allow_all_zero_weights=partial, copy=True)
+        if self.class_weight is not None:
+            code = np.searchsorted(classes, y)
+            totals = np.bincount(code, weights=weight, minlength=classes.size)
+            weight *= self._per_class_weight(classes, totals)[code]
+        return weight
+
+    def _per_class_weight(self, classes, totals):
+        """The weight of each class under ``class_weight``, from the classes' summed
+        ``sample_weight`` ``totals`` (what ``"balanced"`` needs): scikit-learn's
+        :func:`~sklearn.utils.class_weight.compute_class_weight`, checked."""
         if isinstance(self.class_weight, dict) and (
                 unknown := [k for k in self.class_weight if not np.isin(k, classes)]):
             raise ValueError(f"class_weight has keys {unknown!r} that are not classes "
                              f"{classes.tolist()!r}.")
-        if self.class_weight is not None:
-            per_class = compute_class_weight(self.class_weight, classes=classes, y=y,
-                                             sample_weight=weight)
-            per_class = np.asarray(per_class, dtype=np.float64)
-            if not np.all(np.isfinite(per_class) & (per_class >= 0)):
-                raise ValueError("class_weight must map every class to a finite, non-negative "
-                                 f"weight; got {per_class.tolist()!r} for classes {classes.tolist()!r}.")
-            weight *= per_class[np.searchsorted(classes, y)]
-        return weight
+        if isinstance(self.class_weight, str) and not np.all(totals > 0):
+            raise ValueError("class_weight='balanced' needs a positive sample_weight in every "
+                             f"class; classes {classes[totals <= 0].tolist()!r} have none.")
+        per_class = compute_class_weight(self.class_weight, classes=classes, y=classes,
+                                         sample_weight=totals)
+        per_class = np.asarray(per_class, dtype=np.float64)
+        if not np.all(np.isfinite(per_class) & (per_class >= 0)):
+            raise ValueError("class_weight must map every class to a finite, non-negative "
+                             f"weight; got {per_class.tolist()!r} for classes {classes.tolist()!r}.")
+        return per_class
 
     def _check_options(self, n_features):
         if self.covariance == "full":
