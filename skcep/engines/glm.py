@@ -273,7 +273,7 @@ def site_copy(site, weight):
 def site_total(site_copy_, weight):
     """T = w t: the total site of a row of sample weight ``weight`` from one copy (see
     :func:`site_copy`); exactly zero where w = 0."""
-    return np.where(weight > 0, site_copy_ * weight, 0.0)
+    return np.where(weight > 0, site_copy_, 0.0) * weight
 
 
 def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, sample_weight=None):
