@@ -143,7 +143,7 @@ def _zero_change(dim):
     return np.zeros((dim, dim)), np.zeros(dim), 0
 
 
-def _row_weights(estimator, X, y, classes, sample_weight):
+def _weighted_labels(estimator, X, y, classes, sample_weight):
     """The Delayed (labels, row weights) chunks of a weighted fit (None when unweighted):
     ``sample_weight`` (a Dask array or Series chunked like the rows, or array-like) ×
     ``class_weight``, checked as the in-memory fit checks them (one pass over the chunks)."""
@@ -216,7 +216,7 @@ def fit_classifier(estimator, X, y, sample_weight=None):
             "value of the prior variance would be a distributed fit); choose it on an "
             "in-memory sample (fit there with prior_variance='auto', read prior_variance_) "
             "and pass the number.")
-    weights = _row_weights(estimator, X, y, classes, sample_weight)
+    weights = _weighted_labels(estimator, X, y, classes, sample_weight)
     held = DaskRows(X, y, estimator.fit_intercept, estimator.covariance == "full", weights)
     posterior = estimator._fit_posteriors(held, y, classes, prior=None)
     estimator.classes_ = classes
