@@ -343,3 +343,20 @@ def test_dask_fit_takes_weights_chunked_like_the_rows():
     in_memory = CEPProbitClassifier(**kw).fit(X, y, sample_weight=w)
     _assert_same_posterior(on_dask, in_memory, mean_sd=1e-6, var_rtol=1e-6)
     assert_allclose(on_dask.log_evidence_, in_memory.log_evidence_, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("cov", ["diagonal", "full"])
+def test_dask_fit_on_a_cluster_with_weights_equals_repeated_rows(on_cluster, cov):
+    """The weights reach the partition steps on worker processes: integer weights on Dask
+    chunks against the repeated rows in memory."""
+    da = pytest.importorskip("dask.array")
+    X, y, rng = _data(n=200, n_classes=2)
+    w = rng.integers(0, 4, len(y)).astype(float)
+    kw = dict(method="ep", covariance=cov, **TIGHT)
+    on_dask = CEPLogisticClassifier(**kw).fit(da.from_array(X, chunks=(50, -1)),
+                                              da.from_array(y, chunks=50),
+                                              sample_weight=da.from_array(w, chunks=50))
+    repeated = CEPLogisticClassifier(**kw).fit(np.repeat(X, w.astype(int), axis=0),
+                                               np.repeat(y, w.astype(int)))
+    _assert_same_posterior(on_dask, repeated, mean_sd=1e-4, var_rtol=1e-4)
+    assert_allclose(on_dask.log_evidence_, repeated.log_evidence_, rtol=0, atol=1e-5)
