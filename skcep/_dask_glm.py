@@ -17,7 +17,7 @@ from sklearn.utils import check_array
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
-from ._dask import DaskPartitions, row_blocks, rows
+from ._dask import DaskPartitions, is_dask_collection, row_blocks, rows
 from .engines.evidence import factorized_site_terms, full_site_terms, log_evidence
 from .engines.glm import (
     _Design,
@@ -42,39 +42,69 @@ def _design_chunk(X, fit_intercept, block_size):
     return X if block_size is None else _Design(X, block_size)
 
 
+def _weighted_rows(labels, sample_weight, classes, per_class):
+    """One chunk's labels and row weights: ``sample_weight`` (None: ones) × the weight of each
+    row's class (``per_class`` over ``classes``; None: no class weights)."""
+    labels = np.asarray(labels)
+    weight = np.ones(labels.shape[0]) if sample_weight is None else np.asarray(sample_weight, dtype=float)
+    if per_class is not None:
+        weight = weight * per_class[np.searchsorted(classes, labels)]
+    return labels, weight
+
+
+def _weight_summary(labels, sample_weight, classes):
+    """One chunk's summed weight per class, smallest weight and whether all are finite."""
+    weight = np.asarray(sample_weight, dtype=float)
+    if weight.ndim != 1 or weight.shape[0] != np.shape(labels)[0]:
+        raise ValueError(f"sample_weight must be 1-D with one weight per row; got shape {weight.shape}.")
+    totals = np.bincount(np.searchsorted(classes, np.asarray(labels)), weights=weight,
+                         minlength=classes.size)
+    return totals, weight.min(initial=np.inf), bool(np.all(np.isfinite(weight)))
+
+
+def _signs(labels, positive):
+    """±1 label signs of one chunk, and its row weights (None when the chunk has none)."""
+    labels, weight = labels if isinstance(labels, tuple) else (labels, None)
+    return np.where(np.asarray(labels) == positive, 1.0, -1.0), weight
+
+
 def _factorized_chunk(design, labels, sites, prec, shift, *, positive, evidence=None, **options):
     """The engine's factorized partition step on one chunk; with ``evidence`` (a likelihood)
-    instead the chunk's site terms of the EP evidence (sites unchanged)."""
-    sign = np.where(np.asarray(labels) == positive, 1.0, -1.0)
+    instead the chunk's site terms of the EP evidence (sites unchanged).  ``labels`` is the
+    chunk's labels, or (labels, row weights)."""
+    sign, weight = _signs(labels, positive)
     if sites is None:
         site_prec, site_shift = np.zeros(_site_shape(design.X)), np.zeros(_site_shape(design.X))
     else:
         site_prec, site_shift = (a.copy() for a in sites)
     if evidence is not None:
         terms = factorized_site_terms(design, sign, site_prec, site_shift, prec, shift,
-                                      likelihood=evidence)
+                                      likelihood=evidence, sample_weight=weight)
         return (site_prec, site_shift), terms
-    totals = factorized_partition_step(design, sign, site_prec, site_shift, prec, shift, **options)
+    totals = factorized_partition_step(design, sign, site_prec, site_shift, prec, shift,
+                                       sample_weight=weight, **options)
     return (site_prec, site_shift), totals
 
 
 def _full_chunk(X, labels, sites, P, b, *, positive, evidence=None, **options):
     """As :func:`_factorized_chunk` for the full covariance; with ``evidence``, (P, b) are
     the posterior's (mean, covariance)."""
-    sign = np.where(np.asarray(labels) == positive, 1.0, -1.0)
+    sign, weight = _signs(labels, positive)
     n = X.shape[0]
     site_prec, site_shift = (np.zeros(n), np.zeros(n)) if sites is None else (a.copy() for a in sites)
     if evidence is not None:
         return (site_prec, site_shift), full_site_terms(X, sign, site_prec, site_shift, P, b,
-                                                        likelihood=evidence)
-    change = full_partition_step(X, sign, site_prec, site_shift, P, b, **options)
+                                                        likelihood=evidence, sample_weight=weight)
+    change = full_partition_step(X, sign, site_prec, site_shift, P, b, sample_weight=weight,
+                                 **options)
     return (site_prec, site_shift), change
 
 
 class DaskRows:
-    """A classifier's design and labels as persisted Dask chunks, fitted model by model."""
+    """A classifier's design and labels (with their row weights, if any: ``weights`` a list
+    of Delayed (labels, weights) chunks) as persisted Dask chunks, fitted model by model."""
 
-    def __init__(self, X, y, fit_intercept, full):
+    def __init__(self, X, y, fit_intercept, full, weights=None):
         import dask  # noqa: PLC0415
 
         n, d = X.shape
@@ -86,7 +116,7 @@ class DaskRows:
         chunks = [dask.delayed(_design_chunk)(xb, fit_intercept, None if full else block)
                   for xb in row_blocks(X)]
         self.data = list(dask.persist(*chunks))
-        self.ys = list(dask.persist(*row_blocks(y)))
+        self.ys = list(dask.persist(*(row_blocks(y) if weights is None else weights)))
 
     def fit(self, positive, likelihood, evidence_likelihood, prior_mean, prior_spread, **options):
         """The engine's fit of one binary model (``positive`` against the rest), and its EP
@@ -113,8 +143,57 @@ def _zero_change(dim):
     return np.zeros((dim, dim)), np.zeros(dim), 0
 
 
-def fit_classifier(estimator, X, y):
-    """``fit`` of a Bayesian classifier on a Dask array or DataFrame (rows chunked)."""
+def _weighted_labels(estimator, X, y, classes, sample_weight):
+    """The Delayed (labels, row weights) chunks of a weighted fit (None when unweighted):
+    ``sample_weight`` (a Dask array or Series chunked like the rows, or array-like) ×
+    ``class_weight``, checked as the in-memory fit checks them (one pass over the chunks)."""
+    import dask  # noqa: PLC0415
+    import dask.array as da  # noqa: PLC0415
+
+    if sample_weight is None and estimator.class_weight is None:
+        return None
+    y_blocks = row_blocks(y)
+    if sample_weight is None:
+        w_blocks = [None] * len(y_blocks)
+    else:
+        if not is_dask_collection(sample_weight):
+            sample_weight = np.asarray(sample_weight, dtype=float)
+            if sample_weight.shape != (X.shape[0],):
+                raise ValueError(f"sample_weight.shape == {sample_weight.shape}, expected "
+                                 f"({X.shape[0]},)!")
+            sample_weight = da.from_array(sample_weight, chunks=(X.chunks[0],))
+        sample_weight, _ = rows(sample_weight, "sample_weight")
+        if sample_weight.shape != (X.shape[0],):
+            raise ValueError(f"sample_weight.shape == {sample_weight.shape}, expected ({X.shape[0]},)!")
+        sample_weight, _ = rows(sample_weight, "sample_weight", X.chunks[0])
+        w_blocks = row_blocks(sample_weight)
+        summaries = dask.compute(*[dask.delayed(_weight_summary)(yb, wb, classes)
+                                   for yb, wb in zip(y_blocks, w_blocks)])
+        totals = np.sum([t for t, _, _ in summaries], axis=0)
+        if not all(finite for _, _, finite in summaries):
+            raise ValueError("Input sample_weight contains NaN or infinity.")
+        if min(low for _, low, _ in summaries) < 0:
+            raise ValueError("Negative values in data passed to `sample_weight`.")
+        if not np.any(totals > 0):
+            raise ValueError("Sample weights must contain at least one non-zero number.")
+    per_class = None
+    if estimator.class_weight is not None:
+        if sample_weight is None:
+            counts = dask.compute(*[dask.delayed(_weight_summary)(yb, np.ones(n), classes)
+                                    for yb, n in zip(y_blocks, y.chunks[0])])
+            totals = np.sum([t for t, _, _ in counts], axis=0)
+        per_class = estimator._per_class_weight(classes, totals)
+        totals = totals * per_class
+    if np.count_nonzero(totals > 0) < 2:
+        raise ValueError("The samples with a positive weight (sample_weight × class_weight) "
+                         f"must come from at least 2 classes; got {classes[totals > 0].tolist()!r}.")
+    return [dask.delayed(_weighted_rows)(yb, wb, classes, per_class)
+            for yb, wb in zip(y_blocks, w_blocks)]
+
+
+def fit_classifier(estimator, X, y, sample_weight=None):
+    """``fit`` of a Bayesian classifier on a Dask array or DataFrame (rows chunked), with
+    optional ``sample_weight`` (a Dask array chunked like the rows, or an in-memory array)."""
     import dask.array as da  # noqa: PLC0415
 
     X, columns = rows(X)
@@ -137,7 +216,8 @@ def fit_classifier(estimator, X, y):
             "value of the prior variance would be a distributed fit); choose it on an "
             "in-memory sample (fit there with prior_variance='auto', read prior_variance_) "
             "and pass the number.")
-    held = DaskRows(X, y, estimator.fit_intercept, estimator.covariance == "full")
+    weights = _weighted_labels(estimator, X, y, classes, sample_weight)
+    held = DaskRows(X, y, estimator.fit_intercept, estimator.covariance == "full", weights)
     posterior = estimator._fit_posteriors(held, y, classes, prior=None)
     estimator.classes_ = classes
     estimator._set_posterior(posterior)

@@ -13,6 +13,11 @@ FIT_DOC = """Fit the posterior of the weights to all of (X, y).
             Training data; CSR input keeps memory O(nnz).
         y : array-like of shape (n_samples,)
             Class labels (two or more classes).
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weight of each sample, multiplied by ``class_weight``: a sample of
+            weight w counts as w copies of itself (integer weights give the posterior and
+            evidence of the repeated rows, a zero weight that of the sample left out); see the
+            user guide.  None: every sample has weight 1.
 
         Returns
         -------
@@ -34,6 +39,9 @@ PARTIAL_FIT_DOC = """Fold one batch into the posterior (assumed density filterin
         y : array-like of shape (n_samples,)
         classes : array-like of shape (n_classes,), default=None
             All classes of the stream; required on the first call.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weight of each sample of the batch, as in :meth:`fit` (a batch of
+            zero weights leaves the posterior as it was).  Not taken with Dask collections.
 
         Returns
         -------
@@ -92,6 +100,13 @@ _PARAMS_DOC = """
         Samples whose sites are refined together before the posterior is refreshed; 1 is the
         sequential schedule of Algorithm 1 of the CEP paper.  None: about 2 % of the samples
         (at least 8, and blocks of at most ~32,000 stored entries).
+    class_weight : dict, "balanced" or None, default=None
+        Weights of the classes, multiplied into ``sample_weight``, as in
+        :class:`~sklearn.linear_model.LogisticRegression`: a dict {class: weight}, or
+        "balanced", n_samples / (n_classes × the class's count), counts summed over
+        ``sample_weight`` (:func:`sklearn.utils.class_weight.compute_class_weight`).  Every
+        one-vs-rest model sees the same per-sample weights.  ``partial_fit`` refuses
+        "balanced" (a stream's class frequencies are unknown); pass a dict.
 """ + N_JOBS_DOC.replace("chunks of a sweep", "one-vs-rest models") + VERBOSE_DOC
 
 _ATTRS_DOC = """

@@ -14,8 +14,9 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
+from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from ._base import COMMON_CONSTRAINTS, SkcepMixin, blas_limits, fit_method, predict_method
 from ._dask_glm import DaskRows, fit_classifier
@@ -45,6 +46,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         "tol": [Interval(Real, 0, None, closed="left")],
         "damping": [StrOptions({"auto"}), Interval(Real, 0, 1, closed="right")],
         "block_size": [None, Interval(Integral, 1, None, closed="left")],
+        "class_weight": [None, dict, StrOptions({"balanced"})],
         **COMMON_CONSTRAINTS,
     }
     _structural_params = ("method", "covariance", "fit_intercept")
@@ -52,7 +54,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
 
     def __init__(self, *, method="cep1", covariance="diagonal", prior_variance=1.0,
                  fit_intercept=True, intercept_prior_variance=100.0, max_iter=300, tol=1e-3,
-                 damping="auto", block_size=None, n_jobs=None, verbose=0):
+                 damping="auto", block_size=None, class_weight=None, n_jobs=None, verbose=0):
         self.method = method
         self.covariance = covariance
         self.prior_variance = prior_variance
@@ -62,19 +64,24 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         self.tol = tol
         self.damping = damping
         self.block_size = block_size
+        self.class_weight = class_weight
         self.n_jobs = n_jobs
         self.verbose = verbose
 
     @fit_method
-    def fit(self, X, y):
+    def fit(self, X, y, sample_weight=None):
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, reset=True)
         check_classification_targets(y)
         classes = np.unique(y)
         if classes.size < 2:
             raise ValueError("The training data need samples of at least 2 classes; "
                              f"got one class: {classes.tolist()[0]!r}.")
+        weight = self._row_weights(X, y, classes, sample_weight, partial=False)
+        if weight is not None and (present := np.unique(y[weight > 0])).size < 2:
+            raise ValueError("The samples with a positive weight (sample_weight × class_weight) "
+                             f"must come from at least 2 classes; got {present.tolist()!r}.")
         self._check_options(X.shape[1])
-        posterior = self._fit_posteriors(X, y, classes, prior=None)
+        posterior = self._fit_posteriors(X, y, classes, prior=None, sample_weight=weight)
         self.classes_ = classes
         self._set_posterior(posterior)
         return self
@@ -82,7 +89,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
     fit.__doc__ = FIT_DOC
 
     @fit_method
-    def partial_fit(self, X, y, classes=None):
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
         first = _check_partial_fit_first_call(self, classes)  # sets classes_ on a first call
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, reset=first)
         check_classification_targets(y)
@@ -90,12 +97,63 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"classes must hold at least 2 classes; got {self.classes_!r}.")
         if (unknown := np.setdiff1d(np.unique(y), self.classes_)).size:
             raise ValueError(f"y contains labels {unknown!r} that are not in classes {self.classes_!r}.")
+        weight = self._row_weights(X, y, self.classes_, sample_weight, partial=True)
         self._check_options(X.shape[1])
-        posterior = self._fit_posteriors(X, y, self.classes_, prior=None if first else self._posterior)
+        posterior = self._fit_posteriors(X, y, self.classes_, prior=None if first else self._posterior,
+                                         sample_weight=weight)
         self._set_posterior(posterior)
         return self
 
     partial_fit.__doc__ = PARTIAL_FIT_DOC
+
+    def _fit_dask(self, name, X, y=None, **options):
+        if name == "partial_fit" and options.get("sample_weight") is not None:
+            raise ValueError(
+                "partial_fit on Dask collections does not take sample_weight (its chunks are "
+                "folded by a chain of tasks that carries X and y only). Use fit, which takes a "
+                "Dask array of weights chunked like the rows, or call partial_fit on each chunk "
+                "with its weights.")
+        return super()._fit_dask(name, X, y, **options)
+
+    def _row_weights(self, X, y, classes, sample_weight, partial):
+        """Each row's weight, ``sample_weight`` × ``class_weight`` of its label (as in
+        :class:`~sklearn.linear_model.LogisticRegression`), or None when both are None (the
+        unweighted engines).  ``"balanced"`` needs the class frequencies, which a stream's
+        ``partial_fit`` does not know (as in :class:`~sklearn.linear_model.SGDClassifier`)."""
+        if sample_weight is None and self.class_weight is None:
+            return None
+        if partial and isinstance(self.class_weight, str):
+            raise ValueError(
+                "class_weight='balanced' is not supported for partial_fit: the class "
+                "frequencies of a stream are unknown. Compute the weights on a sample of the "
+                "labels, e.g. sklearn.utils.class_weight.compute_class_weight('balanced', "
+                "classes=classes, y=y_sample), and pass them as a dict to class_weight.")
+        weight = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True,
+                                      allow_all_zero_weights=partial, copy=True)
+        if self.class_weight is not None:
+            code = np.searchsorted(classes, y)
+            totals = np.bincount(code, weights=weight, minlength=classes.size)
+            weight *= self._per_class_weight(classes, totals)[code]
+        return weight
+
+    def _per_class_weight(self, classes, totals):
+        """The weight of each class under ``class_weight``, from the classes' summed
+        ``sample_weight`` ``totals`` (what ``"balanced"`` needs): scikit-learn's
+        :func:`~sklearn.utils.class_weight.compute_class_weight`, checked."""
+        if isinstance(self.class_weight, dict) and (
+                unknown := [k for k in self.class_weight if not np.isin(k, classes)]):
+            raise ValueError(f"class_weight has keys {unknown!r} that are not classes "
+                             f"{classes.tolist()!r}.")
+        if isinstance(self.class_weight, str) and not np.all(totals > 0):
+            raise ValueError("class_weight='balanced' needs a positive sample_weight in every "
+                             f"class; classes {classes[totals <= 0].tolist()!r} have none.")
+        per_class = compute_class_weight(self.class_weight, classes=classes, y=classes,
+                                         sample_weight=totals)
+        per_class = np.asarray(per_class, dtype=np.float64)
+        if not np.all(np.isfinite(per_class) & (per_class >= 0)):
+            raise ValueError("class_weight must map every class to a finite, non-negative "
+                             f"weight; got {per_class.tolist()!r} for classes {classes.tolist()!r}.")
+        return per_class
 
     def _check_options(self, n_features):
         if self.covariance == "full":
@@ -116,10 +174,11 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         ones = np.ones((X.shape[0], 1))
         return sp.hstack([X, sp.csr_matrix(ones)], format="csr") if sp.issparse(X) else np.hstack([X, ones])
 
-    def _fit_posteriors(self, X, y, classes, prior, site_lik=None):
+    def _fit_posteriors(self, X, y, classes, prior, site_lik=None, sample_weight=None):
         """One binary posterior per model (one for two classes, else one-vs-rest), the models
         spread over ``n_jobs`` threads.  ``site_lik`` overrides the likelihood whose tilted
-        moments refine the sites (the operator site of ``method="kjit"``)."""
+        moments refine the sites (the operator site of ``method="kjit"``); every model sees
+        the rows' weights ``sample_weight`` (None: unweighted)."""
         A = X if isinstance(X, DaskRows) else self._design(X)
         dim, n_weights = A.shape[1], A.shape[1] - self.fit_intercept
         positives = classes[1:] if classes.size == 2 else classes
@@ -142,7 +201,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
                 return A.fit(positives[k], site_lik, evidence_lik, mean0, spread0, **options)
             sign = np.where(y == positives[k], 1.0, -1.0)
             return fit_glm(A, sign, site_lik, mean0, spread0, full=full,
-                           evidence_likelihood=evidence_lik, tune_weights=tune, **options)
+                           evidence_likelihood=evidence_lik, tune_weights=tune,
+                           sample_weight=sample_weight, **options)
 
         # a learned operator is trained as it answers: its models run one after another;
         # small factorizations run fastest on one BLAS thread (many threads only contend)
@@ -246,12 +306,12 @@ class CEPLogisticClassifier(_CEPClassifierBase):
 
     def __init__(self, *, method="cep1", covariance="diagonal", prior_variance=1.0,
                  fit_intercept=True, intercept_prior_variance=100.0, max_iter=300, tol=1e-3,
-                 damping="auto", block_size=None, n_quadrature=9, message_operator=None,
-                 random_state=None, n_jobs=None, verbose=0):
+                 damping="auto", block_size=None, class_weight=None, n_quadrature=9,
+                 message_operator=None, random_state=None, n_jobs=None, verbose=0):
         super().__init__(method=method, covariance=covariance, prior_variance=prior_variance,
                          fit_intercept=fit_intercept, intercept_prior_variance=intercept_prior_variance,
                          max_iter=max_iter, tol=tol, damping=damping, block_size=block_size,
-                         n_jobs=n_jobs, verbose=verbose)
+                         class_weight=class_weight, n_jobs=n_jobs, verbose=verbose)
         self.n_quadrature = n_quadrature
         self.message_operator = message_operator
         self.random_state = random_state
@@ -268,9 +328,9 @@ class CEPLogisticClassifier(_CEPClassifierBase):
                 f"message_operator is only used by method='kjit'; got method={self.method!r}. "
                 "Set method='kjit' or message_operator=None.")
 
-    def _fit_posteriors(self, X, y, classes, prior, site_lik=None):
+    def _fit_posteriors(self, X, y, classes, prior, site_lik=None, sample_weight=None):
         if self.method != "kjit":
-            return super()._fit_posteriors(X, y, classes, prior)
+            return super()._fit_posteriors(X, y, classes, prior, sample_weight=sample_weight)
         # Work on a copy: the user's operator (fit, first partial_fit) or the fitted one
         # (later partial_fit) is only replaced once the whole call has succeeded.
         previous = getattr(self, "message_operator_", None) if prior is not None else None
@@ -280,7 +340,8 @@ class CEPLogisticClassifier(_CEPClassifierBase):
             operator = KJITMessageOperator(
                 message_families=("gaussian", "beta"), oracle=LogisticFactor().exact,
                 noise_variance=1e-8, uncertainty_threshold=-16.0, random_state=self.random_state)
-        posterior = super()._fit_posteriors(X, y, classes, prior, site_lik=OperatorSite(operator))
+        posterior = super()._fit_posteriors(X, y, classes, prior, site_lik=OperatorSite(operator),
+                                            sample_weight=sample_weight)
         posterior["message_operator"] = operator
         return posterior
 

@@ -633,7 +633,8 @@ def _numpy_step(design, *args, **kw):
 
 @pytest.mark.parametrize("method", ["ep", "cep1"])
 @pytest.mark.parametrize("step", [1.0, 0.3])
-def test_compiled_dense_step_equals_the_numpy_step(method, step):
+@pytest.mark.parametrize("weighted", [False, True])
+def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted):
     rng = np.random.default_rng(7)
     n, d = 240, 6
     X = rng.standard_normal((n, d))
@@ -644,14 +645,21 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step):
     prec = 1.0 + site_prec.sum(axis=0)
     shift = site_shift.sum(axis=0)
     site_prec[3, 2] = prec[2] + 1.0  # an improper cavity: that site must be skipped
+    weight = None
+    if weighted:  # fractional, integer and zero weights (a zero-weight row has zero sites)
+        weight = rng.choice([0.0, 0.4, 1.0, 3.0], size=n)
+        weight[3] = 1.0
+        site_prec[weight == 0] = site_shift[weight == 0] = 0.0
     design = glm._Design(X, 32)
     assert design.compiled(Probit(), method) and not design.compiled(Logistic(), method)
     ref = [site_prec.copy(), site_shift.copy()]
-    tot_ref = _numpy_step(design, y, *ref, prec, shift, likelihood=Probit(), method=method, step=step)
+    tot_ref = _numpy_step(design, y, *ref, prec, shift, likelihood=Probit(), method=method,
+                          step=step, sample_weight=weight)
     out = (np.empty_like(site_prec), np.empty_like(site_shift))
     before = (site_prec.copy(), site_shift.copy())
     tot = glm.factorized_partition_step(design, y, site_prec, site_shift, prec, shift,
-                                        likelihood=Probit(), method=method, step=step, out=out)
+                                        likelihood=Probit(), method=method, step=step, out=out,
+                                        sample_weight=weight)
     assert np.array_equal(site_prec, before[0]) and np.array_equal(site_shift, before[1])
     assert_allclose(out[0], ref[0], rtol=1e-11, atol=1e-14)
     assert_allclose(out[1], ref[1], rtol=1e-11, atol=1e-14)

@@ -51,8 +51,8 @@ def probit_log_z_derivatives(m, s, y):
 
 
 @njit(cache=True, fastmath=_REDUCE)
-def factorized_dense_step(X, y, site_prec, site_shift, prec, shift, block_size, cep, step,
-                          total_prec, total_shift, out_prec, out_shift):
+def factorized_dense_step(X, y, weight, site_prec, site_shift, prec, shift, block_size, cep,
+                          step, total_prec, total_shift, out_prec, out_shift):
     """Refine every site of a dense partition in place, block after block.
 
     ``cep`` False: factorized EP (one cavity linear predictor per row); True: CEP-1 (one
@@ -60,10 +60,15 @@ def factorized_dense_step(X, y, site_prec, site_shift, prec, shift, block_size, 
     sites are added to ``total_prec`` / ``total_shift``.  The new sites are written to
     ``out_prec`` / ``out_shift``: the site arrays themselves (in place), or a second pair of
     buffers, which leaves the old sites as they were, so a rejected sweep (the roll-back of
-    :class:`skcep.engines.glm.SweepControl`) costs no copy.  Returns the number of skipped site updates (improper cavity, or
+    :class:`skcep.engines.glm.SweepControl`) costs no copy.  ``weight`` (n,) holds the rows'
+    sample weights, or is empty for weights of 1: a row of weight w stores the total T of w
+    copies, is refined with the cavity of one copy T/w and gets the total w·t*
+    (:func:`skcep.engines.glm.site_copy`; division and multiplication by 1 are exact, so
+    unit weights give the unweighted result bit for bit).  Returns the number of skipped site updates (improper cavity, or
     a tilted variance not below the cavity's).
     """
     n, d = X.shape
+    weighted = weight.shape[0] > 0
     prec = prec.copy()
     shift = shift.copy()
     mean = np.empty(d)
@@ -81,13 +86,16 @@ def factorized_dense_step(X, y, site_prec, site_shift, prec, shift, block_size, 
             d_shift[j] = 0.0
         for i in range(start, stop):
             yi = y[i]
+            w = weight[i] if weighted else 1.0
+            w_copy = w if w > 0.0 else 1.0  # a zero-weight row's total is 0 and stays 0
+            w_new = w if w > 0.0 else 0.0
             m_a = 0.0
             s_a = 0.0
             x_mean = 0.0
             for j in range(d):
                 x = X[i, j]
-                old_prec = site_prec[i, j]
-                old_shift = site_shift[i, j]
+                old_prec = site_prec[i, j] / w_copy if weighted else site_prec[i, j]
+                old_shift = site_shift[i, j] / w_copy if weighted else site_shift[i, j]
                 cav_prec = prec[j] - old_prec
                 ok = cav_prec > 0.0
                 proper[j] = 1.0 if ok else 0.0
@@ -113,8 +121,8 @@ def factorized_dense_step(X, y, site_prec, site_shift, prec, shift, block_size, 
                 inv_keep = 1.0 / (keep if ok else 1.0)
                 old_prec = site_prec[i, j]
                 old_shift = site_shift[i, j]
-                change_prec = (x2b * inv_keep - old_prec) * step if ok else 0.0
-                change_shift = ((x * l1 + mean_c[j] * x2b) * inv_keep - old_shift) * step if ok else 0.0
+                change_prec = (w_new * (x2b * inv_keep) - old_prec) * step if ok else 0.0
+                change_shift = (w_new * ((x * l1 + mean_c[j] * x2b) * inv_keep) - old_shift) * step if ok else 0.0
                 skipped += 0 if ok else 1
                 new_prec = old_prec + change_prec
                 new_shift = old_shift + change_shift

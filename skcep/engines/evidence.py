@@ -23,6 +23,14 @@ likelihoods' ``derivatives(…, order=0)``).
   For CEP-1 / CEP-2 the same formula is evaluated with CEP's final sites (CEP has no evidence
   of its own: its sites come from conditional expectations, not from Z_i).
 
+**Sample weights** (:func:`~skcep.engines.glm.site_copy`): a row of weight w stands for w
+copies of itself, each with the site t_i = T_i / w_i, so (E1) of the repeated rows is
+
+    log Z_EP = A(q) − A(p0) + Σ_i w_i [log Z_i(q / t_i) + A(q / t_i) − A(q)]         (E1w)
+
+with Z_i over the cavity q / t_i; a zero weight adds nothing.  It is the evidence of the
+weighted likelihood Π_i lik_i^{w_i} for real weights, of the repeated data for integer ones.
+
 Both are partition steps (:func:`factorized_site_terms`, :func:`full_site_terms`: the sum of
 the bracket of (E1) over a partition's rows) plus a global step (:func:`log_evidence`).
 
@@ -55,6 +63,7 @@ from .glm import (
     fit_factorized,
     fit_full,
     full_site_totals,
+    site_copy,
 )
 
 __all__ = [
@@ -88,13 +97,27 @@ def _full_log_normalizer(mean, cov):
     return 0.5 * float(z @ z) + float(np.sum(np.log(np.diag(chol[0]))))
 
 
-def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, likelihood):
+def _weighted_sum(terms, weight):
+    """Σ w·term, a zero weight adding exactly nothing (even where the term is not finite)."""
+    if weight is None:
+        return float(np.sum(terms))
+    return float(np.sum(np.where(weight > 0, weight * terms, 0.0)))
+
+
+def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, likelihood,
+                          sample_weight=None):
     """Partition step of (E1), factorized q: Σ_i [log Z_i + Σ_m (A₁(q_m − site_im) − A₁(q_m))]
     over the rows of one partition (a ``_Design`` of :mod:`skcep.engines.glm`), block by block
     (memory O(block)).  ``likelihood`` gives log Z_i (the accurate one: for the logistic, the
     predictive quadrature, not CEP's site rule).  Cavities that are not proper (never for the
-    log-concave likelihoods here, whose site precisions are ≥ 0) count as the marginal."""
-    if not sp.issparse(design.X):  # dense: the per-entry part compiled, in one pass
+    log-concave likelihoods here, whose site precisions are ≥ 0) count as the marginal.
+
+    ``sample_weight`` (n,) or None: a row of weight w stands for w copies, each with the site
+    t = T/w (:func:`~skcep.engines.glm.site_copy`), so its bracket is taken with the cavity
+    q / t and counted w times (E1w); for integer w, (E1) of the data with the rows repeated.
+    A dense design runs the per-entry part compiled, in one pass
+    (:func:`~skcep.engines._glm_kernel.dense_cavity_terms`)."""
+    if not sp.issparse(design.X) and sample_weight is None:
         m_a, s_a = np.empty(design.X.shape[0]), np.empty(design.X.shape[0])
         change = dense_cavity_terms(design.X, site_prec, site_shift, prec, shift, m_a, s_a)
         return float(np.sum(likelihood.derivatives(m_a, s_a, y, order=0)[0])) + change
@@ -102,20 +125,28 @@ def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, like
     for rows, block in design.blocks:
         sl = block.sites
         q_prec, q_shift = block.at_cols(prec), block.at_cols(shift)
-        cav_prec, cav_shift, _ = cavity_natural(q_prec, q_shift, site_prec[sl], site_shift[sl])
+        own_prec, own_shift, weight = site_prec[sl], site_shift[sl], None
+        if sample_weight is not None:
+            weight = sample_weight[rows]
+            own_prec = site_copy(own_prec, block.at_rows(weight))
+            own_shift = site_copy(own_shift, block.at_rows(weight))
+        cav_prec, cav_shift, _ = cavity_natural(q_prec, q_shift, own_prec, own_shift)
         var_c = 1.0 / cav_prec
         m_a = block.row_sum(block.x * (cav_shift * var_c))
         s_a = block.row_sum(block.x2 * var_c)
         log_z = likelihood.derivatives(m_a, s_a, y[rows], order=0)[0]
         change = gaussian_log_normalizer(cav_prec, cav_shift) - gaussian_log_normalizer(q_prec, q_shift)
-        total += float(np.sum(log_z)) + float(np.sum(change))
+        total += _weighted_sum(log_z, weight) + _weighted_sum(
+            change, None if weight is None else block.at_rows(weight))
     return total
 
 
-def full_site_terms(X, y, site_prec, site_shift, mean, cov, *, likelihood, block_size=None):
+def full_site_terms(X, y, site_prec, site_shift, mean, cov, *, likelihood, block_size=None,
+                    sample_weight=None):
     """Partition step of (E1), full q = N(mean, cov): Σ_i [log Z_i(m\\, s\\) + A₁(cavity of a_i) −
     A₁(marginal of a_i)] over the rows of X (dense or CSR), in blocks of rows.  An all-zero row
-    (s_i = 0) keeps a zero site and adds log Z(0, ·) = log ½ for these symmetric links."""
+    (s_i = 0) keeps a zero site and adds log Z(0, ·) = log ½ for these symmetric links.
+    ``sample_weight`` as in :func:`factorized_site_terms` (E1w)."""
     n, d = X.shape
     block_size = block_size or max(1, min(n, 2**20 // max(d, 1)))
     total = 0.0
@@ -126,10 +157,14 @@ def full_site_terms(X, y, site_prec, site_shift, mean, cov, *, likelihood, block
         m = xb @ mean
         s = np.einsum("ij,ij->i", xb @ cov, xb)
         s = np.where(s <= 0, 1.0, s)
-        mean_c, var_c, cav_prec, cav_shift, _ = cavity(1.0 / s, m / s, site_prec[rows], site_shift[rows])
+        own_prec, own_shift, weight = site_prec[rows], site_shift[rows], None
+        if sample_weight is not None:
+            weight = sample_weight[rows]
+            own_prec, own_shift = site_copy(own_prec, weight), site_copy(own_shift, weight)
+        mean_c, var_c, cav_prec, cav_shift, _ = cavity(1.0 / s, m / s, own_prec, own_shift)
         log_z = likelihood.derivatives(mean_c, var_c, y[rows], order=0)[0]
         change = gaussian_log_normalizer(cav_prec, cav_shift) - gaussian_log_normalizer(1.0 / s, m / s)
-        total += float(np.sum(log_z)) + float(np.sum(change))
+        total += _weighted_sum(log_z, weight) + _weighted_sum(change, weight)
     return total
 
 
@@ -271,7 +306,8 @@ def maximize_evidence(fit_at, step_of, log_variance, *, bounds=LOG_VARIANCE_BOUN
 
 
 def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likelihood,
-            tune_weights=None, method="cep1", tol=1e-4, max_iter=100, callback=None, **options):
+            tune_weights=None, method="cep1", tol=1e-4, max_iter=100, callback=None,
+            sample_weight=None, **options):
     """One binary model: :func:`~skcep.engines.glm.fit_full` or
     :func:`~skcep.engines.glm.fit_factorized`, and its evidence (E1) in ``log_evidence``.
 
@@ -285,6 +321,7 @@ def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likeli
     then ``method`` is fitted at that λ to ``tol`` (EP: the nearest search fit continued; CEP:
     from the prior, with its EP warm-up — measured faster than from EP's fixed point).
     ``prior_variance`` is then λ and ``n_iter`` counts the sweeps of all fits.
+    ``sample_weight`` (n,) or None: row weights, in the fits and in the evidence (E1w).
     """
     if sp.issparse(X) and not full:  # the sites' order is the canonical CSR's (as in the fit)
         X = sp.csr_matrix(X)
@@ -298,8 +335,9 @@ def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likeli
     def fit_at(spread, lik, warm=None, **kw):
         if warm is not None:
             kw.update(init_sites=warm.sites, **({} if full else dict(warmup_sweeps=0)))
-        post = fit(X, y, lik, prior_mean, spread, **{**options, **kw})
-        post.log_evidence = evidence_of(X, y, post, prior_mean, spread, evidence_likelihood)
+        post = fit(X, y, lik, prior_mean, spread, sample_weight=sample_weight, **{**options, **kw})
+        post.log_evidence = evidence_of(X, y, post, prior_mean, spread, evidence_likelihood,
+                                        sample_weight)
         return post
 
     own = dict(tol=tol, max_iter=max_iter, callback=callback, **({} if full else dict(method=method)))
@@ -339,14 +377,17 @@ def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likeli
     return post
 
 
-def evidence_of(X, y, post, prior_mean, prior_spread, likelihood):
-    """(E1) of a fitted in-memory model (sites in ``post.sites``)."""
+def evidence_of(X, y, post, prior_mean, prior_spread, likelihood, sample_weight=None):
+    """(E1) of a fitted in-memory model (sites in ``post.sites``); (E1w) with
+    ``sample_weight``."""
     if post.cov is not None:
-        terms = full_site_terms(X, y, *post.sites, post.mean, post.cov, likelihood=likelihood)
+        terms = full_site_terms(X, y, *post.sites, post.mean, post.cov, likelihood=likelihood,
+                                sample_weight=sample_weight)
         return log_evidence(prior_mean, prior_spread, post.mean, post.cov, terms)
     design = _Design(X, default_block_size(X.shape[0], int(np.prod(_site_shape(X)))))
     prec, shift = 1.0 / post.var, post.mean / post.var
-    terms = factorized_site_terms(design, y, *post.sites, prec, shift, likelihood=likelihood)
+    terms = factorized_site_terms(design, y, *post.sites, prec, shift, likelihood=likelihood,
+                                  sample_weight=sample_weight)
     return log_evidence(prior_mean, prior_spread, post.mean, post.var, terms)
 
 

@@ -11,12 +11,12 @@ Two posterior families:
 **Map/reduce steps.**  Every sweep is a partition step on each partition of the rows against
 the current global posterior, then a global step that combines the partitions' results:
 
-``factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, likelihood, method, step)``
+``factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, likelihood, method, step, sample_weight)``
     → ``(Σ_i site_prec, Σ_i site_shift, n_skipped)``: the partition's sites refined in place
     (block by block against its running q), and their column sums (d,).
 ``factorized_global_step(prior_prec, prior_shift, totals)`` → ``(prec, shift, n_skipped)``:
     q = prior × Π sites from the partitions' totals.
-``full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size)``
+``full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size, sample_weight)``
     → ``(ΔP, Δb, n_skipped)``: the change of the summed natural parameters,
     Xᵀ diag(Δτ̃) X (d, d) and Xᵀ Δν̃ (d,).
 ``full_global_step(P, b, changes)`` → ``(P, b, chol, mean, var, n_skipped)``.
@@ -33,6 +33,10 @@ one row is the paper's sequential Algorithm 1, a single block is a fully paralle
 Parallel sweeps oscillate on strongly correlated features; blocks of a few rows each converge
 like the sequential schedule at a fraction of its cost.  On top, the damping step is halved
 whenever a sweep moves the posterior more than the one before it (adaptive damping).
+
+**Sample weights.**  A row of weight w carries the sites of w identical copies of itself
+(power EP with power 1/w, :func:`site_copy`); the sites stored are the totals, so q, damping
+and roll-back are unchanged, and ``sample_weight=None`` runs the unweighted arithmetic.
 
 Sparse designs (CSR) keep sites only at non-zeros, so memory is O(nnz).  Nothing here knows
 about scikit-learn: inputs are arrays, outputs a :class:`GLMPosterior`.
@@ -65,6 +69,8 @@ __all__ = [
     "factorized_sweeps",
     "predictor_moments",
     "refine_sites",
+    "site_copy",
+    "site_total",
     "tilted_gradients",
 ]
 
@@ -270,13 +276,39 @@ def _sites_from_gradients(block, l1, l2, mean_c, var_c, ok):
     return x2b / keep, (block.x * l1 + mean_c * x2b) / keep, ok
 
 
-def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift):
+def site_copy(site, weight):
+    r"""One copy t = T/w of a row's total site T (natural parameters) for its sample weight w.
+
+    A row of weight w is given the site of w identical copies of the row, T = w t (power EP
+    with power 1/w: Minka, "Power EP", 2004, §2; for integer w the fixed point of the data
+    set with the row repeated w times).  Its cavity is q / t, its tilted distribution
+    cavity × likelihood, its new copy t* = proj(tilted) / cavity, and its new total
+    :func:`site_total` = w t*.  A zero weight keeps T = 0 and is never divided by.
+    """
+    return site / np.where(weight > 0, weight, 1.0)
+
+
+def site_total(site_copy_, weight):
+    """T = w t: the total site of a row of sample weight ``weight`` from one copy (see
+    :func:`site_copy`); exactly zero where w = 0."""
+    return np.where(weight > 0, site_copy_, 0.0) * weight
+
+
+def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, sample_weight=None):
     """Proposed new natural parameters of every site of one block, refined from the same q.
 
     ``method`` is "ep", "cep1" or "cep2"; (prec, shift) are q's natural parameters (d,),
-    (site_prec, site_shift) the block's current sites.  Returns ``(new_prec, new_shift, ok)``;
-    sites where ``ok`` is False (improper cavity, non-finite moments) must not change.
+    (site_prec, site_shift) the block's current sites, ``sample_weight`` the block's row
+    weights (None: all 1), whose sites are those of repeated rows (:func:`site_copy`).
+    Returns ``(new_prec, new_shift, ok)``; sites where ``ok`` is False (improper cavity,
+    non-finite moments) must not change.
     """
+    if sample_weight is not None:
+        weight = block.at_rows(sample_weight)
+        new_prec, new_shift, ok = refine_sites(block, y, lik, method, prec, shift,
+                                               site_copy(site_prec, weight),
+                                               site_copy(site_shift, weight))
+        return site_total(new_prec, weight), site_total(new_shift, weight), ok
     mean_c, var_c, ok = _cavity_moments(block, prec, shift, site_prec, site_shift)
     mean = shift / prec
     if method == "cep2":
@@ -364,7 +396,7 @@ class SweepControl:
 
 
 def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, likelihood,
-                              method, step, out=None):
+                              method, step, out=None, sample_weight=None):
     """Partition step of factorized EP / CEP: refine the sites of one partition of the rows.
 
     The partition's row blocks are refined in order, each against the partition's running q
@@ -372,8 +404,10 @@ def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, 
     update (:meth:`SweepControl.apply` rule, ``step`` the damping).  ``site_prec`` and
     ``site_shift`` (one entry per stored x_im) are updated in place, or, with ``out`` (two
     arrays of their shape), the new sites are written there and the old ones are left as they
-    were (the roll-back copy without a copy).  A dense design with the probit likelihood runs
-    EP and CEP-1 compiled, in one pass (:func:`~skcep.engines._glm_kernel.factorized_dense_step`).
+    were (the roll-back copy without a copy).  ``sample_weight`` (n,) or None: the rows'
+    weights, each row's sites those of its repeated copies (:func:`site_copy`).  A dense
+    design with the probit likelihood runs EP and CEP-1 compiled, in one pass
+    (:func:`~skcep.engines._glm_kernel.factorized_dense_step`).
 
     Returns
     -------
@@ -385,7 +419,8 @@ def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, 
     if design.compiled(likelihood, method):
         totals = np.zeros(site_prec.shape[1]), np.zeros(site_prec.shape[1])
         y = np.ascontiguousarray(y, dtype=float)
-        n_skipped = factorized_dense_step(design.X, y, site_prec, site_shift, prec, shift,
+        weight = np.empty(0) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=float)
+        n_skipped = factorized_dense_step(design.X, y, weight, site_prec, site_shift, prec, shift,
                                           design.block_size, method == "cep1", float(step),
                                           *totals, out_prec, out_shift)
         return (*totals, n_skipped)
@@ -398,7 +433,8 @@ def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, 
     for rows, block in design.blocks:
         sl = block.sites
         new_prec, new_shift, ok = refine_sites(
-            block, y[rows], likelihood, method, prec, shift, site_prec[sl], site_shift[sl]
+            block, y[rows], likelihood, method, prec, shift, site_prec[sl], site_shift[sl],
+            None if sample_weight is None else sample_weight[rows],
         )
         d_prec = damped(site_prec[sl], new_prec, step, ok)
         d_shift = damped(site_shift[sl], new_shift, step, ok)
@@ -441,6 +477,7 @@ def fit_factorized(
     init_sites=None,
     warmup_sweeps=10,
     callback=None,
+    sample_weight=None,
 ):
     """Fully factorized EP / CEP-1 / CEP-2 for a linear-predictor likelihood.
 
@@ -476,6 +513,9 @@ def fit_factorized(
         log-likelihood); starting near EP's fixed point avoids both.
     callback : callable, optional
         ``callback(sweep, change, None)`` after every sweep of ``method``.
+    sample_weight : ndarray (n,), optional
+        Non-negative row weights: a row of weight w has the sites of w copies of itself
+        (:func:`site_copy`); None is weight 1 for every row.
 
     Returns
     -------
@@ -493,7 +533,9 @@ def fit_factorized(
     else:
         site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
     design = _Design(X, block_size or default_block_size(n, site_prec.size))
-    parts = InMemoryPartitions(factorized_partition_step, design, y, site_prec, site_shift)
+    weights = {} if sample_weight is None else dict(sample_weight=np.asarray(sample_weight, dtype=float))
+    parts = InMemoryPartitions(factorized_partition_step, design, y, site_prec, site_shift,
+                               **weights)
     post = fit_factorized_partitions(
         parts, likelihood, prior_mean, prior_var, method=method, damping=damping,
         max_iter=max_iter, tol=tol, warmup_sweeps=warmup_sweeps, callback=callback,
@@ -613,14 +655,16 @@ def _dense_rows(X, rows):
     return block.toarray() if sp.issparse(block) else block
 
 
-def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size):
+def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size,
+                        sample_weight=None):
     """Partition step of full-covariance EP: refine the sites of one partition of the rows.
 
     The partition's row blocks are refined in order against its running posterior
     N(P⁻¹b, P⁻¹) (the global precision P and shift b plus the blocks' changes so far): the
     cavity of each linear predictor a_i from m_i = x_iᵀμ and s_i = x_iᵀΣx_i, its tilted
     moments (the 1-D log Z of the likelihood), the new site, damped by ``step``.  Sites are
-    updated in place.
+    updated in place.  ``sample_weight`` (n,) or None: a row of weight w has the site of w
+    copies of itself (:func:`site_copy`: cavity without one copy, new total w t*).
 
     Returns
     -------
@@ -640,13 +684,17 @@ def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, 
         s = np.sum(solve_triangular(chol[0], xb.T, lower=True) ** 2, axis=0)
         blank = s <= 0  # an all-zero row says nothing about w: its site stays zero
         s = np.where(blank, 1.0, s)
-        mean_c, var_c, cav_prec, cav_shift, ok = cavity(
-            1.0 / s, m / s, site_prec[rows], site_shift[rows]
-        )
+        old_prec, old_shift = site_prec[rows], site_shift[rows]
+        if sample_weight is not None:
+            weight = sample_weight[rows]
+            old_prec, old_shift = site_copy(old_prec, weight), site_copy(old_shift, weight)
+        mean_c, var_c, cav_prec, cav_shift, ok = cavity(1.0 / s, m / s, old_prec, old_shift)
         _, l1, l2 = likelihood.derivatives(mean_c, var_c, y[rows], order=2, value=False)
         new_prec, new_shift, ok = site_from_marginal(
             mean_c + var_c * l1, var_c + var_c**2 * l2, cav_prec, cav_shift, ok
         )
+        if sample_weight is not None:
+            new_prec, new_shift = site_total(new_prec, weight), site_total(new_shift, weight)
         new_prec, new_shift, ok = (
             np.where(blank, 0.0, new_prec), np.where(blank, 0.0, new_shift), ok | blank
         )
@@ -687,6 +735,7 @@ def fit_full(
     block_size=None,
     init_sites=None,
     callback=None,
+    sample_weight=None,
 ):
     """Weight-space EP with a full covariance (beyond the CEP paper).
 
@@ -697,7 +746,7 @@ def fit_full(
     :func:`full_global_step`, judged by :class:`SweepControl`.
 
     ``prior_cov`` is (d, d); ``init_sites`` (τ̃, ν̃) of shape (n,) each start the sweeps (zero
-    by default); other arguments as in :func:`fit_factorized`.
+    by default); other arguments (``sample_weight`` too) as in :func:`fit_factorized`.
     Returns a :class:`GLMPosterior` with ``cov`` and ``sites`` set.
     """
     n, d = X.shape
@@ -707,8 +756,9 @@ def fit_full(
     else:
         site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
         start = full_site_totals(X, site_prec, site_shift)
+    weights = {} if sample_weight is None else dict(sample_weight=np.asarray(sample_weight, dtype=float))
     parts = InMemoryPartitions(full_partition_step, X, np.asarray(y, dtype=float), site_prec,
-                               site_shift, block_size=block_size)
+                               site_shift, block_size=block_size, **weights)
     post = fit_full_partitions(parts, likelihood, prior_mean, prior_cov, damping=damping,
                                max_iter=max_iter, tol=tol, callback=callback, start=start)
     post.sites = (parts.site_prec, parts.site_shift)
