@@ -707,8 +707,10 @@ def test_compiled_evidence_terms_equal_the_numpy_terms(lik):
     prec = 1.0 + site_prec.sum(axis=0)
     shift = site_shift.sum(axis=0)
     site_prec[5, 1] = prec[1] + 0.5
-    dense = factorized_site_terms(glm._Design(X, 16), y, site_prec, site_shift, prec, shift,
-                                  likelihood=lik)
-    csr = factorized_site_terms(glm._Design(sp.csr_matrix(X), 16), y, site_prec.ravel(),
-                                site_shift.ravel(), prec, shift, likelihood=lik)
-    assert dense == pytest.approx(csr, rel=1e-12)
+    for weight in (None, rng.choice([0.0, 0.5, 1.0, 4.0], size=n)):
+        dense = factorized_site_terms(glm._Design(X, 16), y, site_prec, site_shift, prec, shift,
+                                      likelihood=lik, sample_weight=weight)
+        csr = factorized_site_terms(glm._Design(sp.csr_matrix(X), 16), y, site_prec.ravel(),
+                                    site_shift.ravel(), prec, shift, likelihood=lik,
+                                    sample_weight=weight)
+        assert dense == pytest.approx(csr, rel=1e-12)

@@ -140,20 +140,27 @@ def factorized_dense_step(X, y, weight, site_prec, site_shift, prec, shift, bloc
 
 
 @njit(cache=True, fastmath=_REDUCE)
-def dense_cavity_terms(X, site_prec, site_shift, prec, shift, m_a, s_a):
+def dense_cavity_terms(X, weight, site_prec, site_shift, prec, shift, m_a, s_a):
     """The per-entry part of the factorized EP evidence of a dense partition, in one pass:
     each row's cavity linear predictor N(m_a, s_a) (written to ``m_a``, ``s_a``) and the sum over
     entries of A₁(cavity) − A₁(q) with A₁(p, h) = ½ h²/p − ½ log p (the compiled twin of
-    :func:`skcep.engines.evidence.factorized_site_terms`; an improper cavity counts as q)."""
+    :func:`skcep.engines.evidence.factorized_site_terms`; an improper cavity counts as q).
+    ``weight`` (n,) or empty: a row of weight w takes the cavity of one copy T/w and counts w
+    times, a zero-weight row not at all (E1w)."""
     n, d = X.shape
+    weighted = weight.shape[0] > 0
     total = 0.0
     for i in range(n):
+        w = weight[i] if weighted else 1.0
+        w_copy = w if w > 0.0 else 1.0
         mi = 0.0
         si = 0.0
         row = 0.0
         for j in range(d):
-            cav_prec = prec[j] - site_prec[i, j]
-            cav_shift = shift[j] - site_shift[i, j]
+            own_prec = site_prec[i, j] / w_copy if weighted else site_prec[i, j]
+            own_shift = site_shift[i, j] / w_copy if weighted else site_shift[i, j]
+            cav_prec = prec[j] - own_prec
+            cav_shift = shift[j] - own_shift
             if cav_prec > 0.0:
                 v = 1.0 / cav_prec
                 row += 0.5 * (cav_shift * cav_shift * v - shift[j] * shift[j] / prec[j]
@@ -166,5 +173,6 @@ def dense_cavity_terms(X, site_prec, site_shift, prec, shift, m_a, s_a):
             si += x * x * v
         m_a[i] = mi
         s_a[i] = si
-        total += row
+        if w > 0.0:
+            total += row * w
     return total

@@ -117,10 +117,11 @@ def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, like
     q / t and counted w times (E1w); for integer w, (E1) of the data with the rows repeated.
     A dense design runs the per-entry part compiled, in one pass
     (:func:`~skcep.engines._glm_kernel.dense_cavity_terms`)."""
-    if not sp.issparse(design.X) and sample_weight is None:
+    if not sp.issparse(design.X):
+        weight = np.empty(0) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=float)
         m_a, s_a = np.empty(design.X.shape[0]), np.empty(design.X.shape[0])
-        change = dense_cavity_terms(design.X, site_prec, site_shift, prec, shift, m_a, s_a)
-        return float(np.sum(likelihood.derivatives(m_a, s_a, y, order=0)[0])) + change
+        change = dense_cavity_terms(design.X, weight, site_prec, site_shift, prec, shift, m_a, s_a)
+        return _weighted_sum(likelihood.derivatives(m_a, s_a, y, order=0)[0], sample_weight) + change
     total = 0.0
     for rows, block in design.blocks:
         sl = block.sites
