@@ -29,7 +29,7 @@ with ``mode_bias=True``, a small grid of ``prior_variance`` / ``bias_prior_varia
 ``init_scale`` chosen on the validation part, to show what the defaults leave on the table.
 The section "Probit CP with offsets vs the one-hot logistic bias model" picks a probit
 ``BayesianCPTensor(mode_bias=True)`` among ``PROBIT_CANDIDATES`` (ARD, rank, prior variance,
-damping, sweeps, CEP or VMP) by validation AUC and compares its test AUC with a one-hot
+damping, sweeps, CEP or VMP, the tensor or its user × movie matrix ``X[:, :2]``) by validation AUC and compares its test AUC with a one-hot
 ``LogisticRegression`` on user and movie indicators (C by validation AUC); as a reference for what
 the CP term can add, the MAP of the same probit CP model with tuned L2 penalties.
 ``--quick``: ranks 3 only, 5 sweeps, a 20 % subsample of the training entries; printed, not
