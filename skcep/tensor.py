@@ -76,9 +76,11 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
         init_scale²·I (all-zero means are a fixed point), also for new objects in a stream.
     n_inner_iter : int or "auto", default="auto"
         Largest number of sweeps over each batch in ``partial_fit`` (fewer when ``tol`` is met).
-        "auto": one sweep per batch (plain assumed density filtering), up to 10 for a first
-        batch with at least two entries per object it touches; the first batch starts the
-        global offset at its mean (probit: Φ⁻¹ of its rate of ones).  See the user guide.
+        "auto": a later batch gets one sweep (probit CEP, group schedule: every group updated
+        at once from the posterior before the batch, as assumed density filtering); a first batch
+        one sweep in turn, up to 10 if it holds at least two entries per object it touches, and
+        its global offset starts at the batch's mean (probit: Φ⁻¹ of its rate of ones).  An
+        integer: up to that many sweeps in turn for every batch.  See the user guide.
     n_init : int, default=1
         Random initialisations; the fit with the highest ELBO is kept (as in
         :class:`sklearn.mixture.GaussianMixture`): small or very sparse tensors have poor
@@ -248,16 +250,18 @@ class BayesianCPTensor(TensorEstimator):
         noise_prior, fixed_shape = self._check_params()
         X, y, weight = self._prepare(X, y, first_call, classes, sample_weight)
         auto = self.n_inner_iter == "auto"
-        sweeps = streaming_sweeps(X, first_call, weight) if auto else self.n_inner_iter
+        sweeps, simultaneous = (streaming_sweeps(X, first_call, self.likelihood, self.method, weight)
+                                if auto else (self.n_inner_iter, False))
         if first_call:  # "auto": the global offset starts at the batch's mean
             shape = self._resolve_shape(X, fixed_shape, None)
             offset = link_mean(y, self.likelihood, weight) if auto else 0.0
             return self._start(X, y, noise_prior, shape, sweeps, offset_init=offset, weight=weight)
         shape = self._resolve_shape(X, fixed_shape, self.shape_)
+        options = self._fit_options(sweeps)
         result, self._n_seen = absorb_batch(
             self._posterior, X, y, self._n_seen, shape=shape, prior_variance=self.prior_variance,
             init_scale=self.init_scale, rng=self._rng, mode_offset_variance=self.bias_prior_variance,
-            weight=weight, **self._fit_options(sweeps))
+            weight=weight, **options, simultaneous=simultaneous and options["schedule"] == "group")
         return self._set_posterior(result, shape)
 
     def _fit_options(self, max_iter):

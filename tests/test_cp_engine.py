@@ -933,6 +933,74 @@ def test_absorb_batch_grows_modes_and_starts_new_objects_off_zero():
     assert not np.array_equal(plain.posterior.factors[0].mean[6], new.factors[0].mean[6])
 
 
+def _modes_in_order(post, order):
+    """``post`` with its modes in ``order`` (factors, and the modes the offsets follow)."""
+    post = post.copy()
+    post.factors = [post.factors[k] for k in order]
+    post.offset_modes = [None if m is None else order.index(m) for m in post.offset_modes]
+    return post
+
+
+@pytest.mark.parametrize("likelihood,method", [("gaussian", "vmp"), ("probit", "cep"), ("probit", "vmp")])
+def test_simultaneous_sweep_updates_every_group_from_the_q_before_it(likelihood, method):
+    # Jacobi sweep (ADF-CEP's batch step): each group's new q is what the sweep in turn gives the
+    # group it updates first.  References: for mode k, the sweep in turn of the same model with
+    # its modes permuted so that k comes first; for the offsets, their sites written out entry
+    # by entry from the q before the sweep; for q(τ), a0 + n/2 and b0 + ½ Σ E[(y − f)²] under the
+    # new q, the CP term's second moment summed over every pair of components.
+    shape = (9, 7, 5)
+    index, y, _ = make_tensor(shape, 2, 150, seed=21, offset=0.5, mode_offsets=True)
+    gaussian = likelihood == "gaussian"
+    if not gaussian:
+        y = (y > np.median(y)).astype(float)
+    post = new_posterior(shape, 2, seed=4, offsets=True, gaussian=gaussian, noise_init=4.0 if gaussian else None)
+    post = fit_cp(post, index[:70], y[:70], likelihood=likelihood, method=method, max_iter=4, tol=0.0).posterior
+    post = post.as_prior()
+    opts = dict(likelihood=likelihood, method=method, max_iter=1, tol=0.0)
+    new = fit_cp(post, index, y, simultaneous=True, **opts).posterior
+    in_turn = fit_cp(post, index, y, **opts).posterior
+    assert rel(new.factors[2].mean, in_turn.factors[2].mean) > 1e-3  # the two sweeps differ
+    for k in range(3):
+        order = [k] + [j for j in range(3) if j != k]
+        first = fit_cp(_modes_in_order(post, order), index[:, order], y, **opts).posterior.factors[0]
+        np.testing.assert_allclose(new.factors[k].mean, first.mean, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(new.factors[k].cov, first.cov, rtol=1e-10, atol=1e-12)
+    # offsets: every site from the q before the sweep
+    cp = sum(np.prod([f.mean[index[:, k]] for k, f in enumerate(post.factors)], axis=0).T)
+    total = cp + sum(g.mean[0 if m is None else index[:, m], 0] for g, m in zip(post.offsets, post.offset_modes))
+    sign = 2 * y - 1
+    for g_old, g_new, m in zip(post.offsets, new.offsets, post.offset_modes):
+        precision, shift = g_old.prior_precision[:, 0, 0].copy(), g_old.prior_shift[:, 0].copy()
+        for i in range(y.size):
+            s = 0 if m is None else index[i, m]
+            mean_s, var_s = g_old.mean[s, 0], g_old.cov[s, 0, 0]
+            rest = total[i] - mean_s
+            if gaussian:
+                pi, beta = post.noise_precision, post.noise_precision * (y[i] - rest)
+            elif method == "vmp":  # E[z_i] of N(E f_i, 1) truncated to sign·z > 0
+                pi = 1.0
+                beta = total[i] + sign[i] * norm.pdf(total[i]) / norm.cdf(sign[i] * total[i]) - rest
+            else:
+                pi, beta = probit_site(mean_s, var_s, var_s, sign[i], rest)
+            precision[s] += pi
+            shift[s] += beta
+        np.testing.assert_allclose(g_new.cov[:, 0, 0], 1.0 / precision, rtol=1e-10)
+        np.testing.assert_allclose(g_new.mean[:, 0], shift / precision, rtol=1e-10, atol=1e-12)
+    if gaussian:
+        second = [f.cov + f.mean[:, :, None] * f.mean[:, None, :] for f in new.factors]
+        cp_new = np.array([np.prod([f.mean[i] for f, i in zip(new.factors, row)], axis=0).sum() for row in index])
+        cp_second = np.array([np.prod([s[i] for s, i in zip(second, row)], axis=0).sum() for row in index])
+        f_mean, f_var = cp_new.copy(), cp_second - cp_new**2
+        for g, m in zip(new.offsets, new.offset_modes):
+            rows = 0 if m is None else index[:, m]
+            f_mean, f_var = f_mean + g.mean[rows, 0], f_var + g.cov[rows, 0, 0]
+        a0, b0 = post.noise_prior
+        np.testing.assert_allclose(new.noise, (a0 + 0.5 * y.size, b0 + 0.5 * np.sum((y - f_mean) ** 2 + f_var)),
+                                   rtol=1e-10)
+    with pytest.raises(ValueError, match="group schedule"):
+        fit_cp(post, index, y, schedule="entry", simultaneous=True, likelihood=likelihood, method="cep")
+
+
 # --------------------------------------------------------------------------------------------
 # map/reduce: the statistics step of chunks sums to the step over all entries; n_jobs
 

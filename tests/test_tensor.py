@@ -22,7 +22,7 @@ from sklearn.model_selection import GridSearchCV, KFold, StratifiedKFold, check_
 from sklearn.pipeline import Pipeline
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from skcep.engines.cp import CPPosterior, GaussianRows, fit_cp
+from skcep.engines.cp import CPPosterior, GaussianRows, absorb_batch, fit_cp, streaming_sweeps
 from skcep.tensor import BayesianCPTensor
 
 ignore_convergence = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -433,6 +433,38 @@ def test_partial_fit_is_assumed_density_filtering():
     assert stream.noise_precision_ == pytest.approx(expected.noise_precision, rel=1e-9)
     # the noise posterior keeps accumulating: shape a0 + n_total/2
     assert stream._posterior.noise[0] == pytest.approx(1e-3 + 0.5 * 50, rel=1e-12)
+
+
+@ignore_convergence
+@pytest.mark.parametrize("likelihood,method,schedule,simultaneous", [
+    ("probit", "cep", "group", True), ("probit", "cep", "entry", False), ("probit", "vmp", "group", False),
+    ("gaussian", "cep", "group", False)])
+def test_auto_rule_gives_later_probit_cep_batches_one_simultaneous_sweep(likelihood, method, schedule, simultaneous):
+    """n_inner_iter="auto" after the first batch: one sweep, simultaneous for probit CEP (every
+    group from the posterior before the batch), in turn otherwise — the engine's absorb_batch
+    with those options, from the same state."""
+    X, y, f = make_tensor((6, 5, 4), 2, 90, seed=5, offset=0.3)
+    if likelihood == "probit":
+        y = (f > np.median(f)).astype(float)
+    est = BayesianCPTensor(rank=2, likelihood=likelihood, method=method, schedule=schedule, mode_bias=True,
+                           shape=(7, 5, 4), random_state=0)
+    est.partial_fit(X[:12], y[:12])
+    assert est.n_iter_ == 1  # 12 entries touch more than 6 objects: one sweep
+    X2 = np.r_[X[12:], [[6, 0, 0], [6, 1, 1]]]  # object 6 of mode 0 is new: random working means
+    y2 = np.r_[y[12:], [1.0, 0.0]]
+    post, n_seen, rng = copy.deepcopy((est._posterior, est._n_seen, est._rng))
+    expected, _ = absorb_batch(post, X2, y2, n_seen, shape=(7, 5, 4), prior_variance=1.0, init_scale=0.5, rng=rng,
+                               mode_offset_variance=1.0, likelihood=likelihood, method=method, schedule=schedule,
+                               max_iter=1, tol=1e-4, simultaneous=simultaneous)
+    est.partial_fit(X2, y2)
+    assert est.n_iter_ == 1
+    for g, h in zip(est._posterior.groups, expected.posterior.groups):
+        np.testing.assert_array_equal(g.mean, h.mean)
+        np.testing.assert_array_equal(g.cov, h.cov)
+    assert streaming_sweeps(X2, False, likelihood, method) == (1, likelihood == "probit" and method == "cep")
+    # a first batch with at least two entries per object it touches gets up to 10 sweeps in turn
+    assert streaming_sweeps(X[:12], True, likelihood, method) == (1, False)
+    assert streaming_sweeps(np.tile(X[:12], (3, 1)), True, likelihood, method) == (10, False)
 
 
 @ignore_convergence

@@ -237,7 +237,7 @@ def test_cp_weighted_statistics_are_those_of_repeated_entries():
             np.testing.assert_allclose(got.first, ref.first, rtol=1e-12, atol=1e-12)
     assert cp.starting_noise_precision(y, (1.0, 1.0), w) == pytest.approx(
         cp.starting_noise_precision(yr, (1.0, 1.0)), rel=1e-12)
-    assert cp.streaming_sweeps(X[:40], True, np.full(40, 3.0)) == cp.streaming_sweeps(np.repeat(X[:40], 3, 0), True)
+    assert cp.streaming_sweeps(X[:40], True, weight=np.full(40, 3.0)) == cp.streaming_sweeps(np.repeat(X[:40], 3, 0), True)
     post = cp.init_posterior(shape, 2, prior_variance=1.0, init_scale=0.5, rng=rng, global_offset=1.0,
                              noise_prior=(1.0, 1.0))
     got, _ = cp.posterior_sums(post, X, y, "gaussian", weight=w)

@@ -852,20 +852,30 @@ def effective_rank(post, share=1e-3):
     return int(np.count_nonzero(power >= max(share * power.max(), 1e-12)))
 
 
-def streaming_sweeps(index, first, weight=None):
-    """Sweeps for a batch of ``partial_fit`` with ``n_inner_iter="auto"``: one (plain assumed
-    density filtering), and up to 10 for a first batch that holds at least two entries per object
-    it touches.  Iterating on a batch whose objects have one or two entries each drives their
-    embeddings, and then those of the modes they share, to the all-zero fixed point, and an
-    object seen once restarts later batches from there; one sweep keeps them alive.  A first
-    batch that pins its objects down needs the extra sweeps for its shared modes: their sites
-    are computed from the random starting partners, and one sweep leaves them wrong and
-    confident."""
+def streaming_sweeps(index, first, likelihood="gaussian", method="cep", weight=None):
+    """The sweeps of a batch of ``partial_fit`` with ``n_inner_iter="auto"``: (number, simultaneous).
+
+    A later batch gets one sweep.  For probit CEP it is simultaneous: every site of the batch
+    computed from the posterior before it — the prior of the batch, i.e. the cavity of assumed
+    density filtering (ADF-CEP; Wang & Zhe §6.3) — and every group updated at once.  A probit
+    CEP sweep in turn counts the batch twice: the modes updated last (the small, shared time
+    mode) get sites from partners already fitted to those very entries and grow to carry the
+    batch (binary MovieLens, rank 8, batches of 1,000: mean |time embedding| 5.6 against 2.5 in
+    the batch fit, test AUC 0.632; simultaneous: 0.37, 0.705).  Gaussian entries and VMP keep
+    the sweep in turn: it is VMP's coordinate step (Li et al., Corollary 1), and a simultaneous
+    step overshoots when a batch holds many entries per object.  More sweeps of a batch whose
+    objects have one or two entries each drive their embeddings to the all-zero fixed point,
+    and an object seen once restarts later batches from there.
+
+    The first batch has no posterior to start from, only random working means: one sweep in
+    turn, up to 10 if it holds at least two entries per object it touches (its shared modes'
+    sites from random partners would otherwise stay wrong and confident).  An entry of
+    ``weight`` w counts w times."""
     if not first:
-        return 1
+        return 1, likelihood == "probit" and method == "cep"
     touched = sum(np.unique(column).size for column in index.T)
     n = index.shape[0] if weight is None else weight.sum()  # an entry of weight w counts w times
-    return 10 if n >= 2 * touched else 1
+    return (10 if n >= 2 * touched else 1), False
 
 
 def _component_kl(post):
@@ -1115,7 +1125,7 @@ class EntryPartition:
         """The partition's :class:`EntrySums` after the sweep (Σ E[(1ᵀz_i)²] only if
         ``with_second``: otherwise the global step has it from the last mode's statistics)."""
         self._apply(changes)
-        if not self.offset_modes:
+        if not self.offset_modes or any(group < len(self.shape) for group, _ in changes):  # a factor changed
             self.cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
         cp_second = _cp_second_of(self.second, self.index, self.n_jobs) if with_second else None
         sums, self.previous = _entry_sums(self.index, self.y, self.cp_mean, cp_second, self.offsets,
@@ -1141,41 +1151,61 @@ class _GroupSweeps:
     partitions on Dask workers): each group is one :class:`EntryPartition` step on every
     partition and one global step on their results."""
 
-    def __init__(self, post, parts, likelihood, method):
+    def __init__(self, post, parts, likelihood, method, simultaneous=False):
         self.posterior, self.parts, self.likelihood = post, parts, likelihood
         self.probit_cep = likelihood == "probit" and method == "cep"
+        self.simultaneous = simultaneous
         self.n_skipped = 0
         self._first = True
 
+    def _update(self, pending, scale, second, packing):
+        """Update every group in ``pending`` ((number, group, statistics)) from its statistics;
+        returns their new moments as the partitions' changes (``second``: packed second moments
+        of the factors, kept up to date)."""
+        K, changes = len(self.posterior.factors), []
+        for i, group, statistics in pending:
+            group_update(group, statistics, scale)
+            if i < K:
+                second[i] = packing.pack(group.second_moment())
+            changes.append((i, (group.mean, second[i]) if i < K else (group.mean, group.cov)))
+        pending.clear()
+        return changes
+
     def sweep(self, update_noise=True):
-        """One sweep over every group, then q(τ); returns the sweep's :class:`SweepTotals`."""
+        """One sweep over every group, then q(τ); returns the sweep's :class:`SweepTotals`.
+
+        In turn, each group updated before the next one's statistics (Gauss–Seidel); with
+        ``simultaneous``, every group's statistics from the q before the sweep, then all
+        updates (Jacobi)."""
         post, parts = self.posterior, self.parts
         packing = _packing(post.rank)
         K = len(post.factors)
         scale = None if self.probit_cep else post.noise_precision
-        means = [f.mean for f in post.factors]
         second = [packing.pack(f.second_moment()) for f in post.factors]
         changes = []
         if self._first:  # the partitions' copy of q starts with every group
-            changes = [(k, (means[k], second[k])) for k in range(K)]
+            changes = [(k, (post.factors[k].mean, second[k])) for k in range(K)]
             changes += [(K + j, (g.mean, g.cov)) for j, g in enumerate(post.offsets)]
             self._first = False
         parts.step("begin", changes)
-        changes, G = [], None
+        changes, G, pending = [], None, []
         for k, f in enumerate(post.factors):
             results = parts.step("factor", changes, k, f.cov if self.probit_cep else None)
             statistics = reduce_rows([p for chunks, _ in results for p in chunks], f.n_rows, post.rank)
             self.n_skipped += sum(skipped for _, skipped in results)
-            group_update(f, statistics, scale)
+            pending.append((k, f, statistics))
             G = None if self.probit_cep else statistics.second
-            means[k], second[k] = f.mean, packing.pack(f.second_moment())
-            changes = [(k, (means[k], second[k]))]
+            if not self.simultaneous:
+                changes = self._update(pending, scale, second, packing)
         for j, g in enumerate(post.offsets):
             results = parts.step("offset", changes, j)
             statistics = results[0][0] if len(results) == 1 else reduce_rows([s for s, _ in results], g.n_rows, 1)
             self.n_skipped += sum(skipped for _, skipped in results)
-            group_update(g, statistics, scale)
-            changes = [(K + j, (g.mean, g.cov))]
+            pending.append((K + j, g, statistics))
+            if not self.simultaneous:
+                changes = self._update(pending, scale, second, packing)
+        if self.simultaneous:  # G came from the other modes' moments before their update
+            changes, G = self._update(pending, scale, second, packing), None
         # Σ_i E[(1ᵀz_i)²] = Σ_s ⟨E[u_s u_sᵀ], Σ_{i∈s} E[z^{\K} z^{\K}ᵀ]⟩ for the last mode
         cp_second = None if G is None else float(np.sum((second[-1] * G) @ packing.weight))
         stats = SweepTotals.combine(parts.step("finish", changes, G is None), post, self.likelihood, cp_second)
@@ -1349,7 +1379,8 @@ class _EntrySweeps:
 
 
 def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", damping=1.0,
-                 block_size=None, rng=None, n_jobs=None, chunk_size=CHUNK_SIZE, partitions=None, weight=None):
+                 block_size=None, rng=None, n_jobs=None, chunk_size=CHUNK_SIZE, partitions=None, weight=None,
+                 simultaneous=False):
     """The sweeps :func:`fit_cp` runs, on a copy of ``post``: an object whose
     ``sweep(update_noise=True)`` runs one sweep and returns its :class:`SweepTotals`, and
     whose ``posterior`` is q after the last sweep (updated in place).
@@ -1360,9 +1391,14 @@ def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedul
     ``options`` before its first step) and returns their results in partition order; ``index``
     and ``y`` are then unused.  By default the entries are one :class:`InMemoryEntries`.
     ``weight`` (n,): the entries' weights (None: all 1; see the module docstring).
+    ``simultaneous`` (group schedule): every group of a sweep updated from the q before the
+    sweep (see :func:`streaming_sweeps`).
     """
     post = post.copy()
     if schedule == "entry":
+        if simultaneous:
+            raise ValueError("simultaneous updates are a variant of the group schedule; the entry schedule updates "
+                             "block after block.")
         if partitions is not None:
             raise ValueError("The entry schedule updates the sites block after block, each from the q left by the "
                              "one before: it needs the entries in memory. Use schedule='group' for partitioned "
@@ -1376,7 +1412,7 @@ def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedul
         if weight is not None:
             raise ValueError("Partitioned entries carry their own weights; pass weight=None.")
         parts = partitions(**options)
-    return _GroupSweeps(post, parts, likelihood, method)
+    return _GroupSweeps(post, parts, likelihood, method, simultaneous)
 
 
 def _largest_change(before, groups):
@@ -1399,7 +1435,8 @@ class CPFitResult:
 
 def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", max_iter=100,
            tol=1e-4, damping=1.0, block_size=None, rng=None, n_jobs=None, callback=None, track_elbo=True,
-           hold_noise=0, chunk_size=CHUNK_SIZE, partitions=None, weight=None):
+           hold_noise=0, chunk_size=CHUNK_SIZE, partitions=None, weight=None,
+           simultaneous=False):
     """Fit q on the entries (index, y), starting from and with the priors of ``post``.
 
     Iterates until the relative change of the training predictor means is below ``tol`` or
@@ -1411,13 +1448,14 @@ def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="gro
     of a posterior mean in posterior standard deviations and the ELBO (None unless
     ``track_elbo``).  q(τ) is held at its starting value for the first ``hold_noise`` sweeps:
     early residuals of a random start would make E[τ] small and shrink every embedding to the
-    zero fixed point.  ``partitions``: the entries held elsewhere (see :func:`start_sweeps`).
-    ``weight`` (n,): entry weights w ≥ 0, each entry's likelihood to the power w (None: all 1).
+    zero fixed point.  ``partitions``: the entries held elsewhere, ``simultaneous``: Jacobi sweeps
+    (see :func:`start_sweeps`).  ``weight`` (n,): entry weights w ≥ 0, each entry's likelihood to
+    the power w (None: all 1).
     Returns a :class:`CPFitResult` holding a new posterior (``post`` is not modified).
     """
     sweeps = start_sweeps(post, index, y, likelihood=likelihood, method=method, schedule=schedule,
                           damping=damping, block_size=block_size, rng=rng, n_jobs=n_jobs, chunk_size=chunk_size,
-                          partitions=partitions, weight=weight)
+                          partitions=partitions, weight=weight, simultaneous=simultaneous)
     post = sweeps.posterior
     trace, converged, n_iter = [], False, 0
     for n_iter in range(1, max_iter + 1):
