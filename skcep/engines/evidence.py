@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 LOG_VARIANCE_BOUNDS = (np.log(1e-6), np.log(1e6))
-SEARCH_TOL_FACTOR = 10.0
+SEARCH_TOL_FACTOR = 30.0
 SEARCH_BUDGET = 2.0  # the search's trial fits stop after this many × the first one's sweeps
 RUNAWAY = 10.0  # posterior sd in one sweep after the first GRACE: a CEP fit has diverged
 GRACE = 2
@@ -300,9 +300,9 @@ def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likeli
     ``prior_spread``, on the evidence of EP — weight-space EP for the full covariance, else
     factorized EP with ``evidence_likelihood`` whatever ``method`` is (CEP has no evidence of
     its own, and the EP formula at CEP's sites is not smooth in λ where CEP breaks down).
-    The search's fits stop at 10 × ``tol`` and at most max(20, 2 × the first fit's) sweeps,
-    and no new one starts once they have run ``SEARCH_BUDGET`` × the first fit's sweeps (so
-    "auto" costs about three fits); then ``method`` is fitted at that λ to ``tol`` (full EP:
+    The search's fits stop at ``SEARCH_TOL_FACTOR`` (30) × ``tol`` and at most max(20, 2 × the
+    first fit's) sweeps, and no new one starts once they have run ``SEARCH_BUDGET`` × the first
+    fit's sweeps (so "auto" costs about three fits); then ``method`` is fitted at that λ to ``tol`` (full EP:
     the nearest search fit continued; factorized EP: that too if it converged, else from the
     prior; CEP: :func:`_cep_after_search`).  ``prior_variance`` is then λ and ``n_iter``
     counts the sweeps of all fits.
