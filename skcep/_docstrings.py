@@ -75,13 +75,13 @@ _PARAMS_DOC = """
         ``n_features`` (O(n_features²) memory).
     prior_variance : float or "auto", default=1.0
         Variance λ of the Gaussian prior N(0, λ) on every weight.  "auto": type-II maximum
-        likelihood, the λ (in [1e-6, 1e6]) that maximises the EP evidence of each one-vs-rest
-        model, found by a root search on its gradient in log λ with warm-started fits
-        (:func:`skcep.engines.evidence.maximize_evidence`; typically 2–3 × the time of one
-        fit).  CEP-1/CEP-2 (and "kjit") take the λ of factorized EP's evidence, then fit at
-        it.  With ``partial_fit`` λ is chosen on the first batch and kept.  On separable data
-        the evidence keeps growing with λ and "auto" picks a large λ, where CEP can diverge;
-        see the user guide.  Not available for a fit on Dask collections.
+        likelihood of the EP evidence of each one-vs-rest model (λ in [1e-6, 1e6]), searched
+        in log λ from λ = 1 with warm-started fits on a budget of about three fits; of the
+        fits within 1 nat of the best evidence the one nearest λ = 1 is kept
+        (:func:`skcep.engines.evidence.maximize_evidence`).  CEP-1/CEP-2 (and "kjit") take the
+        λ of factorized EP's evidence and fit at it, halving log λ towards 0 where CEP runs
+        away (separable data).  With ``partial_fit`` λ is chosen on the first batch and kept.
+        Not available for a fit on Dask collections.
     fit_intercept : bool, default=True
         Whether to infer an intercept b with prior N(0, ``intercept_prior_variance``).
     intercept_prior_variance : float, default=100.0
@@ -173,7 +173,7 @@ PROBIT_DOC = (
     >>> auto = make_pipeline(StandardScaler(), CEPProbitClassifier(prior_variance="auto"))
     >>> auto = auto.fit(X, y)[-1]
     >>> auto.prior_variance_.round(3), auto.log_evidence_.round(1), clf[-1].log_evidence_.round(1)
-    (array([0.089]), array([-160.5]), array([-165.6]))
+    (array([0.09]), array([-160.5]), array([-165.6]))
     """
 )
 

@@ -714,3 +714,45 @@ def test_compiled_evidence_terms_equal_the_numpy_terms(lik):
                                     site_shift.ravel(), prec, shift, likelihood=lik,
                                     sample_weight=weight)
         assert dense == pytest.approx(csr, rel=1e-12)
+
+
+def _drift_run(per_step, n_sweeps=400):
+    """Feed SweepControl two reversing sweeps, then a slow drift whose undamped change decays
+    by 0.5 % a sweep; return (sweeps until "converged", step, undamped change there)."""
+    control = glm.SweepControl(0.5, 1e-3, per_step=per_step)
+    mean, var = np.zeros(2), np.ones(2)
+    for sweep in range(1, n_sweeps + 1):
+        sign = (-1.0) ** sweep if sweep <= 4 else 1.0
+        undamped = 0.01 * 0.995**sweep
+        new = mean + control.step * undamped * sign * np.array([1.0, 0.5])
+        if control.judge(mean, var, new, var) == "converged":
+            return sweep, control.step, undamped
+        mean = new
+    return n_sweeps, control.step, undamped
+
+
+def test_sweep_control_per_step_does_not_stop_a_drift_by_shrinking_its_step():
+    # Without per_step the grow-then-halve cycle shrinks the step until the damped change is
+    # below tol, ten times the undamped change away from the fixed point; per step, the step
+    # grows back to its initial value and the run stops where the undamped change is ~tol.
+    sweeps, step, undamped = _drift_run(per_step=False)
+    assert step < 0.1 and undamped > 5e-3 and sweeps < 20
+    sweeps, step, undamped = _drift_run(per_step=True)
+    assert step == 0.5 and undamped < 2.5e-3 and sweeps > 250
+
+
+def test_cep1_default_schedule_reaches_the_fixed_point_of_a_long_damped_run():
+    # The CEP paper's sonar (split 2, probit, N(0, 1) prior): the default schedule used to stop
+    # 2.1 posterior sd away from CEP-1's fixed point (its step shrunk to 0.005); now 0.03.
+    from skcep.datasets import load_cep_paper
+
+    data = load_cep_paper("sonar", 2)
+    A = np.hstack([data.X_train, np.ones((len(data.X_train), 1))])
+    y, d = 2.0 * data.y_train - 1.0, A.shape[1]
+    prior = (np.zeros(d), np.r_[np.ones(d - 1), 100.0])
+    fast = glm.fit_factorized(A, y, Probit(), *prior, method="cep1", max_iter=300, tol=1e-3)
+    slow = glm.fit_factorized(A, y, Probit(), *prior, method="cep1", damping=0.1,
+                              max_iter=3000, tol=1e-6)
+    assert fast.converged and slow.converged
+    assert np.max(np.abs(fast.mean - slow.mean) / np.sqrt(slow.var)) < 0.1
+    assert_allclose(fast.var, slow.var, rtol=0.01)
