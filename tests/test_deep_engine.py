@@ -337,6 +337,17 @@ def test_noise_update_is_the_closed_form():
     assert post.noise_precision == pytest.approx(a / b)
 
 
+def store_entry_moments(post, row, P, mean, var):
+    """Write an entry's updated moments (the P weights, its embeddings, the offset) back."""
+    post.theta[0, :P], post.theta[1, :P] = mean[:P], var[:P]
+    post.theta[:, -1] = mean[-1], var[-1]
+    start = P
+    for k, i in enumerate(row):
+        r = post.ranks[k]
+        post.emb[k][0, i], post.emb[k][1, i] = mean[start:start + r], var[start:start + r]
+        start += r
+
+
 def reference_adf_step(post, row, y, likelihood):
     """Alg. 1 lines 4–8 for one entry, written out with the reference gradient and the closed
     forms of eqs. 7, 10 and 12.  Returns the entry's log Z."""
@@ -359,13 +370,7 @@ def reference_adf_step(post, row, y, likelihood):
         ratio = math.exp(norm.logpdf(z) - log_ndtr(z))
         log_z, d_alpha, d_beta = log_ndtr(z), y * ratio / root, -0.5 * ratio * z / (1 + beta)
     mean, var = mean + var * g * d_alpha, var - var**2 * g**2 * (d_alpha**2 - 2 * d_beta)  # eq. 7
-    post.theta[0, :P], post.theta[1, :P] = mean[:P], var[:P]
-    post.theta[:, -1] = mean[-1], var[-1]
-    start = P
-    for k, i in enumerate(row):
-        r = post.ranks[k]
-        post.emb[k][0, i], post.emb[k][1, i] = mean[start:start + r], var[start:start + r]
-        start += r
+    store_entry_moments(post, row, P, mean, var)
     if likelihood == "gaussian":
         a, b = post.noise
         post.noise = (a + 0.5, b + 0.5 * ((y - alpha) ** 2 + beta))

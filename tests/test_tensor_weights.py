@@ -27,7 +27,7 @@ from sklearn.exceptions import ConvergenceWarning
 from skcep import BayesianCPTensor
 from skcep.deep import StreamingDeepTensor
 from skcep.engines import cp, deep
-from test_deep_engine import reference_forward_backward, small_posterior
+from test_deep_engine import grid_moments, reference_forward_backward, small_posterior, store_entry_moments
 
 
 def low_rank_tensor(shape=(9, 8, 6), rank=2, n=220, seed=0):
@@ -250,16 +250,6 @@ def test_cp_weighted_statistics_are_those_of_repeated_entries():
 # StreamingDeepTensor: the weighted ADF step
 
 
-def grid_moments(log_density, center, scale, n=200001, width=14.0):
-    """Mean and variance of exp(log_density(f)) on a fine grid of f."""
-    f = np.linspace(center - width * scale, center + width * scale, n)
-    log_p = log_density(f)
-    p = np.exp(log_p - log_p.max())
-    mass = np.trapezoid(p, f)
-    mean = np.trapezoid(f * p, f) / mass
-    return mean, np.trapezoid((f - mean) ** 2 * p, f) / mass
-
-
 CASES = [(0.7, 0.3, 0.9, 2.0), (-1.2, 1.5, 0.4, 3.0), (0.2, 0.05, 2.0, 0.5), (2.5, 4.0, 0.3, 7.0)]
 
 
@@ -272,7 +262,7 @@ def test_power_step_gaussian_is_the_tempered_likelihood_on_a_grid(y, alpha, beta
     def log_tilted(f):
         return norm.logpdf(f, alpha, math.sqrt(beta)) + w * norm.logpdf(y, f, math.sqrt(sigma2))
 
-    mean, var = grid_moments(log_tilted, alpha, math.sqrt(beta))
+    mean, var = grid_moments(log_tilted, alpha, math.sqrt(beta), width=14.0)
     assert alpha + beta * d_alpha == pytest.approx(mean, abs=1e-8)
     assert beta - beta**2 * kappa == pytest.approx(var, rel=1e-7)
 
@@ -281,7 +271,8 @@ def test_power_step_gaussian_is_the_tempered_likelihood_on_a_grid(y, alpha, beta
 def test_power_step_probit_is_w_copies_of_one_site(y, alpha, beta, w):
     """Power EP on a grid: one copy's tilted N(f | α, β) Φ(y f) gives the site in f (natural
     parameters of the projection minus those of q); q with w copies of it is the step."""
-    m1, v1 = grid_moments(lambda f: norm.logpdf(f, alpha, math.sqrt(beta)) + log_ndtr(y * f), alpha, math.sqrt(beta))
+    m1, v1 = grid_moments(lambda f: norm.logpdf(f, alpha, math.sqrt(beta)) + log_ndtr(y * f), alpha, math.sqrt(beta),
+                          width=14.0)
     precision = 1.0 / beta + w * (1.0 / v1 - 1.0 / beta)
     shift = alpha / beta + w * (m1 / v1 - alpha / beta)
     d_alpha, kappa = deep.evidence_derivatives(False, y, alpha, beta, 1.0)
@@ -324,13 +315,7 @@ def reference_weighted_step(post, row, y, w, likelihood):
         shift = alpha / beta + w * (alpha1 / beta1 - alpha / beta)
         d_alpha, kappa = (shift / precision - alpha) / beta, (beta - 1 / precision) / beta**2
     mean, var = mean + var * g * d_alpha, var - var**2 * g**2 * kappa
-    post.theta[0, :P], post.theta[1, :P] = mean[:P], var[:P]
-    post.theta[:, -1] = mean[-1], var[-1]
-    start = P
-    for k, i in enumerate(row):
-        r = post.ranks[k]
-        post.emb[k][0, i], post.emb[k][1, i] = mean[start:start + r], var[start:start + r]
-        start += r
+    store_entry_moments(post, row, P, mean, var)
     if likelihood == "gaussian":
         a, b = post.noise
         post.noise = (a + 0.5 * w, b + 0.5 * w * ((y - alpha) ** 2 + beta))

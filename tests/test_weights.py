@@ -26,14 +26,8 @@ from sklearn.utils.class_weight import compute_sample_weight
 from skcep import CEPLogisticClassifier, CEPProbitClassifier
 from skcep.engines.glm import fit_factorized, fit_full, site_copy, site_total
 from skcep.engines.likelihoods import Probit
+from test_linear_model import ALL, CLASSES, CONFIGS
 
-CLASSES = [CEPProbitClassifier, CEPLogisticClassifier]
-CONFIGS = [("cep1", "diagonal"), ("cep2", "diagonal"), ("ep", "diagonal"), ("ep", "full")]
-ALL = [
-    pytest.param(cls, method, cov, id=f"{cls.__name__[3:-10]}-{method}-{cov}")
-    for cls in CLASSES
-    for method, cov in CONFIGS
-]
 # Damping 0.5: from EP's default 1 the adaptive step sometimes ratchets down to a crawl that
 # does not reach tol=1e-9 in 3000 sweeps, with weights and on repeated rows alike (measured).
 TIGHT = dict(tol=1e-9, max_iter=3000, damping=0.5)

@@ -686,13 +686,13 @@ def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, 
     n = X.shape[0]
     P0, b0 = P, b
     P, b = P.copy(), b.copy()
-    chol = cho_factor(P, lower=True)
-    mean = cho_solve(chol, b)
+    chol = cho_factor(P, lower=True, check_finite=False)
+    mean = cho_solve(chol, b, check_finite=False)
     n_skipped = 0
     for rows in (slice(start, min(start + block_size, n)) for start in range(0, n, block_size)):
         xb = _dense_rows(X, rows)
         m = xb @ mean
-        s = np.sum(solve_triangular(chol[0], xb.T, lower=True) ** 2, axis=0)
+        s = np.sum(solve_triangular(chol[0], xb.T, lower=True, check_finite=False) ** 2, axis=0)
         blank = s <= 0  # an all-zero row says nothing about w: its site stays zero
         s = np.where(blank, 1.0, s)
         old_prec, old_shift = site_prec[rows], site_shift[rows]
@@ -716,8 +716,8 @@ def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, 
         n_skipped += int(ok.size - np.count_nonzero(ok))
         P += xb.T @ (d_prec[:, None] * xb)
         b += xb.T @ d_shift
-        chol = cho_factor(P, lower=True)
-        mean = cho_solve(chol, b)
+        chol = cho_factor(P, lower=True, check_finite=False)
+        mean = cho_solve(chol, b, check_finite=False)
     return P - P0, b - b0, n_skipped
 
 
