@@ -16,6 +16,7 @@ Engines never see any of this: they take arrays, an ``n_jobs`` and an optional
 
 import copy
 import functools
+import inspect
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
@@ -123,6 +124,12 @@ def predict_method(method):
     return call
 
 
+
+class DaskWeightsError(TypeError, ValueError):
+    """``sample_weight`` given with Dask collections to a method that cannot take it (a
+    TypeError for the input's type, and a ValueError as scikit-learn raises for a bad
+    combination of arguments)."""
+
 class SkcepMixin:
     """Shared plumbing of the five estimators (put it first among the bases)."""
 
@@ -155,11 +162,26 @@ class SkcepMixin:
     # ----------------------------------------------------------------------------------------
     # Dask collections
 
-    def _fit_dask(self, name, X, y=None, **options):
+    #: Whether the estimator's distributed ``fit`` (:meth:`_dask_fit`) takes ``sample_weight``.
+    _dask_fit_weights = False
+
+    def _fit_dask(self, name, X, y=None, *rest, **options):
         """``fit`` / ``partial_fit`` on Dask collections.  ``partial_fit`` folds the chunks in
         order (assumed density filtering is sequential); ``fit`` runs the estimator's
-        distributed fit, :meth:`_dask_fit`."""
+        distributed fit, :meth:`_dask_fit`.  ``sample_weight`` goes only to a distributed fit
+        that takes it (:attr:`_dask_fit_weights`): the chain of ``partial_fit`` tasks carries
+        each chunk's X and y, not its weights."""
         require_dask()
+        if rest:  # arguments after X and y given by position (classes, sample_weight): by name
+            names = list(inspect.signature(getattr(type(self), name)).parameters)[3:]
+            options.update(zip(names, rest))
+        if options.get("sample_weight") is not None and not (name == "fit" and self._dask_fit_weights):
+            raise DaskWeightsError(
+                f"{type(self).__name__}.{name} on Dask collections does not take sample_weight. "
+                "Weight the rows of numpy arrays, or pass sample_weight with Dask collections to "
+                "a fit that takes them (the classifiers' and BayesianCPTensor's).")
+        if "sample_weight" in options and options["sample_weight"] is None:
+            del options["sample_weight"]
         if name == "partial_fit":
             fitted = partial_fit_chunks(self, X, y, **options)
             self.__dict__.clear()

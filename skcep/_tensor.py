@@ -108,19 +108,6 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             return X, y, weight
         return X[keep], y[keep], weight[keep]
 
-    #: Whether ``fit`` on Dask collections takes ``sample_weight``.
-    _dask_fit_weights = False
-
-    def _fit_dask(self, name, X, y=None, sample_weight=None, **options):
-        """Dask collections: ``sample_weight`` only where the estimator's Dask ``fit`` takes it
-        (a chain of ``partial_fit`` tasks gets one chunk at a time, not its weights)."""
-        if sample_weight is not None:
-            if name == "fit" and self._dask_fit_weights:
-                return self._dask_fit(X, y, sample_weight=sample_weight, **options)
-            raise TypeError(f"{type(self).__name__}.{name} does not take sample_weight with Dask collections; "
-                            "weight the entries of numpy arrays, or pass the Dask collections unweighted.")
-        return super()._fit_dask(name, X, y, **options)
-
     def _encode(self, y, first_call, classes=None):
         """Gaussian: finite floats.  Probit: two labels, encoded as 0/1 (``classes_[1]`` → 1)."""
         if self.likelihood == "gaussian":

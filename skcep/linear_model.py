@@ -51,6 +51,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
     }
     _structural_params = ("method", "covariance", "fit_intercept")
     _dask_fit = fit_classifier
+    _dask_fit_weights = True
 
     def __init__(self, *, method="cep1", covariance="diagonal", prior_variance=1.0,
                  fit_intercept=True, intercept_prior_variance=100.0, max_iter=300, tol=1e-3,
@@ -105,15 +106,6 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         return self
 
     partial_fit.__doc__ = PARTIAL_FIT_DOC
-
-    def _fit_dask(self, name, X, y=None, **options):
-        if name == "partial_fit" and options.get("sample_weight") is not None:
-            raise ValueError(
-                "partial_fit on Dask collections does not take sample_weight (its chunks are "
-                "folded by a chain of tasks that carries X and y only). Use fit, which takes a "
-                "Dask array of weights chunked like the rows, or call partial_fit on each chunk "
-                "with its weights.")
-        return super()._fit_dask(name, X, y, **options)
 
     def _row_weights(self, X, y, classes, sample_weight, partial):
         """Each row's weight, ``sample_weight`` × ``class_weight`` of its label (as in
