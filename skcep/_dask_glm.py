@@ -26,6 +26,7 @@ from .engines.glm import (
     factorized_partition_step,
     fit_factorized_partitions,
     fit_full_partitions,
+    full_block_size,
     full_partition_step,
 )
 
@@ -111,7 +112,7 @@ class DaskRows:
         dim = d + int(fit_intercept)
         self.shape, self.full = (n, dim), full
         # the single-machine block size, from the whole data, so each chunk runs the same blocks
-        block = max(default_block_size(n, n * dim), min(dim, 256)) if full else default_block_size(n, n * dim)
+        block = full_block_size(n, dim) if full else default_block_size(n, n * dim)
         self.block_size = block
         chunks = [dask.delayed(_design_chunk)(xb, fit_intercept, None if full else block)
                   for xb in row_blocks(X)]
