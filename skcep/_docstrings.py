@@ -94,8 +94,9 @@ _PARAMS_DOC = """
     damping : "auto" or float in (0, 1], default="auto"
         Each site update moves the site's natural parameters by ``damping`` × (proposed −
         current); 1 is undamped EP.  This is the initial value: it is halved automatically when
-        sweeps oscillate or diverge and grows back when they settle.  "auto" is 1.0 for EP, 0.5
-        for CEP.
+        sweeps oscillate or diverge and grows back when they settle.  "auto" is 1.0 for EP; for
+        CEP a first undamped sweep from EP's fixed point, kept if it moves the posterior by
+        less than 0.1 sd (many samples per feature), else undone and CEP runs at 0.5.
     block_size : int, default=None
         Samples whose sites are refined together before the posterior is refreshed; 1 is the
         sequential schedule of Algorithm 1 of the CEP paper.  None: about 2 % of the samples

@@ -756,3 +756,39 @@ def test_cep1_default_schedule_reaches_the_fixed_point_of_a_long_damped_run():
     assert fast.converged and slow.converged
     assert np.max(np.abs(fast.mean - slow.mean) / np.sqrt(slow.var)) < 0.1
     assert_allclose(fast.var, slow.var, rtol=0.01)
+
+
+@pytest.mark.parametrize("method", ["cep1", "cep2"])
+def test_cep_probe_kept_where_cep_stays_near_ep_and_undone_where_it_does_not(method):
+    # Many rows per weight: the probe (one undamped sweep from EP's fixed point) moves q by
+    # far less than CEP_PROBE_SD, so "auto" is the undamped run, sweep for sweep.  The CEP
+    # paper's sonar: the probe moves q by several sd, is undone, and "auto" is the run at
+    # CEP_DAMPING with one more sweep counted (to rounding: q is re-summed from the sites).
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((6000, 5))
+    y = np.where(X @ rng.normal(0, 0.5, 5) + rng.standard_normal(6000) > 0, 1.0, -1.0)
+    prior = (np.zeros(5), np.ones(5))
+    kw = dict(method=method, tol=1e-4, max_iter=200)
+    trace = []
+    auto = glm.fit_factorized(X, y, Probit(), *prior, **kw,
+                              callback=lambda s, change, _: trace.append(change))
+    undamped = glm.fit_factorized(X, y, Probit(), *prior, damping=1.0, **kw)
+    assert trace[0] < glm.CEP_PROBE_SD
+    assert auto.n_iter == undamped.n_iter
+    assert_allclose(auto.mean, undamped.mean, rtol=1e-12)
+
+    from skcep.datasets import load_cep_paper
+
+    data = load_cep_paper("sonar", 2)
+    A = np.hstack([data.X_train, np.ones((len(data.X_train), 1))])
+    y, d = 2.0 * data.y_train - 1.0, A.shape[1]
+    prior = (np.zeros(d), np.r_[np.ones(d - 1), 100.0])
+    kw = dict(method=method, tol=1e-3, max_iter=300)
+    trace = []
+    auto = glm.fit_factorized(A, y, Probit(), *prior, **kw,
+                              callback=lambda s, change, _: trace.append(change))
+    damped = glm.fit_factorized(A, y, Probit(), *prior, damping=glm.CEP_DAMPING, **kw)
+    assert trace[0] > glm.CEP_PROBE_SD
+    assert auto.n_iter == damped.n_iter + 1
+    assert_allclose(auto.mean, damped.mean, rtol=1e-6, atol=1e-9)
+    assert_allclose(auto.var, damped.var, rtol=1e-6)
