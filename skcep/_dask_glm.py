@@ -75,16 +75,14 @@ def _factorized_chunk(design, labels, sites, prec, shift, *, positive, evidence=
     chunk's labels, or (labels, row weights)."""
     sign, weight = _signs(labels, positive)
     if sites is None:
-        site_prec, site_shift = np.zeros(_site_shape(design.X)), np.zeros(_site_shape(design.X))
-    else:
-        site_prec, site_shift = (a.copy() for a in sites)
+        sites = np.zeros(_site_shape(design.X)), np.zeros(_site_shape(design.X))
     if evidence is not None:
-        terms = factorized_site_terms(design, sign, site_prec, site_shift, prec, shift,
-                                      likelihood=evidence, sample_weight=weight)
-        return (site_prec, site_shift), terms
-    totals = factorized_partition_step(design, sign, site_prec, site_shift, prec, shift,
+        return sites, factorized_site_terms(design, sign, *sites, prec, shift,
+                                            likelihood=evidence, sample_weight=weight)
+    new = np.empty_like(sites[0]), np.empty_like(sites[1])  # the step reads sites, writes new
+    totals = factorized_partition_step(design, sign, *sites, prec, shift, out=new,
                                        sample_weight=weight, **options)
-    return (site_prec, site_shift), totals
+    return new, totals
 
 
 def _full_chunk(X, labels, sites, P, b, *, positive, evidence=None, **options):
@@ -92,10 +90,12 @@ def _full_chunk(X, labels, sites, P, b, *, positive, evidence=None, **options):
     the posterior's (mean, covariance)."""
     sign, weight = _signs(labels, positive)
     n = X.shape[0]
-    site_prec, site_shift = (np.zeros(n), np.zeros(n)) if sites is None else (a.copy() for a in sites)
+    if sites is None:
+        sites = np.zeros(n), np.zeros(n)
     if evidence is not None:
-        return (site_prec, site_shift), full_site_terms(X, sign, site_prec, site_shift, P, b,
-                                                        likelihood=evidence, sample_weight=weight)
+        return sites, full_site_terms(X, sign, *sites, P, b, likelihood=evidence,
+                                      sample_weight=weight)
+    site_prec, site_shift = (a.copy() for a in sites)  # updated in place by the step
     change = full_partition_step(X, sign, site_prec, site_shift, P, b, sample_weight=weight,
                                  **options)
     return (site_prec, site_shift), change
