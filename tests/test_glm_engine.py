@@ -634,23 +634,29 @@ def _numpy_step(design, *args, **kw):
 @pytest.mark.parametrize("method", ["ep", "cep1"])
 @pytest.mark.parametrize("step", [1.0, 0.3])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted):
+@pytest.mark.parametrize("wide", [False, True], ids=["d6", "d40"])
+def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted, wide):
+    # d = 6: blocks of 32 rows, the compiled loops too short to vectorise.  d = 40: vectorised
+    # loops, one block (so rounding differences are not carried from block to block through
+    # q), and q's mean N(0, 1) per coordinate, so CEP-1's conditionals reach every range of
+    # u = y m / √(1+s): below −15 (series), [−15, −5] (continued fraction), the polynomial
+    # Mills ratio's (−5, 37], and above 37
     rng = np.random.default_rng(7)
-    n, d = 240, 6
+    n, d = (240, 40) if wide else (240, 6)
     X = rng.standard_normal((n, d))
     X[:8] *= 40.0  # far-tail rows: |y m / √(1+s)| beyond 15, where the series take over
     y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
     site_prec = rng.exponential(0.05, (n, d))
     site_shift = rng.normal(0.0, 0.05, (n, d))
     prec = 1.0 + site_prec.sum(axis=0)
-    shift = site_shift.sum(axis=0)
+    shift = site_shift.sum(axis=0) + (prec * rng.standard_normal(d) if wide else 0.0)
     site_prec[3, 2] = prec[2] + 1.0  # an improper cavity: that site must be skipped
     weight = None
     if weighted:  # fractional, integer and zero weights (a zero-weight row has zero sites)
         weight = rng.choice([0.0, 0.4, 1.0, 3.0], size=n)
         weight[3] = 1.0
         site_prec[weight == 0] = site_shift[weight == 0] = 0.0
-    design = glm._Design(X, 32)
+    design = glm._Design(X, n if wide else 32)
     assert design.compiled(Probit(), method) and not design.compiled(Logistic(), method)
     ref = [site_prec.copy(), site_shift.copy()]
     tot_ref = _numpy_step(design, y, *ref, prec, shift, likelihood=Probit(), method=method,
@@ -664,9 +670,36 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted):
     assert_allclose(out[0], ref[0], rtol=1e-11, atol=1e-14)
     assert_allclose(out[1], ref[1], rtol=1e-11, atol=1e-14)
     assert_allclose(tot[0], tot_ref[0], rtol=1e-11)
-    assert_allclose(tot[1], tot_ref[1], rtol=1e-11, atol=1e-12)
+    # shift sites of both signs: their column sums cancel, in row order here, pairwise in numpy
+    scale = np.abs(ref[1]).sum(axis=0).max() if wide else 1.0
+    assert_allclose(tot[1], tot_ref[1], rtol=1e-11, atol=1e-12 * scale)
     assert tot[2] == tot_ref[2] >= 1
     assert out[0][3, 2] == site_prec[3, 2]
+
+
+def test_polynomial_mills_ratio_equals_the_library_quotient():
+    """The compiled step's library-free exp, erfcx and φ/Φ (vectorisable) against numpy's exp,
+    scipy's erfcx and the scalar mills_ratio (exp / erfc quotient) on their ranges."""
+    from numba import njit
+    from scipy.special import erfcx
+
+    from skcep.engines._deep_kernel import mills_ratio
+    from skcep.engines._glm_kernel import _erfcx, _exp, _mills_ratio_bulk
+
+    @njit
+    def apply(f, x):
+        out = np.empty_like(x)
+        for i in range(x.size):
+            out[i] = f(x[i])
+        return out
+
+    rng = np.random.default_rng(3)
+    x = np.concatenate([np.linspace(-700.0, 0.0, 20001), -rng.exponential(5.0, 20000)])
+    assert_allclose(apply(_exp, x), np.exp(x), rtol=2.3e-16, atol=0)
+    s = np.concatenate([np.linspace(0.0, 6.0, 20001), rng.uniform(0.0, 6.0, 20000)])
+    assert_allclose(apply(_erfcx, s), erfcx(s), rtol=2e-15, atol=0)
+    u = np.concatenate([np.linspace(-5.0, 37.0, 42001)[1:], rng.uniform(-5.0, 8.0, 20000)])
+    assert_allclose(apply(_mills_ratio_bulk, u), apply(mills_ratio, u), rtol=5e-15, atol=0)
 
 
 @pytest.mark.parametrize("method", ["ep", "cep1"])
