@@ -561,6 +561,56 @@ def test_predictive_moments_in_chunks_and_threads():
     assert none is None and np.array_equal(only_mean, serial[0])
 
 
+def _beta_characteristic_by_legendre(t, alpha, beta, n_nodes=200):
+    """φ(t) = ∫₀¹ e^{itx} Beta(x; α, β) dx by Gauss–Legendre quadrature, (n, D) complex."""
+    u, w = np.polynomial.legendre.leggauss(n_nodes)
+    x, w = 0.5 * (1.0 + u), 0.5 * w
+    density = stats.beta.pdf(x[None, :], alpha[:, None], beta[:, None]) * w  # (n, nodes)
+    return density @ np.exp(1j * np.outer(x, t))
+
+
+@pytest.mark.parametrize("chunk_size", [64, rf.PREDICT_CHUNK])
+def test_fast_prediction_equals_numpy_reference(chunk_size):
+    """predictive_moments (compiled passes, per-thread buffers, the triangular product in
+    place), serial and in 2 threads, against plain formulas: the features as
+    √(2/D) Re(e^{ib} φ_N(ω₁) φ_B(ω₂)) and √(2/D) cos(φ̂ν + c) in double precision (to the
+    features' single-precision cosines), the mean ψᵀμ_w and the variance ψᵀΣ_wψ with Σ_w the
+    explicit inverse of the precision — by L⁻¹ after a fit, by a fresh L⁻¹ after an online
+    update (many rows) and by the covariance (few rows)."""
+    X = _logistic_rows(700, seed=8)
+    Y = np.column_stack([np.tanh(X[:, 0] / 3), X[:, 0] ** 2 / 9])
+    f, post = (lambda r: (r.features, r.posterior))(fit_first_batch(
+        X, Y, message_families(("gaussian", "beta")), 40, 60, np.random.RandomState(1),
+        noise_variance=1e-3))
+    omega, b = f.inner_frequencies, f.inner_offsets
+    embedding = (np.exp(1j * np.outer(X[:, 0], omega[:, 0]) - 0.5 * np.outer(X[:, 1], omega[:, 0] ** 2))
+                 * _beta_characteristic_by_legendre(omega[:, 1], X[:, 2], X[:, 3]))
+    phi = np.sqrt(2.0 / b.size) * np.real(np.exp(1j * b) * embedding)
+    np.testing.assert_allclose(f.inner(X), phi, rtol=0, atol=1e-7)
+    psi = f(X)
+    np.testing.assert_allclose(
+        psi, np.sqrt(2.0 / 60) * np.cos(f.inner(X) @ f.outer_frequencies + f.outer_offsets),
+        rtol=0, atol=1e-7)
+
+    online = post.copy().update(psi[:1], Y[:1] - Y.mean(axis=0))
+    assert online.inverse_cholesky is None
+    for posterior, rows in [(post, slice(None)), (online, slice(None)), (online, slice(0, 50))]:
+        lower = np.tril(posterior.precision)  # online updates write the lower triangle only
+        cov = np.linalg.inv(lower + np.tril(lower, -1).T)
+        P = psi[rows]
+        want_mean, want_var = P @ posterior.mean, np.einsum("ij,jk,ik->i", P, cov, P)
+        for n_jobs in (None, 2):
+            mean, var = predictive_moments(X[rows], f, posterior, return_var=True,
+                                           n_jobs=n_jobs, chunk_size=chunk_size)
+            np.testing.assert_allclose(mean, want_mean, rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(var, want_var, rtol=1e-9)
+    # overwrite_psi works in place on C-ordered rows only; other layouts are copied first
+    rows_f = np.asfortranarray(psi[:50])
+    _, var_f = post.predict(rows_f, return_var=True, overwrite_psi=True)
+    np.testing.assert_array_equal(rows_f, psi[:50])
+    np.testing.assert_array_equal(var_f, post.predict(psi[:50], return_var=True)[1])
+
+
 def test_beta_rule_survives_very_concentrated_messages():
     """roots_jacobi returns NaN for many nodes and α = β = 10⁴; the rule falls back to fewer
     nodes, and the expected feature matches the (here nearly exact) Gaussian approximation

@@ -65,12 +65,18 @@ threads.
 
 **Prediction** is a map over rows: ``predictive_moments(X, features, posterior, return_var,
 n_jobs) -> (mean, var)`` runs ``posterior.predict(features(X_chunk), …)`` (eq. 15) on chunks of
-:data:`PREDICT_CHUNK` rows and concatenates the results in order.  It reads the posterior and
-writes nothing (the Cholesky factor for the variances is stored when the posterior is
-factorised, or computed for the call after online updates), so any number of threads may
-predict from one posterior at once and get the serial answer bit for bit.
+:data:`PREDICT_CHUNK` rows and writes each chunk's rows of the results.  Per chunk the work is
+two BLAS products — φ̂ν for the outer features and the triangular L⁻¹ψ̂ for the variances,
+in place — and single passes over the (rows × features) arrays by the compiled kernels of
+:mod:`skcep.engines._rff_kernel`, in buffers each thread reuses from chunk to chunk
+(:class:`_Workspace`); none of these steps holds the GIL.  It reads the posterior and writes
+nothing (the Cholesky factor for the variances is stored when the posterior is factorised,
+or computed for the call after online updates), so any number of threads may predict from
+one posterior at once and get the serial answer bit for bit.
 """
 
+import math
+import threading
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -79,6 +85,8 @@ from scipy.linalg import blas, cho_factor, cho_solve, eigh, solve_triangular
 from scipy.optimize import minimize_scalar
 from scipy.special import roots_jacobi
 
+from ._rff_kernel import (add_outer, add_rows, clipped_single, reduced_phase, scaled_product,
+                          triangular_sums_of_squares)
 from .chunks import chunk_slices, map_chunks
 
 __all__ = [
@@ -140,36 +148,62 @@ SELECTION_ROWS = 1000
 NOISE_FLOOR = 1e-8
 #: Rows per partition of the batch fit's statistics (fixed: the sum never depends on n_jobs).
 STATISTICS_CHUNK = 2048
-#: Rows per chunk of a prediction (fixed; temporaries of about 1 MB stay in cache and in reused
-#: memory, which is why smaller chunks predict faster than one large block).
-PREDICT_CHUNK = 256
+#: Rows per chunk of a prediction (fixed).  Each chunk packs ν and L⁻¹ for BLAS once, which
+#: favours large chunks, while its ψ̂ (2 MB at D_out = 500) should stay near the L2 cache for
+#: the passes after the products; 384–512 rows are within the noise of each other there.
+PREDICT_CHUNK = 512
 
 _CHUNK_ELEMENTS = 2**21  # bound on the elements of any (rows × features × nodes) temporary
-_TWO_PI = 2.0 * np.pi
+_INNER_ELEMENTS = 40_000  # rows × D_in per block of inner features (~1.3 MB of temporaries)
 _CHOLESKY_ROWS = 320  # rows from which factorising the precision speeds up predictive variances
 _KL_VARIANCE_FLOOR = 1e-12  # predicted variances ≤ 0 count as this fraction of the target's
+_NO_OFFSETS = np.empty(0)  # "no phases" for reduced_phase
+_NO_FACTOR = np.empty((0, 0), dtype=np.float32)  # "no second factor" for scaled_product
 
 
-def _cos(x, scale=None):
-    """cos(x) to ~3e-7 absolute: the argument is reduced to [−π, π] in double precision, the
-    cosine evaluated in single precision (numpy vectorises it; double-precision cos is ~10×
-    slower).  The random-feature maps only ever need this accuracy: their Monte Carlo error
-    is O(D^(−1/2)) ≥ 1e-3.  ``scale`` multiplies the result (in double precision)."""
-    r = x * (1.0 / _TWO_PI)
-    np.rint(r, out=r)
-    r *= _TWO_PI
-    np.subtract(x, r, out=r)
-    single = r.astype(np.float32)
-    np.cos(single, out=single)
-    if scale is None:
-        return single.astype(np.float64)
-    return np.multiply(single, np.float64(scale), out=r)  # in double precision, as above
+class _Workspace:
+    """Named buffers lent to the temporaries of the feature maps, reused from chunk to chunk
+    (one workspace per thread): fresh arrays of this size are handed back to the system when
+    freed, so every chunk would pay page faults for its temporaries again."""
+
+    def __init__(self):
+        self._buffers = {}
+
+    def array(self, name, shape, dtype=np.float64):
+        """A C-contiguous array of ``shape`` in the buffer ``name`` (grown when too small);
+        its content is whatever the last user left."""
+        size = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.size < size or buffer.dtype != dtype:
+            buffer = self._buffers[name] = np.empty(size, dtype=dtype)
+        return buffer[:size].reshape(shape)
 
 
-def _exp(x):
-    """exp(x) for x ≤ 0 to ~1.5e-7 absolute (single precision: a few ulp of the result plus
-    the rounded argument's relative error 6e-8 |x|, i.e. ≤ 2.2e-8 absolute; 0 below e^(−87))."""
-    return np.exp(np.maximum(x, -87.0).astype(np.float32)).astype(np.float64)
+def _rows(x):
+    """x (…, D) as a C-contiguous (rows, D) array (a view when it can be)."""
+    return np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+
+
+def _cos(x, offsets=None, work=None):
+    """cos(x + offsets) (``offsets`` per last-axis entry; None: cos x) to ~3e-7 absolute, as
+    float32 (the buffer "cos" of ``work``): the argument is reduced to [−π, π] in double
+    precision, the cosine evaluated in single precision (numpy vectorises it; double-precision
+    cos is ~10× slower).  The random-feature maps only ever need this accuracy: their Monte
+    Carlo error is O(D^(−1/2)) ≥ 1e-3."""
+    x2 = _rows(x)
+    out = (work or _Workspace()).array("cos", x2.shape, np.float32)
+    reduced_phase(x2, _NO_OFFSETS if offsets is None else offsets, out)
+    return np.cos(out, out=out).reshape(x.shape)
+
+
+def _exp(x, work=None):
+    """exp(x) for x ≤ 0 to ~1.5e-7 absolute, as float32 (the buffer "exp" of ``work``; single
+    precision: a few ulp of the result plus the rounded argument's relative error 6e-8 |x|,
+    i.e. ≤ 2.2e-8 absolute; 0 below e^(−87))."""
+    x2 = _rows(x)
+    out = (work or _Workspace()).array("exp", x2.shape, np.float32)
+    clipped_single(x2, -87.0, out)
+    return np.exp(out, out=out).reshape(x.shape)
 
 
 class GaussianMessage:
@@ -184,9 +218,14 @@ class GaussianMessage:
         return variance
 
     @staticmethod
-    def log_characteristic(t, mean, variance):
-        """(log |φ(t)|, arg φ(t)) for frequencies t (D,) and parameter columns (n,): (n, D) each."""
-        return -0.5 * variance[:, None] * (t * t), mean[:, None] * t
+    def add_log_characteristic(t, mean, variance, out, start=None):
+        """out = start + (log |φ(t)|, arg φ(t)) = start + (−½ v t², m t) for frequencies t (D,)
+        and parameter columns (n,): ``out`` a pair of (n, D) arrays, ``start`` a pair of (D,)
+        arrays, one row for every row (None: ``out``, a sum in place)."""
+        start = (None, None) if start is None else start
+        t = np.ascontiguousarray(t, dtype=float)
+        add_outer(start[0], -0.5 * variance, t * t, out[0])
+        add_outer(start[1], np.ascontiguousarray(mean, dtype=float), t, out[1])
 
 
 class GammaMessage:
@@ -201,9 +240,12 @@ class GammaMessage:
         return shape / (rate * rate)
 
     @staticmethod
-    def log_characteristic(t, shape, rate):
+    def add_log_characteristic(t, shape, rate, out, start=None):
+        """out = start + (−½ k log(1 + u²), k atan u), u = t / r (as for the Gaussian)."""
+        start = out if start is None else start
         u = t / rate[:, None]  # (1 − i u)^(−k) = (1 + u²)^(−k/2) e^{i k atan u}
-        return -0.5 * shape[:, None] * np.log1p(u * u), shape[:, None] * np.arctan(u)
+        np.add(start[0], -0.5 * shape[:, None] * np.log1p(u * u), out=out[0])
+        np.add(start[1], shape[:, None] * np.arctan(u), out=out[1])
 
 
 class BetaMessage:
@@ -235,22 +277,24 @@ class BetaMessage:
         return int(min(cls.max_nodes, 16 + np.ceil(0.7 * t_max)))
 
     @classmethod
-    def log_characteristic(cls, t, alpha, beta):
+    def add_log_characteristic(cls, t, alpha, beta, out, start=None):
+        """out = start + (log |φ(t)|, arg φ(t)) of each row's (α, β) (as for the Gaussian;
+        one cached evaluation per distinct pair)."""
+        start = (None, None) if start is None else start
         t_bytes = np.ascontiguousarray(t, dtype=float).tobytes()
         if alpha.size <= 64:  # np.unique costs more than it saves on a few rows
             rows = list(zip(alpha.tolist(), beta.tolist()))
             pairs = list(dict.fromkeys(rows))
             index = {pair: j for j, pair in enumerate(pairs)}
-            inverse = np.array([index[row] for row in rows])
-        else:
-            pairs, inverse = np.unique(
-                np.column_stack([alpha, beta]), axis=0, return_inverse=True
-            )
-            pairs, inverse = [tuple(p) for p in pairs.tolist()], inverse.ravel()
+            inverse = np.array([index[row] for row in rows], dtype=np.intp)
+        else:  # the pairs (α, β) as complex numbers α + iβ: a 1-D unique, sorted by α then β
+            keys = np.empty(alpha.size, dtype=complex)
+            keys.real, keys.imag = alpha, beta
+            keys, inverse = np.unique(keys, return_inverse=True)
+            pairs, inverse = list(zip(keys.real.tolist(), keys.imag.tolist())), inverse.ravel()
         values = [_beta_characteristic(t_bytes, a, b) for a, b in pairs]
-        log_abs = np.array([v[0] for v in values])
-        angle = np.array([v[1] for v in values])
-        return log_abs[inverse], angle[inverse]
+        add_rows(start[0], np.array([v[0] for v in values]), inverse, out[0])
+        add_rows(start[1], np.array([v[1] for v in values]), inverse, out[1])
 
 
 @lru_cache(maxsize=1024)
@@ -375,35 +419,39 @@ def median_inner_widths(families, X):
     return np.where(np.isfinite(widths) & (widths > 0), widths, 1.0)
 
 
-def inner_features(X, families, frequencies, offsets):
-    r"""φ̂(r) = √(2/D_in) (Re e^{i b_i} Π_l φ_l(ω_il))_i for every row of X: (n, D_in).
+def inner_features(X, families, frequencies, offsets, out=None, work=None):
+    r"""φ̂(r) = √(2/D_in) (Re e^{i b_i} Π_l φ_l(ω_il))_i for every row of X: (n, D_in),
+    written into ``out`` if given.
 
     ``frequencies`` (D_in, c) holds the per-message frequencies ω_il, ``offsets`` (D_in,) the
-    phases b_i.  Rows are processed in chunks so no temporary exceeds a few MB.
+    phases b_i.  Rows are processed in blocks whose temporaries — buffers of ``work`` (a
+    :class:`_Workspace`; None: a new one) — stay in the L2 cache.
     """
-    n = X.shape[0]
-    d_in = offsets.size
-    out = np.empty((n, d_in))
+    n, d_in = X.shape[0], offsets.size
+    out = np.empty((n, d_in)) if out is None else out
+    work = _Workspace() if work is None else work
     scale = np.sqrt(2.0 / d_in)
-    step = max(1, _CHUNK_ELEMENTS // (4 * d_in))
+    initial = (np.zeros(d_in), np.ascontiguousarray(offsets, dtype=float))
+    step = max(1, _INNER_ELEMENTS // d_in)
     for start in range(0, n, step):
         rows = slice(start, min(start + step, n))
-        log_amp, phase = 0.0, offsets
-        for l, fam in enumerate(families):
-            la, ph = fam.log_characteristic(frequencies[:, l], X[rows, 2 * l], X[rows, 2 * l + 1])
-            log_amp = log_amp + la
-            phase = phase + ph
-        np.multiply(_cos(phase), _exp(log_amp), out=out[rows])
-    out *= scale
+        shape = (rows.stop - start, d_in)
+        total = (work.array("log_amp", shape), work.array("phase", shape))
+        for l, fam in enumerate(families):  # Σ_l log |φ_l| and b + Σ_l arg φ_l
+            fam.add_log_characteristic(frequencies[:, l], X[rows, 2 * l], X[rows, 2 * l + 1],
+                                       total, initial if l == 0 else None)
+        log_amp, phase = total
+        scaled_product(_cos(phase, work=work), _exp(log_amp, work), scale, out[rows])
     return out
 
 
-def outer_features(phi, frequencies, offsets):
+def outer_features(phi, frequencies, offsets, out=None, work=None):
     """ψ̂ = √(2/D_out) cos(φ̂ ν + c): (n, D_out) from inner features (n, D_in),
-    ``frequencies`` ν (D_in, D_out) and ``offsets`` c (D_out,)."""
-    z = phi @ frequencies
-    z += offsets
-    return _cos(z, scale=np.sqrt(2.0 / offsets.size))
+    ``frequencies`` ν (D_in, D_out) and ``offsets`` c (D_out,); written into ``out`` if given
+    (float64, C order), the cosines in a buffer of ``work``."""
+    z = np.matmul(phi, frequencies, out=out)
+    scaled_product(_cos(z, offsets, work), _NO_FACTOR, np.sqrt(2.0 / offsets.size), z)
+    return z
 
 
 def subsample_rows(n_rows, seed, max_rows=None):
@@ -453,16 +501,23 @@ class RandomFeatures(NamedTuple):
     outer_frequencies: np.ndarray
     outer_offsets: np.ndarray
 
-    def inner(self, X):
+    def inner(self, X, out=None, work=None):
         """φ̂ of every row of X, (n, D_in) (steps 1–3)."""
-        return inner_features(X, self.families, self.inner_frequencies, self.inner_offsets)
+        return inner_features(X, self.families, self.inner_frequencies, self.inner_offsets,
+                              out, work)
 
-    def outer(self, phi):
+    def outer(self, phi, out=None, work=None):
         """ψ̂ from inner features, (n, D_out) (steps 4–6)."""
-        return outer_features(phi, self.outer_frequencies, self.outer_offsets)
+        return outer_features(phi, self.outer_frequencies, self.outer_offsets, out, work)
 
-    def __call__(self, X):
-        return self.outer(self.inner(X))
+    def __call__(self, X, work=None):
+        """ψ̂(X), (n, D_out).  With a :class:`_Workspace`, φ̂ and ψ̂ are its buffers "phi" and
+        "psi" (valid until its next use)."""
+        if work is None:
+            return self.outer(self.inner(X))
+        n, d_in, d_out = X.shape[0], self.inner_offsets.size, self.outer_offsets.size
+        phi = self.inner(X, work.array("phi", (n, d_in)), work)
+        return self.outer(phi, work.array("psi", (n, d_out)), work)
 
     def with_outer_width(self, outer_width):
         """The same draws with ν rescaled from γ² = ``self.outer_width`` to ``outer_width``."""
@@ -689,32 +744,39 @@ class BayesianLinearRegression:
             return self.inverse_cholesky
         return _lower_inverse(cho_factor(self.precision, lower=True)[0])
 
-    def predict(self, Psi, return_var=False, factor="auto"):
+    def predict(self, Psi, return_var=False, factor="auto", out=None, overwrite_psi=False):
         """Posterior predictive mean Ψ μ_w (n, D_y) and, optionally, the variance ψᵀΣ_wψ of the
         regression function (n,) — add ``noise_variance`` for the variance of an output.
 
         The variance is ‖L⁻¹ψ‖² with L the Cholesky factor of the precision (a triangular
         product, which stays accurate because L is only as ill-conditioned as the square root
         of the precision) when ``factor`` L⁻¹ is given, and ψᵀΣ_wψ by a symmetric product
-        otherwise (``factor=None``); "auto" takes :meth:`variance_factor` of the rows.  Reads
-        the posterior only: safe to call from many threads at once.
+        otherwise (``factor=None``); "auto" takes :meth:`variance_factor` of the rows.
+        ``out`` = (mean, var) receives the results; ``overwrite_psi`` lets the triangular
+        product run in place on Ψ (if in C order), which then holds the rows L⁻¹ψ.  Reads the
+        posterior only: safe to call from many threads at once (the triangular product, like
+        the feature maps, releases the GIL).
         """
-        mean = Psi @ self.mean
+        mean = np.matmul(Psi, self.mean, out=None if out is None else out[0])
         if not return_var:
             return mean
         n = Psi.shape[0]
         if isinstance(factor, str):
             factor = self.variance_factor(n)
-        var = np.empty(n)
+        var = np.empty(n) if out is None else out[1]
+        if factor is not None:
+            factor = np.asfortranarray(factor, dtype=float)
         step = max(1, _CHUNK_ELEMENTS // max(1, Psi.shape[1]))
         for start in range(0, n, step):
-            P = Psi[start : start + step]
-            if factor is not None:  # (L⁻¹ Pᵀ) column by column: Pᵀ is Fortran, no copy
-                V = blas.dtrmm(1.0, factor, P.T, lower=1)
-                var[start : start + step] = np.einsum("ij,ij->j", V, V)
-            else:
-                var[start : start + step] = np.einsum("ij,ij->i", self._times_cov(P), P)
-        return mean, np.maximum(var, 0.0)
+            rows = slice(start, min(start + step, n))
+            P = Psi[rows]
+            if factor is None:
+                np.einsum("ij,ij->i", self._times_cov(P), P, out=var[rows])
+            else:  # ‖L⁻¹ψ‖², the product in place on P or on a copy
+                if not (overwrite_psi and P.dtype == np.float64 and P.flags.c_contiguous):
+                    P = np.array(P, dtype=float, order="C")
+                triangular_sums_of_squares(factor, P, var[rows])
+        return mean, np.maximum(var, 0.0, out=var)
 
 
 def predictive_moments(X, features, posterior, return_var=False, n_jobs=None,
@@ -722,19 +784,26 @@ def predictive_moments(X, features, posterior, return_var=False, n_jobs=None,
     """Predictive mean ψ̂(x)ᵀμ_w (n, D_y) and, if ``return_var``, variance ψ̂(x)ᵀΣ_wψ̂(x) (n,)
     of the regression function (eq. 15 without σ_y²) for message rows X; else None.
 
-    Rows are mapped in chunks of ``chunk_size`` (in up to ``n_jobs`` threads) and the results
-    concatenated in order; the variance factor is computed once, before the chunks.  Nothing
-    is written to ``features`` or ``posterior``.
+    Rows are mapped in chunks of ``chunk_size`` (in up to ``n_jobs`` threads), each written
+    into its rows of the results; the variance factor is computed once, before the chunks.
+    Every thread keeps one :class:`_Workspace` for the chunk's φ̂, ψ̂ and temporaries, and
+    the triangular product runs in place on ψ̂.  Nothing is written to ``features`` or
+    ``posterior``.
     """
-    factor = posterior.variance_factor(X.shape[0]) if return_var else None
+    n = X.shape[0]
+    factor = posterior.variance_factor(n) if return_var else None
+    mean = np.empty((n, posterior.mean.shape[1]))
+    var = np.empty(n) if return_var else None
+    local = threading.local()
 
     def step(rows):
-        return posterior.predict(features(X[rows]), return_var, factor)
+        if not hasattr(local, "work"):
+            local.work = _Workspace()
+        out = (mean[rows], None if var is None else var[rows])
+        posterior.predict(features(X[rows], local.work), return_var, factor, out, overwrite_psi=True)
 
-    parts = map_chunks(step, chunk_slices(X.shape[0], chunk_size), n_jobs)
-    if not return_var:
-        return np.concatenate(parts), None
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    map_chunks(step, chunk_slices(n, chunk_size), n_jobs)
+    return mean, var
 
 
 # --------------------------------------------------------------------------------------------
