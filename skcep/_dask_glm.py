@@ -74,14 +74,17 @@ def _factorized_chunk(design, labels, sites, prec, shift, *, positive, evidence=
     instead the chunk's site terms of the EP evidence (sites unchanged).  ``labels`` is the
     chunk's labels, or (labels, row weights)."""
     sign, weight = _signs(labels, positive)
-    if sites is None:
+    fresh = sites is None
+    if fresh:
         sites = np.zeros(_site_shape(design.X)), np.zeros(_site_shape(design.X))
     if evidence is not None:
         return sites, factorized_site_terms(design, sign, *sites, prec, shift,
                                             likelihood=evidence, sample_weight=weight)
-    new = np.empty_like(sites[0]), np.empty_like(sites[1])  # the step reads sites, writes new
-    totals = factorized_partition_step(design, sign, *sites, prec, shift, out=new,
-                                       sample_weight=weight, **options)
+    # new sites: in place into fresh zeros, else into new arrays (the step reads the old ones)
+    new = sites if fresh else (np.empty_like(sites[0]), np.empty_like(sites[1]))
+    totals = factorized_partition_step(design, sign, *sites, prec, shift,
+                                       out=None if fresh else new, sample_weight=weight,
+                                       **options)
     return new, totals
 
 
