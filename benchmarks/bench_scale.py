@@ -171,9 +171,10 @@ def floor_worker(spec):
 
     * stream: one compiled pass that reads X and two n × d site arrays and writes both back —
       the memory traffic a factorized sweep cannot avoid while its sites are stored per entry;
-    * likelihood: n·d evaluations of the probit log Z derivatives (L₁, L₂) compiled — what a
-      CEP-1 sweep cannot avoid (one conditional tilted per entry); scipy's vectorised
-      ``log_ndtr`` on n·d values beside it, for reference;
+    * likelihood: n·d evaluations of the probit log Z derivatives (L₁, L₂) compiled as the
+      kernel evaluates them (``_bulk_derivatives``: the polynomial Mills ratio, in a loop the
+      compiler vectorises) — what a CEP-1 sweep cannot avoid (one conditional tilted per
+      entry); scipy's vectorised ``log_ndtr`` on n·d values beside it, for reference;
     * GEMM: ``Xᵀ(X)`` at one BLAS thread, 2·n·d² flops — the rate of the full-covariance sweep,
       whose rank-one (blocked) updates and quadratic forms are ≈ 2·n·d² multiply-adds;
     * profile: each dense fit under cProfile (the functions with the most own time), and the
@@ -186,7 +187,7 @@ def floor_worker(spec):
     from scipy.special import log_ndtr
 
     from skcep.engines import glm
-    from skcep.engines._glm_kernel import probit_log_z_derivatives
+    from skcep.engines._glm_kernel import _bulk_derivatives
 
     @njit(cache=False)
     def stream(X, a, b):
@@ -197,12 +198,12 @@ def floor_worker(spec):
                 a[i, j] = 0.5 * a[i, j] + x
                 b[i, j] = 0.5 * b[i, j] - x
 
-    @njit(cache=False)
+    @njit(cache=False, fastmath={"reassoc", "contract"}, error_model="numpy")
     def likelihood(M, S):
         total = 0.0
         for i in range(M.shape[0]):
             for j in range(M.shape[1]):
-                l1, l2 = probit_log_z_derivatives(M[i, j], S[i, j], 1.0)
+                l1, l2, _ = _bulk_derivatives(M[i, j], S[i, j], 1.0)
                 total += l1 + l2
         return total
 
