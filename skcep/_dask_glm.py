@@ -20,6 +20,7 @@ from sklearn.utils.validation import validate_data
 from ._dask import DaskPartitions, is_dask_collection, row_blocks, rows
 from .engines.evidence import factorized_site_terms, full_site_terms, log_evidence
 from .engines.glm import (
+    COMPILED_BLOCK_SIZE,
     _Design,
     _site_shape,
     default_block_size,
@@ -40,7 +41,7 @@ def _design_chunk(X, fit_intercept, block_size):
     if fit_intercept:
         ones = np.ones((X.shape[0], 1))
         X = sp.hstack([X, sp.csr_matrix(ones)], format="csr") if sp.issparse(X) else np.hstack([X, ones])
-    return X if block_size is None else _Design(X, block_size)
+    return X if block_size is None else _Design(X, block_size, COMPILED_BLOCK_SIZE)
 
 
 def _weighted_rows(labels, sample_weight, classes, per_class):

@@ -99,8 +99,9 @@ _PARAMS_DOC = """
         less than 0.1 sd (many samples per feature), else undone and CEP runs at 0.5.
     block_size : int, default=None
         Samples whose sites are refined together before the posterior is refreshed; 1 is the
-        sequential schedule of Algorithm 1 of the CEP paper.  None: about 2 % of the samples
-        (at least 8, and blocks of at most ~32,000 stored entries).
+        sequential schedule of Algorithm 1 of the CEP paper.  None: 8 samples where the sweep
+        runs compiled (dense data, probit, EP and CEP-1), else about 2 % of the samples (at
+        least 8, and blocks of at most ~32,000 stored entries).
     class_weight : dict, "balanced" or None, default=None
         Weights of the classes, multiplied into ``sample_weight``, as in
         :class:`~sklearn.linear_model.LogisticRegression`: a dict {class: weight}, or

@@ -825,3 +825,23 @@ def test_cep_probe_kept_where_cep_stays_near_ep_and_undone_where_it_does_not(met
     assert auto.n_iter == damped.n_iter + 1
     assert_allclose(auto.mean, damped.mean, rtol=1e-6, atol=1e-9)
     assert_allclose(auto.var, damped.var, rtol=1e-6)
+
+
+def test_default_compiled_blocks_converge_on_strongly_correlated_features():
+    # Probit data with feature correlation 0.9: blocks of 200 rows (the numpy path's rule for
+    # these sizes), each refined from one q, diverge; the compiled step's default blocks of
+    # COMPILED_BLOCK_SIZE rows converge to the sequential schedule's fixed point.
+    rng = np.random.default_rng(0)
+    n, d, rho = 10_000, 20, 0.9
+    X = rng.standard_normal((n, d)) @ np.linalg.cholesky(rho + (1 - rho) * np.eye(d)).T
+    y = np.where(X @ (rng.standard_normal(d) / np.sqrt(d)) + rng.standard_normal(n) > 0, 1.0, -1.0)
+    prior = (np.zeros(d), np.ones(d))
+    kw = dict(method="ep", tol=1e-4, max_iter=300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        default = glm.fit_factorized(X, y, Probit(), *prior, **kw)
+        large = glm.fit_factorized(X, y, Probit(), *prior, block_size=200, **kw)
+        sequential = glm.fit_factorized(X, y, Probit(), *prior, block_size=1, **kw)
+    assert not large.converged and np.max(np.abs(large.mean)) > 100
+    assert default.converged and sequential.converged
+    assert np.max(np.abs(default.mean - sequential.mean) / np.sqrt(sequential.var)) < 0.05
