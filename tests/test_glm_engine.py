@@ -190,10 +190,15 @@ def test_cep2_beats_cep1_for_small_outer_variance(lik_name, lik, y):
     assert (errors["cep2"] < 0.1 * errors["cep1"]).all(), errors
 
 
-def test_cep2_falls_back_to_cep1_outside_its_domain():
+def test_cep2_falls_back_to_cep1_outside_its_domain(monkeypatch):
     """Large σ_c² with a sharply curved h: the Taylor variance exceeds v\\ (checked with the
-    quadrature reference), so the documented fallback keeps the CEP-1 moments."""
+    quadrature reference), so the documented fallback keeps the CEP-1 moments.  The site is far
+    beyond CEP_SPREAD_LIMIT, where EP's moments take over (next test); the limit is lifted here
+    to reach the fallback, which still guards sites within the limit."""
     x, q_mean, q_var = np.array([0.1, 4.0]), np.array([0.4, -1.3]), np.array([1.3, 3.3])
+    block = _DenseBlock(x[None, :], slice(0, 1))
+    assert glm._beyond_expansion(block, q_var, q_var[None])[0, 0]
+    monkeypatch.setattr(glm, "CEP_SPREAD_LIMIT", np.inf)
     y, m = 1.0, 0
     f = lambda c: np.stack(
         conditional_moments(log_ndtr, x[m], y, q_mean[m], q_var[m], c)
@@ -201,7 +206,6 @@ def test_cep2_falls_back_to_cep1_outside_its_domain():
     c_bar, var_c = x[1] * q_mean[1], x[1] ** 2 * q_var[1]
     e1, e2 = f(c_bar) + 0.5 * var_c * second_derivative(f, c_bar)
     assert e2 - e1**2 > q_var[m]  # the expansion really breaks down here
-    block = _DenseBlock(x[None, :], slice(0, 1))
     zeros = np.zeros((1, 2))
     args = (block, np.array([y]), Probit())
     cep1 = refined_marginals(*args, "cep1", 1 / q_var, q_mean / q_var, zeros, zeros)
@@ -210,6 +214,65 @@ def test_cep2_falls_back_to_cep1_outside_its_domain():
     assert_allclose(cep2[1][0, m], cep1[1][0, m], rtol=1e-12)
     h1, h2 = f(c_bar)
     assert_allclose([cep1[0][0, m], cep1[1][0, m]], [h1, h2 - h1**2], rtol=1e-8)
+
+
+def tilted_moments_2d(log_lik, x, y, cav_mean, cav_var, c_mean, c_var, n_points=1201):
+    """E[w], Var[w] under p(w, c) ∝ N(w | cav_mean, cav_var) N(c | c_mean, c_var)
+    lik(y (x w + c)): a 2-D trapezoid grid over ±12 sd in both, no reduction to one dimension."""
+    t = np.linspace(-12.0, 12.0, n_points)
+    w = cav_mean + np.sqrt(cav_var) * t
+    c = c_mean + np.sqrt(c_var) * t
+    log_p = -0.5 * (t[:, None] ** 2 + t[None, :] ** 2) + log_lik(y * (x * w[:, None] + c[None, :]))
+    p = np.exp(log_p - log_p.max())
+    p_w = p.sum(axis=1) / p.sum()
+    mean = p_w @ w
+    return mean, p_w @ (w - mean) ** 2
+
+
+@pytest.mark.parametrize("lik_name, lik", [("probit", Probit()), ("logistic", Logistic(60))])
+@pytest.mark.parametrize("y", [1.0, -1.0])
+@pytest.mark.parametrize("method", ["cep1", "cep2"])
+def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, method):
+    """Sites with σ_c² k² > CEP_SPREAD_LIMIT get the moments of the exact tilted of (w_m, c),
+    c = Σ_{l≠m} x_l w_l under the cavity (2-D brute-force integration); the site within the
+    limit keeps CEP's (h at c̄ for CEP-1, the Taylor expectation for CEP-2, by quadrature and
+    finite differences).  The sweep (compiled for the probit's CEP-1) lands on the same."""
+    log_lik = LOG_LIK[lik_name]
+    x = np.array([0.3, 2.0, -1.5, 0.8])
+    q_mean, q_var = np.array([0.4, -0.3, 0.2, 0.5]), np.array([0.05, 0.6, 0.02, 0.03])
+    site_prec, site_shift = np.array([0.5, 0.3, 1.0, 2.0]), np.array([0.1, -0.2, 0.3, 0.4])
+    prec, shift = 1.0 / q_var, q_mean / q_var
+    cav_var = 1.0 / (prec - site_prec)
+    cav_mean = (shift - site_shift) * cav_var
+    # σ_c² k² = (Σ_{l≠m} x_l² v_l) / (1 + x_m² v\\_m): 2.5, 0.02, 2.3, 2.4 against the limit 1
+    spread = (x**2 @ q_var - x**2 * q_var) / (1.0 + x**2 * cav_var)
+    wide = spread > glm.CEP_SPREAD_LIMIT
+    assert wide.tolist() == [True, False, True, True]
+    block = _DenseBlock(x[None, :], slice(0, 1))
+    assert glm._beyond_expansion(block, q_var, cav_var[None]).ravel().tolist() == wide.tolist()
+    expected = np.empty((2, 4))
+    for m in range(4):
+        others = np.arange(4) != m
+        if wide[m]:
+            expected[:, m] = tilted_moments_2d(log_lik, x[m], y, cav_mean[m], cav_var[m],
+                                               x[others] @ cav_mean[others],
+                                               x[others] ** 2 @ cav_var[others])
+            continue
+        f = lambda c, m=m: np.stack(conditional_moments(log_lik, x[m], y, cav_mean[m],  # noqa: E731
+                                                        cav_var[m], c))
+        c_bar, var_c = x[others] @ q_mean[others], x[others] ** 2 @ q_var[others]
+        e1, e2 = f(c_bar) + (0.5 * var_c * second_derivative(f, c_bar) if method == "cep2" else 0)
+        expected[:, m] = e1, e2 - e1**2
+    new_mean, new_var, *_, ok = refined_marginals(block, np.array([y]), lik, method, prec, shift,
+                                                  site_prec[None], site_shift[None])
+    assert np.all(ok)
+    assert_allclose(new_mean.ravel(), expected[0], rtol=0, atol=1e-7 * np.sqrt(cav_var).max())
+    assert_allclose(new_var.ravel(), expected[1], rtol=1e-6)
+    post = fit(method, x[None, :], np.array([y]), lik, cav_mean, cav_var, max_iter=1,
+               init_sites=(site_prec[None].copy(), site_shift[None].copy()), damping=1.0,
+               warmup_sweeps=0)
+    assert_allclose(post.mean, new_mean.ravel(), rtol=1e-10, atol=1e-12)
+    assert_allclose(post.var, new_var.ravel(), rtol=1e-10)
 
 
 # --------------------------------------------------------------------------------------------
@@ -658,6 +721,12 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted, wide)
         site_prec[weight == 0] = site_shift[weight == 0] = 0.0
     design = glm._Design(X, n if wide else 32)
     assert design.compiled(Probit(), method) and not design.compiled(Logistic(), method)
+    if method == "cep1":  # CEP-1's sites at the start q: some beyond its expansion's range
+        # (EP's derivatives), some within (d6: the far-tail rows only; d40: all but a few)
+        beyond = [glm._beyond_expansion(block, 1.0 / prec, 1.0 / (prec - site_prec[rows]))
+                  for rows, block in design.blocks]
+        n_beyond = sum(0 if b is None else int(b.sum()) for b in beyond)
+        assert 0 < n_beyond < n * d
     ref = [site_prec.copy(), site_shift.copy()]
     tot_ref = _numpy_step(design, y, *ref, prec, shift, likelihood=Probit(), method=method,
                           step=step, sample_weight=weight)
