@@ -5,7 +5,8 @@ Two posterior families:
 * **factorized** — q(w) = Π_m N(w_m | μ_m, v_m) with one Gaussian site per non-zero x_im
   (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.2 and supplement
   §8.2–8.3).  ``method`` picks how a site is refined: ``"ep"`` (factorized EP, Graepel et al.
-  2010), ``"cep1"`` (eq. 10) or ``"cep2"`` (eq. 11).
+  2010), ``"cep1"`` (eq. 10) or ``"cep2"`` (eq. 11); CEP's sites beyond the range of its
+  expansion in c (``CEP_SPREAD_LIMIT``) take EP's exact tilted moments.
 * **full** — q(w) = N(μ, Σ) with one site per row on its linear predictor (weight-space EP).
 
 **Map/reduce steps.**  Every sweep is a partition step on each partition of the rows against
@@ -304,8 +305,9 @@ def _cep2_marginals(block, y, lik, mean, var, mean_c, var_c):
     E[h] ≈ h(c̄) + ½ σ_c² h''(c̄), with h1(c) = μ\ + v\ x L1 and h2(c) = h1² + v\ + (v\ x)² L2
     at m = x μ\ + c, s = x² v\, and σ_c² = Σ_{l≠m} x_l² v_l under q.
 
-    Where the expansion breaks down (σ_c² large against the curvature of h) it returns a
-    variance outside (0, v\]; those sites keep the first-order (CEP-1) moments.
+    Sites beyond ``CEP_SPREAD_LIMIT`` are replaced by :func:`refine_sites`; where the
+    expansion still yields a variance outside (0, v\] those sites keep the first-order (CEP-1)
+    moments.
     """
     l1, l2, l3, l4 = tilted_gradients(block, y, lik, "cep", mean, mean_c, var_c, order=4)
     gain = var_c * block.x
@@ -360,7 +362,9 @@ def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, samp
     (site_prec, site_shift) the block's current sites, ``sample_weight`` the block's row
     weights (None: all 1), whose sites are those of repeated rows (:func:`site_copy`).
     Returns ``(new_prec, new_shift, ok)``; sites where ``ok`` is False (improper cavity,
-    non-finite moments) must not change.
+    non-finite moments) must not change.  CEP's sites whose expansion parameter σ_c² k² exceeds
+    ``CEP_SPREAD_LIMIT`` (:func:`_beyond_expansion`) take factorized EP's tilted moments, the
+    exact expectation over c of the joint tilted of (w_m, c) with c under the cavity.
     """
     if sample_weight is not None:
         weight = block.at_rows(sample_weight)
@@ -583,6 +587,8 @@ def fit_factorized(
     prior_mean, prior_var : ndarray (d,)
         Factorized Gaussian prior — for streaming, the current posterior (ADF).
     method : {"cep1", "cep2", "ep"}
+        CEP's sites beyond the range of its expansion in c (σ_c² k² > ``CEP_SPREAD_LIMIT``)
+        are refined as EP's (:func:`refine_sites`).
     damping : float in (0, 1], optional
         Initial fraction of each proposed site change that is applied (1 = undamped);
         adapted when sweeps diverge or oscillate (:class:`SweepControl`).  Default: 1 for EP;
