@@ -275,6 +275,35 @@ def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, metho
     assert_allclose(post.var, new_var.ravel(), rtol=1e-10)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_expansion_range_shortcuts_hide_no_site(sparse):
+    """``_beyond_expansion``'s block shortcuts (max v · max_i Σ x², then the rows' Σ x² v) only
+    skip blocks without a site beyond the limit: against σ_c² k² computed entry by entry, over
+    variance scales from all-within to mostly-beyond."""
+    rng = np.random.default_rng(11)
+    X = rng.standard_normal((30, 7)) * (rng.random((30, 7)) < 0.6)
+    X[5] *= 3.0
+    if sparse:
+        design = glm._Design(sp.csr_matrix(X), 10)
+    else:
+        design = glm._Design(X, 10)
+    seen = set()
+    for scale in (1e-3, 0.02, 0.05, 0.2, 1.0):
+        var = rng.uniform(0.2, 1.0, 7) * scale
+        for rows, block in design.blocks:
+            var_c = block.at_cols(var) * rng.uniform(1.0, 1.5, block.x.shape)
+            x2 = block.x2
+            x2v = x2 * block.at_cols(var)
+            direct = (block.at_rows(block.row_sum(x2v)) - x2v) / (1 + x2 * var_c) > 1.0
+            got = glm._beyond_expansion(block, var, var_c)
+            if got is None:
+                assert not direct.any()
+            else:
+                assert np.array_equal(got, direct)
+            seen.add((got is None, bool(direct.any()) and not direct.all()))
+    assert (True, False) in seen and (False, True) in seen  # skipped blocks and mixed blocks
+
+
 # --------------------------------------------------------------------------------------------
 # Posteriors that EP gets exactly: one observation
 

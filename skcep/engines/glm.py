@@ -162,6 +162,7 @@ class _DenseBlock:
         self.x = X[rows]
         self.x2 = self.x * self.x
         self.sites = rows
+        self.x2_row_max = float(self.x2.sum(axis=1).max(initial=0.0))  # max_i Σ_m x_im²
 
     def at_cols(self, v):
         return v
@@ -187,6 +188,7 @@ class _SparseBlock:
         self.n_rows = rows.stop - rows.start
         self.rows = np.repeat(np.arange(self.n_rows, dtype=np.intp), counts)
         self.n_cols = X.shape[1]
+        self.x2_row_max = float(self.row_sum(self.x2).max(initial=0.0))  # max_i Σ_m x_im²
 
     def at_cols(self, v):
         return v[self.cols]
@@ -290,9 +292,12 @@ def _beyond_expansion(block, var, var_c):
     r"""The sites whose CEP expansion in c is out of range: σ_c² k² > ``CEP_SPREAD_LIMIT``, with
     σ_c² = Σ_{l≠m} x_l² v_l (q's variances) and k² = 1/(1 + x_m² v\_m); None if there are none.
 
-    σ_c² k² ≤ σ_c² ≤ Σ_l x_l² v_l, so a block whose rows all have Σ_l x_l² v_l within the limit
-    (large data: small posterior variances) is cleared by that row sum alone.
+    σ_c² k² ≤ σ_c² ≤ Σ_l x_l² v_l ≤ max(v) Σ_l x_l², so a block is cleared without a pass over
+    its entries where max(v) times its largest Σ_l x_l² is within the limit (large data: small
+    posterior variances), else where all its rows' Σ_l x_l² v_l are.
     """
+    if not block.x2_row_max * var.max(initial=0.0) > CEP_SPREAD_LIMIT:
+        return None
     x2v = block.x2 * block.at_cols(var)
     row = block.row_sum(x2v)
     if not row.max(initial=0.0) > CEP_SPREAD_LIMIT:
