@@ -10,7 +10,8 @@ smoke test of about a minute and writes nothing)::
 Parts (fixed seeds; one ``distributed.LocalCluster(n_workers=2, threads_per_worker=1,
 processes=True)`` for (a) and (c), another with a small ``memory_limit`` for (b)):
 
-(a) **Dask ÷ numpy.**  For CEPProbitClassifier (EP diagonal, CEP-1 diagonal, EP full),
+(a) **Dask ÷ numpy.**  For CEPProbitClassifier (EP diagonal, CEP-1 diagonal, EP full, all at
+    ``prior_variance=1.0``; and EP diagonal with ``prior_variance="auto"``, the default),
     BayesianCPTensor (VMP, Gaussian, a fixed number of sweeps), KJITMessageOperator and
     StreamingDeepTensor: data generated as numpy, fitted in this process, then wrapped by
     ``da.from_array`` (6 row chunks) and fitted on the cluster.  Each pair is timed twice, the
@@ -193,6 +194,8 @@ def traffic(client):
 # ---------------------------------------------------------------------------------------------
 # data
 
+CLASSIFIERS = ("ep", "cep1", "ep_full", "ep_auto")
+
 
 def sizes(quick):
     s = 10 if quick else 1
@@ -200,6 +203,7 @@ def sizes(quick):
         ep=dict(n=200_000 // s, d=50),
         cep1=dict(n=200_000 // s, d=50),
         ep_full=dict(n=240_000 // s, d=100),
+        ep_auto=dict(n=200_000 // s, d=50),
         cp=dict(n=1_200_000 // s, shape=(300, 200, 50), rank=8, sweeps=15),
         kjit=dict(n=100_000 // s, inner=200, outer=500),
         sbdt=dict(n=200_000 // s, shape=(100, 80, 20), rank=3),
@@ -255,7 +259,7 @@ def cases(sz):
     from skcep import BayesianCPTensor, CEPProbitClassifier, KJITMessageOperator, StreamingDeepTensor  # noqa: PLC0415
 
     def classifier(**kw):
-        return lambda: CEPProbitClassifier(fit_intercept=False, **kw)
+        return lambda: CEPProbitClassifier(fit_intercept=False, **{"prior_variance": 1.0, **kw})
 
     def cmp_classifier(a, b, data):
         sd = np.sqrt(b.coef_var_.ravel())
@@ -263,6 +267,7 @@ def cases(sz):
             mean=float(np.max(np.abs(a.coef_.ravel() - b.coef_.ravel()) / sd)),
             var=float(np.max(np.abs(a.coef_var_.ravel() - b.coef_var_.ravel()) / b.coef_var_.ravel())),
             sweeps=(int(np.max(a.n_iter_)), int(np.max(b.n_iter_))),
+            lam=(float(a.prior_variance_[0]), float(b.prior_variance_[0])),
         )
 
     def cmp_cp(a, b, data):
@@ -286,7 +291,9 @@ def cases(sz):
     c = {}
     for key, label, kw in (("ep", "CEPProbitClassifier EP, diagonal", dict(method="ep")),
                            ("cep1", "CEPProbitClassifier CEP-1, diagonal", dict(method="cep1")),
-                           ("ep_full", "CEPProbitClassifier EP, full", dict(method="ep", covariance="full"))):
+                           ("ep_full", "CEPProbitClassifier EP, full", dict(method="ep", covariance="full")),
+                           ("ep_auto", "CEPProbitClassifier EP, diagonal, prior_variance=\"auto\"",
+                            dict(method="ep", prior_variance="auto"))):
         s = sz[key]
         X, y = probit_data(s["n"], s["d"], SEED)
         c[key] = dict(label=label, make=classifier(**kw), X=X, y=y, compare=cmp_classifier,
@@ -348,7 +355,7 @@ def warm_up(client):
         warnings.simplefilter("ignore")
         X, y = probit_data(600, 5, 0)
         for kw in (dict(method="ep"), dict(method="cep1"), dict(method="ep", covariance="full")):
-            CEPProbitClassifier(**kw).fit(*chunked(X, y, 3))
+            CEPProbitClassifier(prior_variance=1.0, **kw).fit(*chunked(X, y, 3))
         X, y = cp_data(600, (10, 8, 6), 2, 0)
         BayesianCPTensor(rank=2, method="vmp", max_iter=3).fit(*chunked(X, y, 3))
         StreamingDeepTensor(rank=2, hidden_layer_sizes=(4,), batch_size=64).fit(*chunked(X, y, 3))
@@ -392,7 +399,8 @@ def spill_run(s, log):
             y = ((X @ w + rs.standard_normal(s["n"], chunks=s["chunk"])) > 0).astype(np.int64)
             out["data_bytes"] = X.nbytes + y.nbytes
             out["limit"] = sum(w_["memory_limit"] for w_ in client.scheduler_info()["workers"].values())
-            est = CEPProbitClassifier(method="ep", fit_intercept=False, max_iter=s["max_iter"])
+            est = CEPProbitClassifier(method="ep", fit_intercept=False, prior_variance=1.0,
+                                      max_iter=s["max_iter"])
             with ClusterMemory(client) as mem:
                 seconds, n_conv, n_other = _common.timed_fit(est, X, y)
             out.update(finished=True, seconds=seconds, mem=mem, sweeps=int(np.max(est.n_iter_)),
@@ -464,7 +472,8 @@ def comm_run(client, s, log):
                     Xd, yd = Xd.persist(), yd.persist()
                     wait([Xd, yd])
                     time.sleep(0.2)
-                    est = CEPProbitClassifier(method="ep", fit_intercept=False, tol=0.0, max_iter=s["sweeps"],
+                    est = CEPProbitClassifier(method="ep", fit_intercept=False, prior_variance=1.0, tol=0.0,
+                                              max_iter=s["sweeps"],
                                               covariance="full" if full else "diagonal")
                     record.clear()
                     with warnings.catch_warnings():
@@ -564,8 +573,10 @@ def _main(quick):
     rows = []
     for key, r in results.items():
         case = all_cases[key]
-        if key in ("ep", "cep1", "ep_full"):
+        if key in CLASSIFIERS:
             eq = f"max \\|Δ mean\\|/sd {r['mean']:.1e}; max rel. Δ var {r['var']:.1e}"
+            if key == "ep_auto":
+                eq += f"; λ {r['lam'][0]:.4g} / {r['lam'][1]:.4g}"
         elif key == "cp":
             eq = f"max rel. factor diff. {r['factor']:.1e}"
         elif key == "kjit":
@@ -698,7 +709,7 @@ def _main(quick):
         out.append(f"- {all_cases[key]['label']}: Dask ÷ numpy {r['ratio']:.2f} — goal ≤ {RATIO_GOAL}×: "
                    f"{verdict(r['ratio'] <= RATIO_GOAL)}; limit ≤ {RATIO_LIMIT:.0f}×: "
                    f"{verdict(r['ratio'] <= RATIO_LIMIT)}")
-    cls_ok = all(results[k]["mean"] < 0.02 and results[k]["var"] < 0.02 for k in ("ep", "cep1", "ep_full"))
+    cls_ok = all(results[k]["mean"] < 0.02 and results[k]["var"] < 0.02 for k in CLASSIFIERS)
     out.append("- classifiers: means within 0.02 posterior sd and variances within 2 % of numpy (docs/dask.md): "
                f"{verdict(cls_ok)}")
     out.append(f"- CP: factors within 1e-10 relative after {sz['cp']['sweeps']} sweeps: "

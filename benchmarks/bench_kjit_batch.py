@@ -80,7 +80,7 @@ def collect_messages(n_problems, seed, n=300, d=20, sweeps=10, keep_sweeps=5):
         y = (rng.random(n) < 1.0 / (1.0 + np.exp(-X @ w))).astype(int)
         rec = RecordingExactOperator()
         clf = CEPLogisticClassifier(method="kjit", message_operator=rec, fit_intercept=False,
-                                    max_iter=sweeps, tol=0.0)
+                                    prior_variance=1.0, max_iter=sweeps, tol=0.0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             clf.fit(X, y)

@@ -61,7 +61,7 @@ def run(datasets, splits):
             X, y, Xt, yt = load_split(name, k)
             for m in METHODS:
                 extra = dict(random_state=k) if m == "kjit" else {}
-                est = CEPLogisticClassifier(method=m, **extra)
+                est = CEPLogisticClassifier(method=m, prior_variance=1.0, **extra)
                 seconds, n_warn, _ = timed_fit(est, X, y)
                 logp = est.predict_log_proba(Xt)
                 row = dict(ll=logp[np.arange(len(yt)), yt].mean(),
@@ -88,7 +88,7 @@ def run_sequence(sequence):
     data = {name: load_split(name, SEQ_SPLIT) for name in sequence}
     ep = {}
     for name, (X, y, Xt, yt) in data.items():
-        est = CEPLogisticClassifier(method="ep")
+        est = CEPLogisticClassifier(method="ep", prior_variance=1.0)
         seconds, n_warn, _ = timed_fit(est, X, y)
         ep[name] = dict(zip(("ll", "auc"), _scores(est, Xt, yt)), s=seconds, warn=n_warn)
     seq = {}
@@ -99,7 +99,7 @@ def run_sequence(sequence):
         rows, bounds, calls0, sends0 = [], [], 0, 0
         for name, (X, y, Xt, yt) in data.items():
             est = CEPLogisticClassifier(method="kjit", message_operator=operator,
-                                        random_state=SEQ_SPLIT)
+                                        prior_variance=1.0, random_state=SEQ_SPLIT)
             seconds, n_warn, _ = timed_fit(est, X, y)
             operator = est.message_operator_
             lpv = operator.log_predictive_variance_

@@ -115,7 +115,7 @@ def make_estimator(key):
         return LogisticRegression(fit_intercept=False, **({"tol": 1e-8} if key == "logreg_tight" else {}))
     from skcep import CEPProbitClassifier
 
-    return CEPProbitClassifier(fit_intercept=False, **METHODS[key][1])
+    return CEPProbitClassifier(fit_intercept=False, prior_variance=1.0, **METHODS[key][1])
 
 
 def worker(spec):

@@ -71,7 +71,7 @@ def run(sets, repeats):
             mu, S = reference(k, link)
             for m, kw in METHODS.items():
                 for it in MAX_ITERS + (None,):  # None: the default max_iter, run to convergence
-                    est = ESTIMATORS[link](fit_intercept=False, **kw)
+                    est = ESTIMATORS[link](fit_intercept=False, prior_variance=1.0, **kw)
                     if it is not None:
                         est.set_params(max_iter=it)
                     fits = [timed_fit(est, X, y) for _ in range(repeats)]

@@ -11,6 +11,8 @@ single-machine block schedule ("Expectation propagation as a way of life", Vehta
 JMLR 2020), not to its exact path.
 """
 
+from functools import partial
+
 import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import check_array
@@ -18,7 +20,13 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
 from ._dask import DaskPartitions, is_dask_collection, row_blocks, rows
-from .engines.evidence import factorized_site_terms, full_site_terms, log_evidence
+from .engines.evidence import (
+    factorized_site_terms,
+    fit_with_evidence,
+    full_site_terms,
+    log_evidence,
+    site_totals,
+)
 from .engines.glm import (
     COMPILED_BLOCK_SIZE,
     _Design,
@@ -123,24 +131,46 @@ class DaskRows:
         self.data = list(dask.persist(*chunks))
         self.ys = list(dask.persist(*(row_blocks(y) if weights is None else weights)))
 
-    def fit(self, positive, likelihood, evidence_likelihood, prior_mean, prior_spread, **options):
-        """The engine's fit of one binary model (``positive`` against the rest), and its EP
-        evidence: one more pass in which each chunk sums its rows' site terms (a float each)."""
+    def fit(self, positive, likelihood, evidence_likelihood, prior_mean, prior_spread,
+            tune_weights=None, **options):
+        """The engine's fit of one binary model (``positive`` against the rest) and its EP
+        evidence (one more pass, in which each chunk sums its rows' site terms, a float each),
+        through :func:`~skcep.engines.evidence.fit_with_evidence`: with ``tune_weights`` the
+        prior variance is chosen by the evidence first, each trial a distributed fit warm
+        started from the sites an earlier one left on the workers."""
         options.pop("block_size", None)
+        if self.full and np.ndim(prior_spread) == 1:
+            prior_spread = np.diag(prior_spread)
+        return fit_with_evidence(partial(self._fit_at, positive, prior_mean, evidence_likelihood),
+                                 likelihood, evidence_likelihood, prior_mean, prior_spread,
+                                 full=self.full, tune_weights=tune_weights, **options)
+
+    def _fit_at(self, positive, prior_mean, evidence_likelihood, spread, likelihood, warm=None,
+                **options):
+        """One distributed fit at the prior N(prior_mean, spread), from the sites of ``warm``
+        (its partitions, in ``warm.sites``) or from zero; ``sites`` of the result holds its
+        partitions (the sites stay on the workers while it is referenced)."""
+        start = None if warm is None else warm.sites
         if self.full:
-            if np.ndim(prior_spread) == 1:
-                prior_spread = np.diag(prior_spread)
             parts = DaskPartitions(_full_chunk, self.data, self.ys, _zero_change(self.shape[1]),
-                                   positive=positive, block_size=self.block_size)
-            post = fit_full_partitions(parts, likelihood, prior_mean, prior_spread, **options)
-            terms = parts.step(post.mean, post.cov, evidence=evidence_likelihood)
-            post.log_evidence = log_evidence(prior_mean, prior_spread, post.mean, post.cov, terms)
-            return post
-        zero = (np.zeros(self.shape[1]), np.zeros(self.shape[1]), 0)
-        parts = DaskPartitions(_factorized_chunk, self.data, self.ys, zero, positive=positive)
-        post = fit_factorized_partitions(parts, likelihood, prior_mean, prior_spread, **options)
-        terms = parts.step(1.0 / post.var, post.mean / post.var, evidence=evidence_likelihood)
-        post.log_evidence = log_evidence(prior_mean, prior_spread, post.mean, post.var, terms)
+                                   start=start, positive=positive, block_size=self.block_size)
+            first = None if warm is None else site_totals(warm, prior_mean, warm.prior_spread)
+            post = fit_full_partitions(parts, likelihood, prior_mean, spread, start=first, **options)
+            moments = (post.mean, post.cov)
+        else:
+            zero = (np.zeros(self.shape[1]), np.zeros(self.shape[1]), 0)
+            parts = DaskPartitions(_factorized_chunk, self.data, self.ys, zero, start=start,
+                                   positive=positive)
+            if warm is not None:
+                options["warmup_sweeps"] = 0
+            post = fit_factorized_partitions(parts, likelihood, prior_mean, spread, **options)
+            moments = (1.0 / post.var, post.mean / post.var)
+        parts.save()  # the evidence pass returns site terms: keep the sites' totals
+        terms = parts.step(*moments, evidence=evidence_likelihood)
+        parts.restore()
+        post.log_evidence = log_evidence(prior_mean, spread, post.mean,
+                                         post.var if post.cov is None else post.cov, terms)
+        post.sites, post.prior_spread = parts, spread
         return post
 
 
@@ -215,12 +245,6 @@ def fit_classifier(estimator, X, y, sample_weight=None):
         raise ValueError("The training data need samples of at least 2 classes; "
                          f"got one class: {classes.tolist()[0]!r}.")
     estimator._check_options(X.shape[1])
-    if estimator.prior_variance == "auto":
-        raise ValueError(
-            "prior_variance='auto' is not supported for a fit on Dask collections (each trial "
-            "value of the prior variance would be a distributed fit); choose it on an "
-            "in-memory sample (fit there with prior_variance='auto', read prior_variance_) "
-            "and pass the number.")
     weights = _weighted_labels(estimator, X, y, classes, sample_weight)
     held = DaskRows(X, y, estimator.fit_intercept, estimator.covariance == "full", weights)
     posterior = estimator._fit_posteriors(held, y, classes, prior=None)

@@ -53,7 +53,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
     _dask_fit = fit_classifier
     _dask_fit_weights = True
 
-    def __init__(self, *, method="cep1", covariance="diagonal", prior_variance=1.0,
+    def __init__(self, *, method="cep1", covariance="diagonal", prior_variance="auto",
                  fit_intercept=True, intercept_prior_variance=100.0, max_iter=300, tol=1e-3,
                  damping="auto", block_size=None, class_weight=None, n_jobs=None, verbose=0):
         self.method = method
@@ -190,7 +190,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             mean0 = np.zeros(dim) if prior is None else prior["mean"][k]
             spread0 = prior_var if prior is None else prior["cov" if full else "var"][k]
             if isinstance(A, DaskRows):  # rows and sites held on Dask workers
-                return A.fit(positives[k], site_lik, evidence_lik, mean0, spread0, **options)
+                return A.fit(positives[k], site_lik, evidence_lik, mean0, spread0,
+                             tune_weights=tune, **options)
             sign = np.where(y == positives[k], 1.0, -1.0)
             return fit_glm(A, sign, site_lik, mean0, spread0, full=full,
                            evidence_likelihood=evidence_lik, tune_weights=tune,
@@ -296,7 +297,7 @@ class CEPLogisticClassifier(_CEPClassifierBase):
         "random_state": ["random_state"],
     }
 
-    def __init__(self, *, method="cep1", covariance="diagonal", prior_variance=1.0,
+    def __init__(self, *, method="cep1", covariance="diagonal", prior_variance="auto",
                  fit_intercept=True, intercept_prior_variance=100.0, max_iter=300, tol=1e-3,
                  damping="auto", block_size=None, class_weight=None, n_quadrature=9,
                  message_operator=None, random_state=None, n_jobs=None, verbose=0):

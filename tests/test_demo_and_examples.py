@@ -23,8 +23,8 @@ def test_demonstration_prints_one_table_covering_all_five_estimators(capsys):
     assert sum("KJIT" in row[1] for row in rows) == 2  # the learned message operator, both data sets
     for row in rows:
         ours, reference = float(row[4]), float(row[5])
-        if row[3] == "test log-lik":  # every method close to scikit-learn's MAP fit
-            assert abs(ours - reference) < 0.1, row
+        if row[3] == "test log-lik":  # no method far below scikit-learn's MAP fit
+            assert ours > reference - 0.1, row
         else:  # tensors: far below the global mean's RMSE (≈ 1.06), near the biases
             assert ours < 0.95 and ours < reference + 0.05, row
             assert 85 <= int(row[7].split("%")[0]) <= 99, row  # 95 % intervals roughly calibrated

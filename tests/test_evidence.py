@@ -25,9 +25,10 @@ from skcep.engines.evidence import (
     fixed_site_log_variance,
     maximize_evidence,
     prior_variance_gradient,
+    site_totals,
 )
-from skcep.engines.glm import fit_full, full_site_totals
-from skcep.engines.likelihoods import Gaussian
+from skcep.engines.glm import fit_factorized, fit_full, full_site_totals
+from skcep.engines.likelihoods import Gaussian, Probit
 
 CLASSES = {"probit": CEPProbitClassifier, "logistic": CEPLogisticClassifier}
 TIGHT = dict(tol=1e-8, max_iter=2000)
@@ -89,6 +90,26 @@ def test_full_evidence_is_exact_for_a_gaussian_likelihood():
     grid = np.exp(np.linspace(np.log(lam) - 0.05, np.log(lam) + 0.05, 11))
     exact = [multivariate_normal(np.zeros(n), v * X @ X.T + 0.49 * np.eye(n)).logpdf(y) for v in grid]
     assert np.argmax(exact) == 5
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_site_totals_from_the_moments_equal_the_summed_sites(full):
+    """q = p0 Π t̃_i: the natural parameters of q less the prior's are the sites' sums (the
+    search's fixed-site step needs no pass over the rows)."""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(200, 3))
+    y = np.where(X @ np.array([1.0, -0.5, 0.2]) + rng.normal(size=200) > 0, 1.0, -1.0)
+    prior_mean, prior_var = np.array([0.1, 0.0, -0.2]), np.array([2.0, 0.5, 1.0])
+    if full:
+        post = fit_full(X, y, Probit(), prior_mean, np.diag(prior_var), tol=1e-8)
+        expected = full_site_totals(X, *post.sites)
+        got = site_totals(post, prior_mean, np.diag(prior_var))
+    else:
+        post = fit_factorized(X, y, Probit(), prior_mean, prior_var, method="ep", tol=1e-8)
+        expected = tuple(a.sum(axis=0) for a in post.sites)
+        got = site_totals(post, prior_mean, prior_var)
+    for a, b in zip(got, expected):
+        assert_allclose(a, b, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("link", ["probit", "logistic"])
@@ -235,14 +256,18 @@ def test_search_stops_at_its_sweep_budget():
     assert len(fitted) == 2 and theta == pytest.approx(3.0)
 
 
-def test_cep_that_runs_away_at_the_searched_prior_variance_backs_off_to_a_stable_one():
-    """scikit-learn's breast-cancer data (first 285 rows, standardised), probit: CEP-1 at
-    λ = 1000 runs away (weights in the thousands); the guard stops it within a few sweeps and
-    halves log λ towards the start until CEP converges."""
+def test_cep_that_runs_away_at_the_searched_prior_variance_backs_off_to_a_stable_one(monkeypatch):
+    """scikit-learn's breast-cancer data (first 285 rows, standardised), probit: CEP-1 without
+    its expansion-range limit (``CEP_SPREAD_LIMIT``, which now keeps it near EP there: weights
+    below 70) runs away at λ = 1000 (weights in the thousands); the guard stops it within a few
+    sweeps and halves log λ towards the start until CEP converges."""
     from sklearn.datasets import load_breast_cancer
 
+    from skcep.engines import glm
     from skcep.engines.evidence import _cep_after_search
     from skcep.engines.glm import fit_factorized
+
+    monkeypatch.setattr(glm, "CEP_SPREAD_LIMIT", np.inf)
     from skcep.engines.likelihoods import Probit
 
     X, y = load_breast_cancer(return_X_y=True)
@@ -369,12 +394,28 @@ def test_dask_fit_sets_the_evidence_of_the_numpy_fit(on_cluster, method, covaria
     rng = np.random.default_rng(7)
     X = rng.normal(size=(800, 4))
     y = (X @ rng.normal(size=4) + 0.3 + rng.normal(size=800) > 0).astype(int)
-    options = dict(method=method, covariance=covariance, tol=1e-4, max_iter=500)
+    options = dict(method=method, covariance=covariance, tol=1e-4, max_iter=500, prior_variance=1.0)
     local = CEPProbitClassifier(**options).fit(X, y)
     spread = CEPProbitClassifier(**options).fit(da.from_array(X, chunks=(200, -1)),
                                                 da.from_array(y, chunks=200))
     assert abs(spread.log_evidence_[0] - local.log_evidence_[0]) < 0.005  # measured ≤ 0.0007
     assert_allclose(spread.prior_variance_, [1.0])
-    with pytest.raises(ValueError, match="prior_variance='auto'"):
-        CEPProbitClassifier(prior_variance="auto").fit(da.from_array(X, chunks=(200, -1)),
-                                                       da.from_array(y, chunks=200))
+
+
+@pytest.mark.parametrize("method, covariance", [("ep", "diagonal"), ("cep1", "diagonal"), ("ep", "full")])
+def test_dask_auto_prior_variance_equals_the_numpy_search(on_cluster, method, covariance):
+    """The search runs over distributed fits, each warm started from sites left on the
+    workers: the λ, evidence and posterior of the in-memory search."""
+    da = pytest.importorskip("dask.array")
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(800, 4))
+    y = (X @ (0.3 * rng.normal(size=4)) + rng.normal(size=800) > 0).astype(int)
+    options = dict(method=method, covariance=covariance, prior_variance="auto", tol=1e-4,
+                   max_iter=500)
+    local = CEPProbitClassifier(**options).fit(X, y)
+    spread = CEPProbitClassifier(**options).fit(da.from_array(X, chunks=(200, -1)),
+                                                da.from_array(y, chunks=200))
+    assert abs(local.prior_variance_[0] - 1.0) > 0.3  # the search moved λ
+    assert_allclose(np.log(spread.prior_variance_), np.log(local.prior_variance_), atol=0.05)
+    assert abs(spread.log_evidence_[0] - local.log_evidence_[0]) < 0.005
+    assert_allclose(spread.coef_, local.coef_, atol=0.02 * np.sqrt(local.coef_var_).max())

@@ -73,10 +73,10 @@ def _always_oracle(oracle, **kw):
 
 def test_kjit_with_engine_oracle_is_ep():
     X, y, _, _ = _crabs()
-    ep = CEPLogisticClassifier(method="ep", block_size=25).fit(X, y)
+    ep = CEPLogisticClassifier(method="ep", prior_variance=1.0, block_size=25).fit(X, y)
     oracle = EngineOracle()
     kjit = CEPLogisticClassifier(
-        method="kjit", message_operator=_always_oracle(oracle), block_size=25
+        method="kjit", message_operator=_always_oracle(oracle), block_size=25, prior_variance=1.0
     ).fit(X, y)
     np.testing.assert_allclose(kjit.coef_, ep.coef_, rtol=0, atol=1e-8)
     np.testing.assert_allclose(kjit.coef_var_, ep.coef_var_, rtol=1e-8, atol=0)
@@ -90,9 +90,9 @@ def test_kjit_with_engine_oracle_is_ep():
 def test_kjit_with_exact_oracle_matches_ep():
     """The exact factor and the engine's quadrature agree to ~1e-7, so do the posteriors."""
     X, y, _, _ = _crabs()
-    ep = CEPLogisticClassifier(method="ep", block_size=25).fit(X, y)
+    ep = CEPLogisticClassifier(method="ep", prior_variance=1.0, block_size=25).fit(X, y)
     op = _always_oracle(LogisticFactor().exact)
-    kjit = CEPLogisticClassifier(method="kjit", message_operator=op, block_size=25).fit(X, y)
+    kjit = CEPLogisticClassifier(method="kjit", prior_variance=1.0, message_operator=op, block_size=25).fit(X, y)
     np.testing.assert_allclose(kjit.coef_, ep.coef_, rtol=0, atol=1e-5)
     np.testing.assert_allclose(kjit.coef_var_, ep.coef_var_, rtol=1e-5, atol=0)
 
@@ -101,8 +101,8 @@ def test_kjit_learns_and_saves_oracle_calls_on_crabs():
     """Default operator: after its initial oracle batch (300 rows = 3 sweeps here) most
     messages are predicted, and the posterior is close to exact EP's."""
     X, y, Xt, yt = _crabs()
-    ep = CEPLogisticClassifier(method="ep").fit(X, y)
-    clf = CEPLogisticClassifier(method="kjit", random_state=0).fit(X, y)
+    ep = CEPLogisticClassifier(method="ep", prior_variance=1.0).fit(X, y)
+    clf = CEPLogisticClassifier(method="kjit", prior_variance=1.0, random_state=0).fit(X, y)
     assert clf.converged_.all()
     op = clf.message_operator_
     n_updates = len(op.log_predictive_variance_)
@@ -119,7 +119,7 @@ def test_operator_is_copied_and_partial_fit_keeps_training_it():
     X, y, _, _ = _crabs()
     op = _always_oracle(EngineOracle())
     before = pickle.dumps(op)
-    clf = CEPLogisticClassifier(method="kjit", message_operator=op, block_size=25, max_iter=8)
+    clf = CEPLogisticClassifier(method="kjit", prior_variance=1.0, message_operator=op, block_size=25, max_iter=8)
     clf.partial_fit(X[:50], y[:50], classes=[0, 1])
     assert pickle.dumps(op) == before  # the user's operator is untouched
     assert clf.message_operator_ is not op

@@ -30,7 +30,7 @@ from test_linear_model import ALL, CLASSES, CONFIGS
 
 # Damping 0.5: from EP's default 1 the adaptive step sometimes ratchets down to a crawl that
 # does not reach tol=1e-9 in 3000 sweeps, with weights and on repeated rows alike (measured).
-TIGHT = dict(tol=1e-9, max_iter=3000, damping=0.5)
+TIGHT = dict(tol=1e-9, max_iter=3000, damping=0.5, prior_variance=1.0)
 POSTERIOR = ("coef_", "coef_var_", "intercept_", "intercept_var_")
 
 
@@ -110,7 +110,7 @@ def test_auto_prior_variance_with_integer_weights_equals_repeated_rows(cls, meth
     X, y, rng = _data(n=50, d=3)
     X = 0.3 * X  # weak features: the evidence asks for λ ≈ 10–35, far from the start at 1
     w = rng.integers(1, 4, X.shape[0])
-    kw = dict(method=method, covariance=cov, prior_variance="auto", **TIGHT)
+    kw = dict(TIGHT, method=method, covariance=cov, prior_variance="auto")
     weighted = cls(**kw).fit(X, y, sample_weight=w)
     repeated = cls(**kw).fit(np.repeat(X, w, axis=0), np.repeat(y, w))
     assert np.all(repeated.prior_variance_ > 5.0)

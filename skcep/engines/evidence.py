@@ -62,7 +62,6 @@ from .glm import (
     default_block_size,
     fit_factorized,
     fit_full,
-    full_site_totals,
     site_copy,
 )
 
@@ -70,16 +69,19 @@ __all__ = [
     "factorized_site_terms",
     "fixed_site_log_variance",
     "fit_glm",
+    "fit_with_evidence",
     "full_site_terms",
     "gaussian_log_normalizer",
     "log_evidence",
     "maximize_evidence",
     "prior_variance_gradient",
+    "site_totals",
 ]
 
 LOG_VARIANCE_BOUNDS = (np.log(1e-6), np.log(1e6))
 SEARCH_TOL_FACTOR = 30.0
 SEARCH_BUDGET = 2.0  # the search's trial fits stop after this many × the first one's sweeps
+KEEP_SITES = 2  # the search keeps the sites of its last fits (and its best) for warm starts
 RUNAWAY = 10.0  # posterior sd in one sweep after the first GRACE: a CEP fit has diverged
 GRACE = 2
 
@@ -202,7 +204,7 @@ def fixed_site_log_variance(site_totals, prior_mean, prior_spread, n_weights, bo
     with the sites' normalisers fixed (a linear-Gaussian evidence; its θ-derivative is (E2)).
 
     ``site_totals`` = (Σ_i T_i, Σ_i ν_i): per-coordinate sums (d,) of factorized sites, or
-    (Xᵀ diag(τ̃) X, Xᵀ ν̃) of full ones (:func:`~skcep.engines.glm.full_site_totals`).  Cheap:
+    (Xᵀ diag(τ̃) X, Xᵀ ν̃) of full ones (:func:`site_totals`).  Cheap:
     O(d) a θ for a factorized q, a d×d Cholesky for a full one; maximised by
     :func:`scipy.optimize.minimize_scalar` (bounded) within ``bounds``."""
     site_prec, site_shift = site_totals
@@ -331,25 +333,11 @@ def maximize_evidence(fit_at, step_of, log_variance, *, bounds=LOG_VARIANCE_BOUN
 
 
 def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likelihood,
-            tune_weights=None, method="cep1", tol=1e-4, max_iter=100, callback=None,
-            sample_weight=None, **options):
-    """One binary model: :func:`~skcep.engines.glm.fit_full` or
-    :func:`~skcep.engines.glm.fit_factorized`, and its evidence (E1) in ``log_evidence``.
-
-    ``prior_spread`` is the prior's variances (d,) (or a covariance (d, d) for a full fit that
-    continues a posterior).  With ``tune_weights`` = d_w the prior variance λ of the first d_w
-    coordinates is chosen first by :func:`maximize_evidence`, from its value in
-    ``prior_spread``, on the evidence of EP — weight-space EP for the full covariance, else
-    factorized EP with ``evidence_likelihood`` whatever ``method`` is (CEP has no evidence of
-    its own, and the EP formula at CEP's sites is not smooth in λ where CEP breaks down).
-    The search's fits stop at ``SEARCH_TOL_FACTOR`` (30) × ``tol`` and at most max(20, 2 × the
-    first fit's) sweeps, and no new one starts once they have run ``SEARCH_BUDGET`` × the first
-    fit's sweeps (so "auto" costs about three fits); then ``method`` is fitted at that λ to ``tol`` (full EP:
-    the nearest search fit continued; factorized EP: that too if it converged, else from the
-    prior; CEP: :func:`_cep_after_search`).  ``prior_variance`` is then λ and ``n_iter``
-    counts the sweeps of all fits.
-    ``sample_weight`` (n,) or None: row weights, in the fits and in the evidence (E1w).
-    """
+            tune_weights=None, sample_weight=None, **options):
+    """One binary model on in-memory rows: :func:`~skcep.engines.glm.fit_full` or
+    :func:`~skcep.engines.glm.fit_factorized` and its evidence (E1) in ``log_evidence``,
+    through :func:`fit_with_evidence` (which chooses λ first when ``tune_weights`` is set).
+    ``sample_weight`` (n,) or None: row weights, in the fits and in the evidence (E1w)."""
     if sp.issparse(X) and not full:  # the sites' order is the canonical CSR's (as in the fit)
         X = sp.csr_matrix(X)
         if not X.has_canonical_format:
@@ -362,54 +350,102 @@ def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likeli
     def fit_at(spread, lik, warm=None, **kw):
         if warm is not None:
             kw.update(init_sites=warm.sites, **({} if full else dict(warmup_sweeps=0)))
-        post = fit(X, y, lik, prior_mean, spread, sample_weight=sample_weight, **{**options, **kw})
+        post = fit(X, y, lik, prior_mean, spread, sample_weight=sample_weight, **kw)
         post.log_evidence = evidence_of(X, y, post, prior_mean, spread, evidence_likelihood,
                                         sample_weight)
         return post
 
+    return fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior_spread,
+                             full=full, tune_weights=tune_weights, **options)
+
+
+def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior_spread, *,
+                      full, tune_weights=None, method="cep1", tol=1e-4, max_iter=100,
+                      callback=None, **options):
+    """One binary model fitted by ``fit_at`` at the prior ``prior_spread``, or at the prior
+    variance λ of its first ``tune_weights`` coordinates chosen by the evidence.
+
+    ``fit_at(spread, likelihood, warm, **options)`` fits at the prior N(``prior_mean``,
+    ``spread``) (variances (d,), or a covariance (d, d) when ``full``), starting from the sites
+    of the earlier result ``warm`` (None: from the prior), and returns a
+    :class:`~skcep.engines.glm.GLMPosterior` with ``log_evidence`` set and its sites (or a
+    handle to them) in ``sites``; in-memory rows (:func:`fit_glm`) and rows held on Dask
+    workers (:mod:`skcep._dask_glm`) differ only there.
+
+    With ``tune_weights`` = d_w, λ is chosen first by :func:`maximize_evidence`, from its value
+    in ``prior_spread``, on the evidence of EP — weight-space EP for the full covariance, else
+    factorized EP with ``evidence_likelihood`` whatever ``method`` is (CEP has no evidence of
+    its own, and the EP formula at CEP's sites is not smooth in λ where CEP breaks down).
+    The search's fits stop at ``SEARCH_TOL_FACTOR`` (30) × ``tol`` and at most max(20, 2 × the
+    first fit's) sweeps, and no new one starts once they have run ``SEARCH_BUDGET`` × the first
+    fit's sweeps; only the last ``KEEP_SITES`` fits and the best one keep their sites (the warm
+    starts), so memory stays a few site arrays.  Then ``method`` is fitted at that λ to ``tol``
+    (full EP: the nearest search fit continued; factorized EP: from the prior; CEP:
+    :func:`_cep_after_search`).  ``prior_variance`` is then λ and
+    ``n_iter`` counts the sweeps of all fits.
+    """
+    def fit(spread, lik, warm=None, **kw):
+        return fit_at(spread, lik, warm if warm is not None and warm.sites is not None else None,
+                      **{**options, **kw})
+
     own = dict(tol=tol, max_iter=max_iter, callback=callback, **({} if full else dict(method=method)))
     if not tune_weights:
-        return fit_at(prior_spread, likelihood, **own)
-    search = dict(tol=SEARCH_TOL_FACTOR * tol, max_iter=max_iter)
+        return fit(prior_spread, likelihood, **own)
+    search = dict(tol=SEARCH_TOL_FACTOR * tol, max_iter=max_iter, callback=callback)
     if not full:
         search["method"] = "ep"
         if method != "ep":  # EP's own damping (the user's applies to ``method``)
             search["damping"] = None
     spread_at = (lambda t: _with_variance(prior_spread, tune_weights, np.exp(t)))
-    first = []
+    done = []
 
     def trial(t, warm):
-        post = fit_at(spread_at(t), evidence_likelihood, warm, **search)
-        if not first:
-            first.append(post.n_iter)
+        post = fit(spread_at(t), evidence_likelihood, warm, **search)
+        if not done:
             search["max_iter"] = min(max_iter, max(20, 2 * post.n_iter))
+        done.append(post)
+        best = max(done, key=lambda p: p.log_evidence)
+        for old in done[:-KEEP_SITES]:
+            if old is not best:
+                old.sites = None
         return post
 
     def step_of(t, post, lo, hi):
-        if full:
-            totals = full_site_totals(X, *post.sites)
-        else:  # per-column sums of the sites (one per non-zero of the canonical CSR)
-            totals = tuple(np.bincount(X.indices, weights=a, minlength=X.shape[1])
-                           if sp.issparse(X) else a.sum(axis=0) for a in post.sites)
+        totals = site_totals(post, prior_mean, spread_at(t))
         return fixed_site_log_variance(totals, prior_mean, spread_at(t), tune_weights, (lo, hi))
 
     start = np.log((np.diag(prior_spread) if full else prior_spread)[0])
     theta, fitted = maximize_evidence(trial, step_of, start,
                                       budget=lambda f: SEARCH_BUDGET * f.n_iter)
     spent = sum(f.n_iter for f in fitted.values())
+    near = min(fitted, key=lambda t: abs(t - theta))
+    # a factorized fit starts from the prior: a search fit's sites, even converged at 30 × tol,
+    # start EP's undamped sweeps away from the damping that fit had settled at (measured: the
+    # separable crabs data, logistic, λ = 112: 300 sweeps unconverged, 77 from the prior)
+    warm = fitted[near] if full and abs(near - theta) <= 1.0 else None
+    for post in fitted.values():  # the workers' or this process' memory: one set of sites
+        if post is not warm:
+            post.sites = None
     if method == "ep" or full:
-        near = min(fitted, key=lambda t: abs(t - theta))
-        warm = fitted[near] if abs(near - theta) <= 1.0 else None
-        if not full and not (likelihood is evidence_likelihood and warm is not None
-                             and warm.converged):
-            warm = None  # an unconverged factorized start drifts longer than the prior does
-        post = fit_at(spread_at(theta), likelihood, warm, **own)
+        post = fit(spread_at(theta), likelihood, warm, **own)
     else:
-        post, theta, spent = _cep_after_search(fit_at, spread_at, likelihood, own, theta, start,
+        post, theta, spent = _cep_after_search(fit, spread_at, likelihood, own, theta, start,
                                                max_iter, spent)
     post.prior_variance = float(np.exp(theta))
     post.n_iter += spent
     return post
+
+
+def site_totals(post, prior_mean, prior_spread):
+    """The summed natural parameters of a fit's sites, (Σ_i T_i, Σ_i ν_i): q's natural
+    parameters less the prior's (q = p0 Π_i t̃_i), per coordinate (d,) for a factorized q, a
+    (d, d) precision and (d,) shift for a full one — without a pass over the rows."""
+    if post.cov is not None:
+        prec = np.linalg.inv(post.cov)
+        prec = 0.5 * (prec + prec.T)
+        prior_prec = np.linalg.inv(prior_spread)
+        return prec - prior_prec, prec @ post.mean - prior_prec @ prior_mean
+    return 1.0 / post.var - 1.0 / prior_spread, post.mean / post.var - prior_mean / prior_spread
 
 
 class _RunAway(Exception):
@@ -423,7 +459,8 @@ def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter
     for on separable data CEP has no stable fixed point near EP's and runs away from it
     (measured: the scikit-learn breast-cancer data, probit, two of five splits with λ = 522 and
     1010: CEP-1 test log-likelihood −2.7·10³ and −4·10⁵, weights up to 2·10⁴ where EP's are
-    below 50; CEP-1 from EP's fixed point converges at λ = 10 and runs away from λ = 30).  A
+    below 50, before ``CEP_SPREAD_LIMIT``; with it CEP-1 stays near EP there up to λ = 10⁵, and
+    this guard is the safety net).  A
     sweep that moves q by more than ``RUNAWAY`` posterior sd is taken as that (from EP's fixed
     point CEP's sweeps move it by ~1 sd) and θ is halved towards ``start`` (the user's λ), at
     most ``retries`` times; then ``start`` itself is fitted unguarded.
@@ -432,10 +469,10 @@ def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter
 
     def guard(sweep, change, info):
         swept[0] = sweep
-        if sweep > GRACE and change > RUNAWAY:
-            raise _RunAway
         if callback is not None:
             callback(sweep, change, info)
+        if sweep > GRACE and change > RUNAWAY:
+            raise _RunAway
 
     for _ in range(retries):
         try:
