@@ -92,8 +92,8 @@ fixed point, "collapse: n_inner_iter=10": 0.001 / 0.0002 / 0.018 after the first
 object seen once restarts later batches from there).  ARD (0.706) and init_scale 1 (0.699)
 change little; streaming VMP, whose sweep stays in turn, loses its CP part (≈ 0.50).
 
-**Ratings without offsets: the collapse the default causes, and why no rule of sweeps, damping
-or noise fixes it.**  The stream ends at the global mean (test RMSE 1.058 at batches of 1,000,
+**Ratings without offsets: the collapse the default causes, and why no rule of sweeps or noise
+fixes it** (damping does not apply: Gaussian sites are never damped).  The stream ends at the global mean (test RMSE 1.058 at batches of 1,000,
 +15 %; the global mean alone gives 1.06): the CP part is near zero (|U| 0.13 / 0.09 / 0.21).
 Three facts, all at seed 0 ("`fit` on the first n entries" and "rules for q(τ)" above):
 
@@ -115,8 +115,8 @@ Three facts, all at seed 0 ("`fit` on the first n entries" and "rules for q(τ)"
    on all (0.890).
 3. *q(τ) counts every batch's residual as it was when absorbed.*  The stream's q(τ) is
    Gam(a0 + N/2, b0 + ½ Σ_batches Σ E[(y − f)²]) with each batch's residual taken after its one
-   sweep, from objects mostly new: E[τ] 2.01 after the first batch, 0.90 after the pass (the fit:
-   2.3 on its training residuals).  At that noise each mean-field update shrinks the embeddings
+   sweep, from objects mostly new: E[τ] 2.01 after the first batch, 0.90 after the pass (the fit's:
+   1.84).  At that noise each mean-field update shrinks the embeddings
    further.  But τ is not the bottleneck: holding E[τ] at 3, 8.57 (10/Var y) or 20 gives 1.000 /
    0.991 / 1.006 (+9.0 / +8.0 / +9.6 %), freezing q(τ) after the first batch 1.030, and three
    sweeps per batch 1.050; with offsets, holding E[τ] costs accuracy (8.57: 0.920, 20: 0.940,
@@ -133,7 +133,7 @@ orders for the sweep in turn, 1.060–1.070 (held: 1.01–1.20).  The best one-p
 (0.936), so the default is unchanged.  Once the posterior is alive the stream keeps learning:
 `fit` on the first 30,000 entries, then the other 60,004 streamed once in batches of 1,000,
 ends at 0.934 (+1.7 %, met), and from 60,000 at 0.923 (+0.6 %) — but that is not one pass
-(the first 30,000 entries are revisited 100 times).  Stream real ratings with `mode_bias=True`,
+(the first 30,000 entries are swept up to 100 times).  Stream real ratings with `mode_bias=True`,
 or `fit` an initial sample of ≥ 30,000 entries and stream the rest.
 
 **One sweep from random partners makes the shared modes confident and wrong** (unchanged).
