@@ -72,6 +72,11 @@ def test_check_estimator(estimator, check):
         # damping 0.5 CEP drifts for the check's 1000 sweeps on its unscaled blobs (0.84 of the
         # test rows predicted 0, needs 0.87); damping 0.1 converges (299 sweeps, 1.00).
         estimator = clone(estimator).set_params(damping=0.1)
+    if (getattr(check, "func", check).__name__ == "check_class_weight_classifiers"
+            and isinstance(estimator, CEPLogisticClassifier)):
+        # the check's fits run up to 1000 sweeps; the default prior_variance="auto" repeats
+        # them for its search (29 s against 10 s for EP), which this check does not test
+        estimator = clone(estimator).set_params(prior_variance=1.0)
     check(estimator)
 
 
