@@ -21,7 +21,8 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
 
     Entry i = (i_1, …, i_K) is ``f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k}``
     with ``y_i ~ N(f_i, 1/τ)`` (``likelihood="gaussian"``) or ``P(y_i = 1) = Φ(f_i)``
-    (``"probit"``), priors N(0, prior_variance·I) on the embeddings u^k_s ∈ R^rank and
+    (``"probit"``), priors N(0, prior_variance·I) on the embeddings u^k_s ∈ R^rank
+    (N(1, modulation_variance·I) for the ``modulating_modes``) and
     τ ~ Gam(a0, b0) (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.1
     eqs. 12–13; Li, Fang, Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.1 eq. 26),
     and optional offsets b (global) and c (per object); q is factorized over τ, every

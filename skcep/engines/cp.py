@@ -6,8 +6,9 @@ Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.1 eq. 26), for entry i 
     f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k},
     y_i ~ N(f_i, τ⁻¹)  (Gaussian)   or   P(y_i = 1) = Φ(f_i)  (probit),
 
-with Gaussian priors on every embedding u^k_s ∈ R^R and on the optional offsets b (global) and
-c^k_s (one per object), and τ ~ Gam(a0, b0).  The posterior is approximated by
+with Gaussian priors on every embedding u^k_s ∈ R^R (zero mean, or mean 1 for the modulating
+modes of :func:`init_posterior`) and on the optional offsets b (global) and c^k_s (one per
+object), and τ ~ Gam(a0, b0).  The posterior is approximated by
 q = q(τ) Π q(u^k_s) Π q(b) Π q(c^k_s), each Gaussian with full R×R covariance.
 
 Everything is organised in *groups* of rows (the K factor matrices and the offsets, which are
