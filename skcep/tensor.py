@@ -21,7 +21,8 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
 
     Entry i = (i_1, …, i_K) is ``f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k}``
     with ``y_i ~ N(f_i, 1/τ)`` (``likelihood="gaussian"``) or ``P(y_i = 1) = Φ(f_i)``
-    (``"probit"``), priors N(0, prior_variance·I) on the embeddings u^k_s ∈ R^rank and
+    (``"probit"``), priors N(0, prior_variance·I) on the embeddings u^k_s ∈ R^rank
+    (N(1, modulation_variance·I) for the ``modulating_modes``) and
     τ ~ Gam(a0, b0) (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.1
     eqs. 12–13; Li, Fang, Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.1 eq. 26),
     and optional offsets b (global) and c (per object); q is factorized over τ, every
@@ -53,6 +54,14 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
         keeps E[λ_r] ≥ 1/prior_variance (its factors and λ could otherwise grow without end).
     ard_prior : tuple (a0, b0), default=(1e-6, 1e-6)
         Gamma prior (shape, rate) of each λ_r.
+    modulating_modes : tuple of int, default=()
+        Modes whose embeddings have prior N(1, modulation_variance·I) instead of zero mean: such
+        a mode modulates the others (at u^k = 1 the CP term is that of the other modes; row s
+        of mode k scales component r by u^k_{sr}).  For a short mode seen by many entries, e.g.
+        time bins, whose zero-mean factors would otherwise grow freely or prune the term.  Not
+        every mode.  ``ard`` governs the other modes only.
+    modulation_variance : float, default=0.01
+        Prior variance of the modulating modes' embeddings.
     noise_prior : tuple (a0, b0), default=(1e-3, 1e-3)
         Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
     fit_intercept : bool, default=True
@@ -140,7 +149,8 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
 class BayesianCPTensor(TensorEstimator):
     __doc__ = _DOC
 
-    _structural_params = ("rank", "likelihood", "method", "mode_bias", "fit_intercept", "shape", "ard")
+    _structural_params = ("rank", "likelihood", "method", "mode_bias", "fit_intercept", "shape", "ard",
+                          "modulating_modes")
     _dask_fit = fit_tensor  # fit on Dask collections: the entries stay on the workers
     _dask_fit_weights = True
     _check_index = staticmethod(check_tensor_index)  # run on every chunk of a Dask fit
@@ -153,6 +163,8 @@ class BayesianCPTensor(TensorEstimator):
         "prior_variance": [Interval(Real, 0, None, closed="neither")],
         "ard": ["boolean"],
         "ard_prior": [tuple, list],
+        "modulating_modes": [tuple, list],
+        "modulation_variance": [Interval(Real, 0, None, closed="neither")],
         "noise_prior": [tuple, list],
         "fit_intercept": ["boolean"],
         "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
@@ -170,12 +182,14 @@ class BayesianCPTensor(TensorEstimator):
     }
 
     def __init__(self, rank=8, *, likelihood="gaussian", method="cep", schedule="group", prior_variance=1.0,
-                 ard=False, ard_prior=(1e-6, 1e-6), noise_prior=(1e-3, 1e-3), fit_intercept=True,
+                 ard=False, ard_prior=(1e-6, 1e-6), modulating_modes=(), modulation_variance=0.01,
+                 noise_prior=(1e-3, 1e-3), fit_intercept=True,
                  intercept_prior_variance=100.0, mode_bias=False, bias_prior_variance=1.0, max_iter=100, tol=1e-4,
                  damping=1.0, init_scale=0.5, n_inner_iter="auto", n_init=1, shape=None, n_jobs=None, verbose=0,
                  random_state=None):
         self.rank, self.likelihood, self.method, self.schedule = rank, likelihood, method, schedule
         self.prior_variance, self.ard, self.ard_prior, self.noise_prior = prior_variance, ard, ard_prior, noise_prior
+        self.modulating_modes, self.modulation_variance = modulating_modes, modulation_variance
         self.fit_intercept, self.intercept_prior_variance = fit_intercept, intercept_prior_variance
         self.mode_bias, self.bias_prior_variance = mode_bias, bias_prior_variance
         self.max_iter, self.tol, self.damping, self.init_scale = max_iter, tol, damping, init_scale
@@ -187,6 +201,8 @@ class BayesianCPTensor(TensorEstimator):
         _check_noise_prior(self.ard_prior, "ard_prior")
         if self.method == "vmp" and self.schedule != "group":
             raise ValueError("schedule='entry' is a CEP schedule; use method='cep' or schedule='group'.")
+        if not all(isinstance(k, Integral) for k in self.modulating_modes):
+            raise ValueError(f"modulating_modes must hold mode numbers (integers); got {self.modulating_modes!r}.")
         if self.shape is not None and not all(isinstance(d, Integral) and d >= 1 for d in self.shape):
             raise ValueError(f"shape must hold positive integers; got {self.shape!r}.")
         return noise_prior, None if self.shape is None else tuple(int(d) for d in self.shape)
@@ -286,7 +302,8 @@ class BayesianCPTensor(TensorEstimator):
                 noise_init=noise(y, noise_prior, weight) if gaussian else None,
                 component_prior=_check_noise_prior(self.ard_prior, "ard_prior") if self.ard else None,
                 component_floor=1.0 / self.prior_variance if not gaussian and self.method == "cep" else 0.0,
-                offset_init=offset_init)
+                offset_init=offset_init, modulating_modes=self.modulating_modes,
+                modulation_variance=self.modulation_variance)
             result = fit(post, X, y, rng=rng, weight=weight, **self._fit_options(max_iter))
             value = score(result.posterior, X, y, self.likelihood, self.n_jobs, weight) if self.n_init > 1 else 0.0
             if best is None or value > best_elbo:

@@ -6,8 +6,9 @@ Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.1 eq. 26), for entry i 
     f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k},
     y_i ~ N(f_i, τ⁻¹)  (Gaussian)   or   P(y_i = 1) = Φ(f_i)  (probit),
 
-with Gaussian priors on every embedding u^k_s ∈ R^R and on the optional offsets b (global) and
-c^k_s (one per object), and τ ~ Gam(a0, b0).  The posterior is approximated by
+with Gaussian priors on every embedding u^k_s ∈ R^R (zero mean, or mean 1 for the modulating
+modes of :func:`init_posterior`) and on the optional offsets b (global) and c^k_s (one per
+object), and τ ~ Gam(a0, b0).  The posterior is approximated by
 q = q(τ) Π q(u^k_s) Π q(b) Π q(c^k_s), each Gaussian with full R×R covariance.
 
 Everything is organised in *groups* of rows (the K factor matrices and the offsets, which are
@@ -259,7 +260,8 @@ class CPPosterior:
     relevance determination, ``components`` is (shape (R,), rate (R,)) of q(λ_r), the precision
     of component r shared by every mode, and ``component_prior`` its Gamma prior (a0, b0); the
     factors' prior precisions then hold diag E[λ] (see :func:`component_update`), never below
-    ``component_floor``.
+    ``component_floor``.  The factors of the ``modulating_modes`` have the fixed prior
+    N(1, ``modulation_variance``·I) (see :func:`init_posterior`); λ governs the other modes.
     """
 
     factors: list
@@ -270,6 +272,8 @@ class CPPosterior:
     components: tuple = None
     component_prior: tuple = None
     component_floor: float = 0.0
+    modulating_modes: tuple = ()
+    modulation_variance: float = None
 
     @property
     def rank(self):
@@ -292,6 +296,11 @@ class CPPosterior:
     def groups(self):
         return self.factors + self.offsets
 
+    @property
+    def ard_modes(self):
+        """The modes whose components λ governs: every mode but the modulating ones."""
+        return [k for k in range(len(self.factors)) if k not in self.modulating_modes]
+
     def copy(self):
         return CPPosterior(
             [f.copy() for f in self.factors],
@@ -302,6 +311,8 @@ class CPPosterior:
             self.components,
             self.component_prior,
             self.component_floor,
+            self.modulating_modes,
+            self.modulation_variance,
         )
 
     def as_prior(self):
@@ -314,6 +325,8 @@ class CPPosterior:
             self.components,
             self.component_prior,
             self.component_floor,
+            self.modulating_modes,
+            self.modulation_variance,
         )
 
 
@@ -350,14 +363,34 @@ def put_rows(post, rows, sub):
     post.noise = sub.noise
 
 
-def _prior_rows(n_rows, rank, variance, mean=None, working_variance=None):
-    """Rows with prior N(0, diag(variance)) (a scalar or (R,)); q starts at N(mean (default 0),
-    working_variance·I)."""
+def _prior_rows(n_rows, rank, variance, mean=None, working_variance=None, prior_mean=0.0):
+    """Rows with prior N(prior_mean·1, diag(variance)) (variance a scalar or (R,)); q starts at
+    N(mean (default 0), working_variance·I)."""
     working = variance if working_variance is None else working_variance
     mean = np.zeros((n_rows, rank)) if mean is None else mean
     cov = np.broadcast_to(working * np.eye(rank), (n_rows, rank, rank)).copy()
     precision = np.broadcast_to(np.eye(rank) / variance, (n_rows, rank, rank)).copy()
-    return GaussianRows(mean, cov, precision, np.zeros((n_rows, rank)))
+    shift = np.broadcast_to(prior_mean / np.asarray(variance, dtype=float), (n_rows, rank)).copy()
+    return GaussianRows(mean, cov, precision, shift)
+
+
+def _modulating_rows(n_rows, rank, variance):
+    """Rows of a modulating mode: prior N(1, variance·I), q starting at that prior."""
+    return _prior_rows(n_rows, rank, variance, np.ones((n_rows, rank)), prior_mean=1.0)
+
+
+def _check_modulating(modes, variance, n_modes):
+    modes = tuple(int(k) for k in modes)
+    if not modes:
+        return modes
+    if len(set(modes)) != len(modes) or min(modes) < 0 or max(modes) >= n_modes:
+        raise ValueError(f"modulating_modes must be distinct modes in 0..{n_modes - 1}; got {modes!r}.")
+    if len(modes) == n_modes:
+        raise ValueError("At least one mode must not be modulating: with every factor near 1 the CP term "
+                         "would have no zero-mean factor to carry its components.")
+    if variance is None or not variance > 0:
+        raise ValueError(f"modulation_variance must be positive; got {variance!r}.")
+    return modes
 
 
 def _random_rows(n_rows, rank, variance, init_scale, rng):
@@ -372,7 +405,7 @@ def _random_rows(n_rows, rank, variance, init_scale, rng):
 
 def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_offset=None,
                    mode_offsets=None, noise_prior=None, noise_init=None, component_prior=None, component_floor=0.0,
-                   offset_init=0.0):
+                   offset_init=0.0, modulating_modes=(), modulation_variance=None):
     """Posterior to start from: embeddings N(m, init_scale²·I) with random m ~ N(0, init_scale²)
     drawn from ``rng`` under priors N(0, prior_variance·I).  All-zero means are a fixed point,
     and so, in practice, is a start at the prior covariance: partners that uncertain give every
@@ -383,11 +416,20 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
     prior mean a0/b0).  ``component_prior`` (a0, b0) turns on automatic relevance determination:
     q(λ_r) starts at shape a0 + ½ Σ_k d_k with mean 1/prior_variance, and E[λ_r] is kept at least
     ``component_floor``.  ``offset_init``: the starting mean of q(b) (its prior mean stays 0).
+
+    ``modulating_modes``: modes whose embeddings have prior N(1, ``modulation_variance``·I)
+    instead, q starting at that prior.  Such a mode modulates the others: at u^k = 1 the CP term
+    is the CP term of the other modes, and row s of mode k scales component r by u^k_{sr}.  Its
+    prior enters the updates as every prior does (precision P0 and shift h0 = P0·1; Li et al.
+    eq. 27); λ of automatic relevance determination governs the other modes only.
     """
-    factors = [_random_rows(d, rank, prior_variance, init_scale, rng) for d in shape]
-    post = CPPosterior(factors, noise_prior=noise_prior)
+    modulating = _check_modulating(modulating_modes, modulation_variance, len(shape))
+    factors = [_modulating_rows(d, rank, modulation_variance) if k in modulating
+               else _random_rows(d, rank, prior_variance, init_scale, rng) for k, d in enumerate(shape)]
+    post = CPPosterior(factors, noise_prior=noise_prior, modulating_modes=modulating,
+                       modulation_variance=float(modulation_variance) if modulating else None)
     if component_prior is not None:
-        a = np.full(rank, float(component_prior[0]) + 0.5 * sum(shape))
+        a = np.full(rank, float(component_prior[0]) + 0.5 * sum(shape[k] for k in post.ard_modes))
         post.components, post.component_prior = (a, a * prior_variance), tuple(map(float, component_prior))
         post.component_floor = float(component_floor)
     if global_offset is not None:
@@ -425,7 +467,8 @@ def noise_precision_for_variance(variance, noise_prior):
 def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mode_offset_variance=None):
     """A copy of ``post`` with prior rows added so that mode k has ``shape[k]`` rows (working
     means as in :func:`init_posterior`; at the prior, without a generator, when init_scale = 0).
-    With q(λ) the new rows' prior is N(0, E[Λ]⁻¹), not ``prior_variance``."""
+    With q(λ) the new rows' prior is N(0, E[Λ]⁻¹), not ``prior_variance``; a modulating mode's
+    new rows have its prior N(1, modulation_variance·I) and start there."""
     post = post.copy()
     if post.components is not None:
         prior_variance = 1.0 / post.component_precision
@@ -433,7 +476,8 @@ def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mod
         extra = d - post.factors[k].n_rows
         if extra <= 0:
             continue
-        new = _random_rows(extra, post.rank, prior_variance, init_scale, rng)
+        new = (_modulating_rows(extra, post.rank, post.modulation_variance) if k in post.modulating_modes
+               else _random_rows(extra, post.rank, prior_variance, init_scale, rng))
         post.factors[k] = _concat_rows(post.factors[k], new)
         for j, mode in enumerate(post.offset_modes):
             if mode == k:
@@ -758,6 +802,7 @@ def component_update(post, refresh=False):
     factorization of incomplete tensors with automatic rank determination", TPAMI 2015, §3):
     q(λ_r) = Gam(a0 + ½ Σ_k d_k, b0 + ½ Σ_k Σ_s E[(u^k_{sr})²]), the VMP update of λ_r given q
     of every factor; then every factor row's prior precision moves by diag(E[λ] − E[λ]_old).
+    The sums run over ``post.ard_modes``: modulating modes keep their fixed prior N(1, v·I).
 
     With ``post.component_floor`` > 0 the rate is capped so that E[λ_r] stays at least the floor
     (probit CEP: its sites are not a bound optimizer, and on separable entries a falling λ and
@@ -770,13 +815,14 @@ def component_update(post, refresh=False):
     """
     a0, b0 = post.component_prior
     old = post.component_precision
-    square = sum(np.einsum("sii->i", f.cov) + np.einsum("si,si->i", f.mean, f.mean) for f in post.factors)
-    a = np.full(post.rank, a0 + 0.5 * sum(post.shape))
+    factors = [post.factors[k] for k in post.ard_modes]
+    square = sum(np.einsum("sii->i", f.cov) + np.einsum("si,si->i", f.mean, f.mean) for f in factors)
+    a = np.full(post.rank, a0 + 0.5 * sum(f.n_rows for f in factors))
     post.components = (a, np.minimum(b0 + 0.5 * square, a / post.component_floor if post.component_floor else np.inf))
     change = post.component_precision - old
     if not np.any(change):
         return change
-    for f in post.factors:
+    for f in factors:
         if refresh:  # (Σ⁻¹ + D)⁻¹ = (I + Σ D)⁻¹ Σ and its mean (I + Σ D)⁻¹ μ: one solve per row
             both = np.linalg.solve(np.eye(post.rank) + f.cov * change, np.concatenate([f.cov, f.mean[:, :, None]], 2))
             f.cov, f.mean = 0.5 * (both[:, :, :-1] + np.swapaxes(both[:, :, :-1], 1, 2)), both[:, :, -1]
@@ -880,14 +926,16 @@ def streaming_sweeps(index, first, likelihood="gaussian", method="cep", weight=N
 
 def _component_kl(post):
     """The ARD part of −ELBO: E_q(λ)[KL(q(u) ‖ N(0, Λ⁻¹))] − KL(q(u) ‖ N(0, E[Λ]⁻¹)) summed over
-    the factor rows, i.e. ½ Σ_k d_k Σ_r (log E[λ_r] − E[log λ_r]), plus KL(q(λ) ‖ p(λ)); 0
-    without q(λ).  (The factors' KL terms use their prior precision, diag E[λ].)"""
+    the factor rows, i.e. ½ Σ_k d_k Σ_r (log E[λ_r] − E[log λ_r]) over the modes λ governs,
+    plus KL(q(λ) ‖ p(λ)); 0 without q(λ).  (The factors' KL terms use their prior precision,
+    diag E[λ].)"""
     if post.components is None:
         return 0.0
     a, b = post.components
     a0, b0 = post.component_prior
     gap = np.log(a) - digamma(a)  # log E[λ] − E[log λ]
-    return float(0.5 * sum(post.shape) * gap.sum() + np.sum(_noise_kl(a, b, a0, b0)))
+    n_rows = sum(post.shape[k] for k in post.ard_modes)
+    return float(0.5 * n_rows * gap.sum() + np.sum(_noise_kl(a, b, a0, b0)))
 
 
 class EntrySums(NamedTuple):
@@ -1307,7 +1355,8 @@ class _EntrySweeps:
         post, y = self.posterior, self.y
         if post.components is not None:  # q = prior × sites: the new prior enters every row's q
             delta = np.diag(component_update(post))
-            for k, f in enumerate(post.factors):
+            for k in post.ard_modes:
+                f = post.factors[k]
                 self.natural[k][0] = self.natural[k][0] + delta
                 f.set_natural(*self.natural[k], slice(None))  # in place: self.moments holds f.mean
                 self.moments.refresh(k, f, slice(None))
