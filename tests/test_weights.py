@@ -37,7 +37,8 @@ def _tight(cls, method):
     """TIGHT; 1e-5 for logistic CEP-1, whose switch to EP's moments beyond the expansion range
     (glm.CEP_SPREAD_LIMIT) is not continuous: here one model keeps a 2-cycle of 6.4e-6 sd for
     3,000 sweeps (weighted and repeated alike; their means 2e-5 sd apart either way)."""
-    return dict(TIGHT, tol=1e-5) if (cls.__name__, method) == ("CEPLogisticClassifier", "cep1") else TIGHT
+    return (dict(TIGHT, tol=1e-5, max_iter=300) if (cls.__name__, method) == ("CEPLogisticClassifier", "cep1")
+            else TIGHT)
 POSTERIOR = ("coef_", "coef_var_", "intercept_", "intercept_var_")
 
 

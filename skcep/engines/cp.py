@@ -1532,7 +1532,8 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
     (:func:`put_rows`).  Objects never seen before (``n_seen[k]`` counts the entries seen per
     object) sit at the prior mean 0, a fixed point of the updates: they start the batch from
     random working means drawn from ``rng`` with scale ``init_scale`` (their prior stays
-    N(0, prior_variance·I)).  ``fit_options`` go to :func:`fit_cp`.  With q(λ) (automatic
+    N(0, prior_variance·I)); those of a modulating mode start at their prior mean 1.
+    ``fit_options`` go to :func:`fit_cp`.  With q(λ) (automatic
     relevance determination) λ is held during the batch (the sub-model sees a part of the rows
     only) and updated once after it from every row, moving every row's prior and q
     (:func:`component_update` with ``refresh``).  ``weight``: the batch's entry weights (None: 1).
@@ -1545,9 +1546,9 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
     local = np.column_stack([np.searchsorted(r, index[:, k]) for k, r in enumerate(rows)])
     sub = take_rows(full, rows).as_prior()
     rank = post.rank
-    for f, c, r in zip(sub.factors, n_seen, rows):
+    for k, (f, c, r) in enumerate(zip(sub.factors, n_seen, rows)):
         unseen = np.flatnonzero(c[r] == 0)
-        if unseen.size and init_scale > 0:
+        if unseen.size and init_scale > 0 and k not in post.modulating_modes:  # those start at 1
             start = _random_rows(unseen.size, rank, prior_variance, init_scale, rng)
             f.mean[unseen], f.cov[unseen] = start.mean, start.cov
     result = fit_cp(sub, local, y, rng=rng, weight=weight, **fit_options)
