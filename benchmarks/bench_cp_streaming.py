@@ -425,6 +425,15 @@ def fmt(values):
     return "/".join(f"{v:.3g}" for v in np.mean(values, axis=0))
 
 
+def _per_model(first, columns):
+    """A table header: ``first``, then each column for the model without offsets and with."""
+    header = [first]
+    for model in MODELS:
+        short = "no offsets" if model == list(MODELS)[0] else "mode_bias"
+        header += [f"{short}: {c}" for c in columns]
+    return header
+
+
 def report(res, batch_sizes, args, elapsed, n_train, n_test):
     out = [f"`{command()}`", "",
            "# Streaming CP decomposition of MovieLens-small: one pass of `partial_fit` vs `fit`", "",
@@ -502,10 +511,7 @@ def report(res, batch_sizes, args, elapsed, n_train, n_test):
                     cells += ["–", "–", "–", "–"] if not r else [f"{r['metric']:.4f}", f"{r['tau']:.3g}",
                                                                 fmt([r["size"]]), then]
             rows.append(cells)
-        header = ["first n entries"]
-        for model in MODELS:
-            short = "no offsets" if model == list(MODELS)[0] else "mode_bias"
-            header += [f"{short}: RMSE", f"{short}: E[τ]", f"{short}: |U|", f"{short}: then stream (vs fit)"]
+        header = _per_model("first n entries", ("RMSE", "E[τ]", "|U|", "then stream (vs fit)"))
         out += [md_table(header, rows), ""]
     if res["noise"]:
         out += [f"## ratings, batch {DIAG_BATCH:,}, seed 0: rules for q(τ) and sweeps", "",
@@ -525,10 +531,7 @@ def report(res, batch_sizes, args, elapsed, n_train, n_test):
                                         + ("met" if within("ratings", r["metric"], b["metric"]) else "**not met**"))
                 cells += [f"{r['metric']:.4f}", gap, f"{r['tau']:.3g}", fmt([r["size"]])]
             rows.append(cells)
-        header = ["rule"]
-        for model in MODELS:
-            short = "no offsets" if model == list(MODELS)[0] else "mode_bias"
-            header += [f"{short}: RMSE", f"{short}: vs fit", f"{short}: E[τ]", f"{short}: |U|"]
+        header = _per_model("rule", ("RMSE", "vs fit", "E[τ]", "|U|"))
         out += [md_table(header, rows), ""]
     if res["diag"]:
         out += ["## What the first batches do to the factors (seed 0)", "",

@@ -188,8 +188,8 @@ class DaskPartitions:
     ``ys`` are persisted Delayed objects, one per chunk.  :meth:`step` returns the list of the
     chunks' reductions, in chunk order; :meth:`save` / :meth:`restore` keep and bring back the
     state of a sweep (by reference: a step makes new state, so nothing is copied).  ``zero`` is
-    the reduction of a chunk whose state is still None; ``start`` (another holder over the same
-    chunks) begins from its state and reductions instead (a warm start, by reference).
+    the reduction of a chunk whose state is still None; ``start`` = (state, reductions) of an
+    earlier run over the same chunks begins from them instead (a warm start, by reference).
 
     A step is one task per chunk, which reads the state from the chunk's task of the step
     before, and one small task that returns its reduction, sent to the scheduler as one graph:
@@ -201,8 +201,8 @@ class DaskPartitions:
     def __init__(self, chunk_step, data, ys, zero, start=None, **fixed):
         self.chunk_step, self.data, self.ys, self.fixed = chunk_step, data, ys, fixed
         self.client = _client()
-        self.state = [None] * len(data) if start is None else list(start.state)
-        self._reductions = [zero] * len(data) if start is None else list(start._reductions)
+        self.state = [None] * len(data) if start is None else list(start[0])
+        self._reductions = [zero] * len(data) if start is None else list(start[1])
         self._saved = None
 
     def step(self, *global_state, **options):

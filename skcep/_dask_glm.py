@@ -148,8 +148,8 @@ class DaskRows:
     def _fit_at(self, positive, prior_mean, evidence_likelihood, spread, likelihood, warm=None,
                 **options):
         """One distributed fit at the prior N(prior_mean, spread), from the sites of ``warm``
-        (its partitions, in ``warm.sites``) or from zero; ``sites`` of the result holds its
-        partitions (the sites stay on the workers while it is referenced)."""
+        or from zero; ``sites`` of the result is (the chunks' persisted sites, their
+        reductions): the sites stay on the workers while it is referenced."""
         start = None if warm is None else warm.sites
         if self.full:
             parts = DaskPartitions(_full_chunk, self.data, self.ys, _zero_change(self.shape[1]),
@@ -165,12 +165,11 @@ class DaskRows:
                 options["warmup_sweeps"] = 0
             post = fit_factorized_partitions(parts, likelihood, prior_mean, spread, **options)
             moments = (1.0 / post.var, post.mean / post.var)
-        parts.save()  # the evidence pass returns site terms: keep the sites' totals
-        terms = parts.step(*moments, evidence=evidence_likelihood)
-        parts.restore()
+        totals = parts.totals()  # the sites' reductions (on the client), before the evidence
+        terms = parts.step(*moments, evidence=evidence_likelihood)  # returns the same sites
         post.log_evidence = log_evidence(prior_mean, spread, post.mean,
                                          post.var if post.cov is None else post.cov, terms)
-        post.sites, post.prior_spread = parts, spread
+        post.sites, post.prior_spread = (parts.state, totals), spread
         return post
 
 
