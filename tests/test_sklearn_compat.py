@@ -70,8 +70,9 @@ def test_check_estimator(estimator, check):
             and estimator.method in ("cep1", "cep2")):
         # class_weight {0: 1000} makes each class-0 row 1000 copies refined in parallel; from
         # damping 0.5 CEP drifts for the check's 1000 sweeps on its unscaled blobs (0.84 of the
-        # test rows predicted 0, needs 0.87); damping 0.1 converges (299 sweeps, 1.00).
-        estimator = clone(estimator).set_params(damping=0.1)
+        # test rows predicted 0, needs 0.87); damping 0.1 converges (299 sweeps, 1.00); at
+        # tol 1e-2 in 220-246 sweeps instead of 373-421 (all test rows predicted 0).
+        estimator = clone(estimator).set_params(damping=0.1, tol=1e-2)
     if (getattr(check, "func", check).__name__ == "check_class_weight_classifiers"
             and isinstance(estimator, CEPLogisticClassifier)):
         # the check's fits run up to 1000 sweeps; the default prior_variance="auto" repeats
