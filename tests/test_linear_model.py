@@ -198,20 +198,12 @@ def test_accuracy_comparable_to_logistic_regression(real_split, cls, method, cov
     assert est.score(X_te, y_te) >= reference - 0.04
 
 
-SEPARABLE_CEP2 = pytest.mark.xfail(
-    strict=True, raises=ConvergenceWarning,
-    reason="crabs is separable: the evidence asks for λ ≈ 112, where logistic CEP-2 drifts "
-           "along the separating ridge (0.006 sd a sweep after 300 sweeps)")
-
-
-@pytest.mark.parametrize("cls, method, cov", [
-    pytest.param(*p.values, id=p.id, marks=SEPARABLE_CEP2 if p.id == "Logistic-cep2-diagonal" else ())
-    for p in ALL])
+@pytest.mark.parametrize("cls, method, cov", ALL)
 def test_default_settings_converge_on_correlated_features(cls, method, cov):
     """SPEC §4 'Schedules': the default must converge on strongly correlated features.
 
     The five morphometric features of crabs have pairwise correlations of 0.9-0.99; the
-    classes are separable, so the default prior_variance="auto" chooses λ ≈ 3.5-112.
+    classes are separable, so the default prior_variance="auto" chooses λ ≈ 19-635.
     """
     X, y = load_crabs(return_X_y=True)
     X = StandardScaler().fit_transform(X)
