@@ -441,3 +441,35 @@ def test_dask_auto_prior_variance_equals_the_numpy_search(on_cluster, method, co
     assert_allclose(np.log(spread.prior_variance_), np.log(local.prior_variance_), atol=0.05)
     assert abs(spread.log_evidence_[0] - local.log_evidence_[0]) < 0.005
     assert_allclose(spread.coef_, local.coef_, atol=0.02 * np.sqrt(local.coef_var_).max())
+
+
+def test_compiled_cavity_terms_equal_the_entrywise_formula_at_extreme_precision_ratios():
+    """The compiled evidence pass takes one log a row (a running product of the cavity / q
+    precision ratios, flushed into a log before it leaves 1e±150); against the entrywise sum of
+    ½ (h\\²/p\\ − h²/p − log(p\\/p)), with rows whose 60 ratios are 1e-6 each (product 1e-360),
+    negative sites (ratios above 1), improper cavities (counted as q) and weights."""
+    from skcep.engines._glm_kernel import dense_cavity_terms
+
+    rng = np.random.default_rng(0)
+    n, d = 40, 60
+    X = rng.normal(size=(n, d))
+    site_prec = rng.uniform(-0.5, 0.5, size=(n, d))
+    site_shift = rng.normal(size=(n, d))
+    prec, shift = rng.uniform(1.0, 2.0, d), rng.normal(size=d)
+    site_prec[:5] = prec * (1.0 - 1e-6)  # tiny cavities: a product of 1e-360
+    site_prec[5, :3] = prec[:3] + 1.0  # improper cavities
+    for weight in (np.empty(0), rng.integers(0, 4, n).astype(float)):
+        w = np.ones(n) if weight.size == 0 else weight
+        copy = np.where(w > 0, w, 1.0)[:, None]
+        cav_prec, cav_shift = prec - site_prec / copy, shift - site_shift / copy
+        ok = cav_prec > 0
+        terms = np.where(ok, 0.5 * (cav_shift**2 / np.where(ok, cav_prec, 1.0) - shift**2 / prec
+                                    - np.log(np.where(ok, cav_prec, prec) / prec)), 0.0)
+        expected = float(np.sum(terms.sum(axis=1) * w))
+        m_a, s_a = np.empty(n), np.empty(n)
+        got = dense_cavity_terms(X, weight, site_prec, site_shift, prec, shift, m_a, s_a)
+        assert np.isfinite(got)
+        assert_allclose(got, expected, rtol=1e-12)
+        v = np.where(ok, 1.0 / np.where(ok, cav_prec, 1.0), 1.0 / prec)
+        assert_allclose(m_a, np.sum(X * np.where(ok, cav_shift, shift) * v, axis=1), rtol=1e-12)
+        assert_allclose(s_a, np.sum(X**2 * v, axis=1), rtol=1e-12)

@@ -366,6 +366,8 @@ def dense_cavity_terms(X, weight, site_prec, site_shift, prec, shift, m_a, s_a):
     times, a zero-weight row not at all (E1w)."""
     n, d = X.shape
     weighted = weight.shape[0] > 0
+    inv_prec = 1.0 / prec
+    a_q = shift * shift * inv_prec  # 2 A₁(q) + log p, per coordinate
     total = 0.0
     for i in range(n):
         w = weight[i] if weighted else 1.0
@@ -373,6 +375,8 @@ def dense_cavity_terms(X, weight, site_prec, site_shift, prec, shift, m_a, s_a):
         mi = 0.0
         si = 0.0
         row = 0.0
+        ratio = 1.0  # Π_j cavity / q precision: one log a row, not one an entry
+        log_ratio = 0.0
         for j in range(d):
             own_prec = site_prec[i, j] / w_copy if weighted else site_prec[i, j]
             own_shift = site_shift[i, j] / w_copy if weighted else site_shift[i, j]
@@ -380,10 +384,13 @@ def dense_cavity_terms(X, weight, site_prec, site_shift, prec, shift, m_a, s_a):
             cav_shift = shift[j] - own_shift
             if cav_prec > 0.0:
                 v = 1.0 / cav_prec
-                row += 0.5 * (cav_shift * cav_shift * v - shift[j] * shift[j] / prec[j]
-                              - math.log(cav_prec / prec[j]))
+                row += cav_shift * cav_shift * v - a_q[j]
+                ratio *= cav_prec * inv_prec[j]
+                if not 1e-150 < ratio < 1e150:
+                    log_ratio += math.log(ratio)
+                    ratio = 1.0
             else:
-                v = 1.0 / prec[j]
+                v = inv_prec[j]
                 cav_shift = shift[j]
             x = X[i, j]
             mi += x * cav_shift * v
@@ -391,5 +398,5 @@ def dense_cavity_terms(X, weight, site_prec, site_shift, prec, shift, m_a, s_a):
         m_a[i] = mi
         s_a[i] = si
         if w > 0.0:
-            total += row * w
+            total += 0.5 * (row - log_ratio - math.log(ratio)) * w
     return total
