@@ -17,7 +17,9 @@ from .engines.cp import (absorb_batch, elbo, fit_cp, grow_posterior, init_poster
 
 __all__ = ["BayesianCPTensor"]
 
-_DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
+WARM_UP_GAUSSIAN = 50_000  # warm_up_entries="auto" for Gaussian entries (docs/tensor.md, "The warm-up buffer")
+
+_DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
 
     Entry i = (i_1, …, i_K) is ``f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k}``
     with ``y_i ~ N(f_i, 1/τ)`` (``likelihood="gaussian"``) or ``P(y_i = 1) = Φ(f_i)``
@@ -93,7 +95,19 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
     n_init : int, default=1
         Random initialisations; the fit with the highest ELBO is kept (as in
         :class:`sklearn.mixture.GaussianMixture`): small or very sparse tensors have poor
-        local optima.  In ``partial_fit`` it applies to the first batch.
+        local optima.  In ``partial_fit`` it applies to the first batch (and to every refit of
+        the warm-up buffer).
+    warm_up_entries : int or "auto", default="auto"
+        Size of the warm-up buffer of ``partial_fit``: while the stream has passed at most this
+        many entries they are kept, and whenever their number has doubled since the last refit
+        the posterior is refitted on all of them by ``fit`` (``max_iter`` sweeps, ``n_init``
+        starts); later batches are absorbed as usual.  The batch that would overflow the buffer
+        triggers a last refit on it, then the buffer is dropped and the stream is plain assumed
+        density filtering.  A sparse early stream's posterior is collapsed and one pass never
+        revisits what it absorbed then (the user guide); the buffer lets the first entries be
+        revisited.  0: no buffer.  Memory O(warm_up_entries); cost at most 3 fits on that many.
+        "auto": WARM_UP_GAUSSIAN for Gaussian entries, 0 for probit (whose one-sweep stream
+        already meets the batch fit).
     shape : tuple of int or None, default=None
         Tensor shape.  None: inferred from the largest index seen, and grown by
         ``partial_fit``; given: indices beyond it are rejected.
@@ -143,7 +157,15 @@ _DOC = r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
     >>> mean, std = model.predict(X[500:], return_std=True)
     >>> bool(model.score(X[500:], y[500:]) > 0.9)
     True
-"""
+""").replace("WARM_UP_GAUSSIAN", f"{WARM_UP_GAUSSIAN:,}")
+
+
+def _joined_weights(kept, n, weight):
+    """The buffer's entry weights with a batch of ``n`` appended: None while all are unweighted."""
+    if kept[2] is None and weight is None:
+        return None
+    old = np.ones(kept[0].shape[0]) if kept[2] is None else kept[2]
+    return np.concatenate([old, np.ones(n) if weight is None else weight])
 
 
 class BayesianCPTensor(TensorEstimator):
@@ -176,6 +198,7 @@ class BayesianCPTensor(TensorEstimator):
         "init_scale": [Interval(Real, 0, None, closed="neither")],
         "n_inner_iter": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "n_init": [Interval(Integral, 1, None, closed="left")],
+        "warm_up_entries": [Interval(Integral, 0, None, closed="left"), StrOptions({"auto"})],
         "shape": [None, tuple, list],
         "random_state": ["random_state"],
         **COMMON_CONSTRAINTS,
@@ -185,8 +208,8 @@ class BayesianCPTensor(TensorEstimator):
                  ard=False, ard_prior=(1e-6, 1e-6), modulating_modes=(), modulation_variance=0.01,
                  noise_prior=(1e-3, 1e-3), fit_intercept=True,
                  intercept_prior_variance=100.0, mode_bias=False, bias_prior_variance=1.0, max_iter=100, tol=1e-4,
-                 damping=1.0, init_scale=0.5, n_inner_iter="auto", n_init=1, shape=None, n_jobs=None, verbose=0,
-                 random_state=None):
+                 damping=1.0, init_scale=0.5, n_inner_iter="auto", n_init=1, warm_up_entries="auto",
+                 shape=None, n_jobs=None, verbose=0, random_state=None):
         self.rank, self.likelihood, self.method, self.schedule = rank, likelihood, method, schedule
         self.prior_variance, self.ard, self.ard_prior, self.noise_prior = prior_variance, ard, ard_prior, noise_prior
         self.modulating_modes, self.modulation_variance = modulating_modes, modulation_variance
@@ -194,6 +217,7 @@ class BayesianCPTensor(TensorEstimator):
         self.mode_bias, self.bias_prior_variance = mode_bias, bias_prior_variance
         self.max_iter, self.tol, self.damping, self.init_scale = max_iter, tol, damping, init_scale
         self.n_inner_iter, self.n_init, self.shape = n_inner_iter, n_init, shape
+        self.warm_up_entries = warm_up_entries
         self.n_jobs, self.verbose, self.random_state = n_jobs, verbose, random_state
 
     def _check_params(self):
@@ -246,6 +270,8 @@ class BayesianCPTensor(TensorEstimator):
 
         The current posterior is the prior for the batch; ``n_inner_iter`` sweeps absorb the
         batch, which is then forgotten (``ard``: then q(λ) is updated).  New indices grow the modes.
+        Within the first ``warm_up_entries`` entries of a stream the batches are also kept, and
+        the posterior is refitted on them by ``fit`` each time their number has doubled.
 
         Parameters
         ----------
@@ -265,6 +291,17 @@ class BayesianCPTensor(TensorEstimator):
         first_call = not hasattr(self, "_posterior")
         noise_prior, fixed_shape = self._check_params()
         X, y, weight = self._prepare(X, y, first_call, classes, sample_weight)
+        kept = getattr(self, "_buffer", None) if not first_call else (X[:0], y[:0], None, 0)
+        if kept is not None and kept[0].shape[0] + X.shape[0] <= self._warm_up_size():
+            buffer = (np.concatenate([kept[0], X]), np.concatenate([kept[1], y]),
+                      _joined_weights(kept, X.shape[0], weight), kept[3])
+            if buffer[0].shape[0] >= 2 * kept[3]:  # doubled since the last refit: fit on all kept
+                return self._refit(buffer, noise_prior, fixed_shape)
+            self._buffer = buffer
+        elif kept is not None:  # the batch overflows the buffer: a last refit, then plain ADF
+            if kept[0].shape[0] > kept[3]:
+                self._refit(kept, noise_prior, fixed_shape)
+            self._buffer = None
         auto = self.n_inner_iter == "auto"
         sweeps, simultaneous = (streaming_sweeps(X, first_call, self.likelihood, self.method, weight)
                                 if auto else (self.n_inner_iter, False))
@@ -279,6 +316,19 @@ class BayesianCPTensor(TensorEstimator):
             init_scale=self.init_scale, rng=self._rng, mode_offset_variance=self.bias_prior_variance,
             weight=weight, **options, simultaneous=simultaneous and options["schedule"] == "group")
         return self._set_posterior(result, shape)
+
+    def _warm_up_size(self):
+        """``warm_up_entries`` resolved: "auto" is WARM_UP_GAUSSIAN for Gaussian entries, 0 for probit."""
+        if self.warm_up_entries == "auto":
+            return WARM_UP_GAUSSIAN if self.likelihood == "gaussian" else 0
+        return self.warm_up_entries
+
+    def _refit(self, buffer, noise_prior, fixed_shape):
+        """``fit`` on the buffered entries (X, y, weight, ·); the buffer is kept as refitted."""
+        X, y, weight, _ = buffer
+        self._start(X, y, noise_prior, self._resolve_shape(X, fixed_shape, None), self.max_iter, weight=weight)
+        self._buffer = (X, y, weight, X.shape[0])
+        return self
 
     def _fit_options(self, max_iter):
         return dict(likelihood=self.likelihood, method=self.method,
@@ -308,7 +358,7 @@ class BayesianCPTensor(TensorEstimator):
             value = score(result.posterior, X, y, self.likelihood, self.n_jobs, weight) if self.n_init > 1 else 0.0
             if best is None or value > best_elbo:
                 best, best_elbo = result, value
-        self._rng = rng
+        self._rng, self._buffer = rng, None  # a fit drops the warm-up buffer (_refit keeps it)
         self._n_seen = held.n_seen(shape) if held else [np.bincount(c, minlength=d) for c, d in zip(X.T, shape)]
         return self._set_posterior(best, shape)
 

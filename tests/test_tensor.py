@@ -411,7 +411,7 @@ def test_partial_fit_is_assumed_density_filtering():
     first, second = slice(0, 30), slice(30, 50)
     assert all(len(set(X[first, k])) == d for k, d in enumerate((5, 4, 3)))  # no new objects later
     kw = dict(rank=2, random_state=0, n_inner_iter=7, tol=1e-4, mode_bias=True)
-    stream = BayesianCPTensor(**kw).partial_fit(X[first], y[first])
+    stream = BayesianCPTensor(warm_up_entries=0, **kw).partial_fit(X[first], y[first])  # no refits: plain ADF
     batch = BayesianCPTensor(max_iter=7, **kw).fit(X[first], y[first])
     for a, b in zip(stream.factors_, batch.factors_):
         np.testing.assert_array_equal(a, b)
@@ -447,7 +447,7 @@ def test_auto_rule_gives_later_probit_cep_batches_one_simultaneous_sweep(likelih
     if likelihood == "probit":
         y = (f > np.median(f)).astype(float)
     est = BayesianCPTensor(rank=2, likelihood=likelihood, method=method, schedule=schedule, mode_bias=True,
-                           shape=(7, 5, 4), random_state=0)
+                           shape=(7, 5, 4), warm_up_entries=0, random_state=0)
     est.partial_fit(X[:12], y[:12])
     assert est.n_iter_ == 1  # 12 entries touch more than 6 objects: one sweep
     X2 = np.r_[X[12:], [[6, 0, 0], [6, 1, 1]]]  # object 6 of mode 0 is new: random working means
@@ -499,7 +499,7 @@ def _rmse(est, X, y):
 def test_one_pass_stream_approaches_batch_fit(order):
     X, y, X_test, y_test = _stream_problem()
     batch = quiet_fit(BayesianCPTensor(rank=2, random_state=0), X, y)
-    stream = BayesianCPTensor(rank=2, n_init=3, random_state=0)
+    stream = BayesianCPTensor(rank=2, n_init=3, warm_up_entries=0, random_state=0)
     perm = np.random.default_rng(order).permutation(y.size)
     errors = []
     for start in range(0, y.size, 800):
@@ -531,7 +531,8 @@ def test_n_init_keeps_the_start_with_the_highest_elbo():
                    "revisits it")
 def test_one_pass_stream_of_small_batches_with_ten_sweeps_each_approaches_batch_fit():
     X, y, X_test, y_test = _stream_problem()
-    stream = BayesianCPTensor(rank=2, n_init=3, random_state=0, n_inner_iter=10)  # the default until 0.1
+    stream = BayesianCPTensor(rank=2, n_init=3, random_state=0, n_inner_iter=10,  # the default until 0.1
+                              warm_up_entries=0)  # no buffer (the default refits the first batches)
     perm = np.random.default_rng(1).permutation(y.size)
     for start in range(0, y.size, 400):
         sel = perm[start:start + 400]
@@ -539,11 +540,29 @@ def test_one_pass_stream_of_small_batches_with_ten_sweeps_each_approaches_batch_
     assert _rmse(stream, X_test, y_test) < 0.1
 
 
+@ignore_convergence
+def test_warm_up_buffer_lets_every_shuffle_reach_the_batch_fit():
+    """The default buffer (``warm_up_entries="auto"``: all 2,400 entries fit in it) refits after 1, 2
+    and 4 batches of 400: every one of six shuffles ends within 10 % of the batch fit's test RMSE,
+    with ten sweeps per batch too, where without it ("auto") one shuffle ends at 0.53 and ten
+    sweeps per batch at 0.5 or more (the expected failure above)."""
+    X, y, X_test, y_test = _stream_problem()
+    batch = _rmse(quiet_fit(BayesianCPTensor(rank=2, random_state=0), X, y), X_test, y_test)
+    for order in range(1, 7):
+        perm = np.random.default_rng(order).permutation(y.size)
+        for sweeps in ("auto", 10):
+            stream = BayesianCPTensor(rank=2, n_init=3, n_inner_iter=sweeps, random_state=0)
+            for start in range(0, y.size, 400):
+                stream.partial_fit(X[perm[start:start + 400]], y[perm[start:start + 400]])
+            assert stream._buffer[3] == 1600  # last refit on 1,600 entries; 3,200 are never reached
+            assert _rmse(stream, X_test, y_test) < 1.1 * batch, (order, sweeps)
+
+
 def test_one_pass_stream_of_small_batches_approaches_batch_fit_with_auto_sweeps():
     """n_inner_iter="auto": the first batch (9 entries per object) gets up to 10 sweeps, the
     later ones one each, which do not pull the decomposition into the first batch's optimum."""
     X, y, X_test, y_test = _stream_problem()
-    stream = BayesianCPTensor(rank=2, n_init=3, random_state=0)
+    stream = BayesianCPTensor(rank=2, n_init=3, warm_up_entries=0, random_state=0)
     perm = np.random.default_rng(1).permutation(y.size)
     for start in range(0, y.size, 400):
         sel = perm[start:start + 400]
@@ -662,7 +681,7 @@ def test_partial_fit_accepts_changed_non_structural_parameters():
 @pytest.mark.parametrize("how", ["fit", "partial_fit"])
 def test_verbose_prints_one_line_per_sweep(capsys, how):
     X, y, _ = make_tensor((5, 4, 3), 2, 40, seed=13)
-    est = BayesianCPTensor(rank=2, max_iter=4, n_inner_iter=3, tol=0.0, random_state=0, verbose=1)
+    est = BayesianCPTensor(rank=2, max_iter=4, n_inner_iter=3, tol=0.0, random_state=0, verbose=1, warm_up_entries=0)
     getattr(est, how)(X, y)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == est.n_iter_ == (4 if how == "fit" else 3)
