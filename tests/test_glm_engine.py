@@ -262,16 +262,19 @@ def tilted_moments_2d(log_lik, x, y, cav_mean, cav_var, c_mean, c_var, n_points=
 @pytest.mark.parametrize("lik_name, lik", [("probit", Probit()), ("logistic", Logistic(60))])
 @pytest.mark.parametrize("y", [1.0, -1.0])
 @pytest.mark.parametrize("method", ["cep1", "cep2"])
-def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, method, monkeypatch):
+@pytest.mark.parametrize("band, inside", [((2.2, 2.452), [2, 3]), ((0.01, 0.03), [1])],
+                         ids=["wide-sites-in-band", "narrow-site-in-band"])
+def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, method, band, inside,
+                                                         monkeypatch):
     """EP's share ω of a site rises from 0 to 1 as σ_c² k² crosses CEP_SPREAD_BAND (here set to
     (2.2, 2.452)): above it the site gets the moments of the exact tilted of (w_m, c),
     c = Σ_{l≠m} x_l w_l under the cavity (2-D brute-force integration); below it CEP's (h at c̄
     for CEP-1, the Taylor expectation for CEP-2, by quadrature and finite differences); inside
     it (1 − ω) CEP's + ω the exact tilted's mean and variance, with ω the smoothstep
     z²(3 − 2z), z = (σ_c² k² − lo) / (hi − lo).  The sweep (compiled for the probit's CEP-1)
-    lands on the same."""
+    lands on the same.  With the band (0.01, 0.03) the site inside it is one where CEP-2's
+    Taylor variance is in (0, v\\] (at the wide band's inside sites CEP-2 falls back to CEP-1)."""
     log_lik = LOG_LIK[lik_name]
-    band = (2.2, 2.452)
     monkeypatch.setattr(glm, "CEP_SPREAD_BAND", band)
     x = np.array([0.3, 2.0, -1.5, 0.8])
     q_mean, q_var = np.array([0.4, -0.3, 0.2, 0.5]), np.array([0.05, 0.6, 0.02, 0.03])
@@ -279,13 +282,16 @@ def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, metho
     prec, shift = 1.0 / q_var, q_mean / q_var
     cav_var = 1.0 / (prec - site_prec)
     cav_mean = (shift - site_shift) * cav_var
-    # σ_c² k² = (Σ_{l≠m} x_l² v_l) / (1 + x_m² v\\_m): 2.453 (beyond), 0.017 (below), 2.317 and
-    # 2.400 (inside the band: ω 0.45, 0.89)
+    # σ_c² k² = (Σ_{l≠m} x_l² v_l) / (1 + x_m² v\\_m): 2.453, 0.017, 2.317 and 2.400 (band
+    # (2.2, 2.452): beyond, below, inside with ω 0.45 and 0.89; band (0.01, 0.03): inside at 0.017)
     spread = (x**2 @ q_var - x**2 * q_var) / (1.0 + x**2 * cav_var)
     share = _smoothstep(spread, *band)
-    assert (share == 1.0).tolist() == [True, False, False, False]
-    assert (share == 0.0).tolist() == [False, True, False, False]
-    assert ((share > 0.05) & (share < 0.95)).tolist() == [False, False, True, True]
+    between = (share > 0.05) & (share < 0.95)
+    assert np.flatnonzero(between).tolist() == inside
+    assert ((share == 0.0) | (share == 1.0) | between).all()
+    if band[0] > 1:
+        assert (share == 1.0).tolist() == [True, False, False, False]
+        assert (share == 0.0).tolist() == [False, True, False, False]
     block = _DenseBlock(x[None, :], slice(0, 1))
     assert_allclose(glm._ep_share(block, q_var, cav_var[None]).ravel(), share, rtol=1e-12)
     expected = np.empty((2, 4))
