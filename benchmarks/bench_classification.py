@@ -150,22 +150,41 @@ damped run (damping 0.1, tol 1e-6, ≤ 3000 sweeps) locates a fixed point.
   row i twice (q(c) already holds its sites): ionos −0.015, sonar +0.121. The correction used
   only where σ_c² β ≤ ½ or 1 (β = −∂² log Z), else CEP-1: −0.087 / −0.102 (ionos), −0.109 /
   −0.179 (sonar).
-- **The guard (`skcep.engines.glm.CEP_SPREAD_LIMIT` = 1).** A site whose σ_c² k² exceeds 1
-  takes the moments of the exact tilted of (w_m, c) with c under the cavity — factorized EP's
-  update for that entry, closed form for the probit, 1-D quadrature for the logistic; sites
-  within the limit keep CEP's expansion. Per split (probit): CEP-1 ionos −0.071, −0.049,
-  −0.036, −0.033, −0.031 (mean −0.044), sonar +0.078, +0.025, +0.042, +0.011, +0.051 (+0.041);
-  CEP-2 ionos −0.076, −0.049, −0.037, −0.029, −0.032 (−0.045), sonar as CEP-1. On these two
-  sets most sites are beyond the limit (83 % of CEP-1's site updates over the runs, 88 % of
-  CEP-2's; numpy path), so there CEP lands on EP's fixed point; on the other five sets 26 %
-  and 36 %. A limit of 2 keeps CEP-2 on ionos at −0.055. The limit costs nothing on large data: a row
-  whose Σ x² v\\ (cavity) is within it has no such site, and there posterior variances are
-  small (the compiled CEP-1 kernel tests that sum per row and computes nothing per entry).
+- **The guard, first as a step at σ_c² k² = 1.** A site whose σ_c² k² exceeded 1 took the
+  moments of the exact tilted of (w_m, c) with c under the cavity — factorized EP's update for
+  that entry, closed form for the probit, 1-D quadrature for the logistic; sites within the
+  limit kept CEP's expansion. Per split (probit): CEP-1 ionos −0.071, −0.049, −0.036, −0.033,
+  −0.031 (mean −0.044), sonar +0.078, +0.025, +0.042, +0.011, +0.051 (+0.041); CEP-2 ionos
+  −0.076, −0.049, −0.037, −0.029, −0.032 (−0.045), sonar as CEP-1. On these two sets most sites
+  were beyond the limit (83 % of CEP-1's site updates over the runs, 88 % of CEP-2's; numpy
+  path), so there CEP landed on EP's fixed point; on the other five sets 26 % and 36 %. A limit
+  of 2 kept CEP-2 on ionos at −0.055. But the step is not continuous in the sites: CEP-1 on 10 %
+  of the sparse data of `bench_scale.py` needed 193-195 sweeps, and a logistic CEP-1 fit of
+  `tests/test_weights.py` kept a 2-cycle of 6.4e-6 sd at tol 1e-9.
+- **The guard now: a blend over a band (`skcep.engines.glm.CEP_SPREAD_BAND` = (0.5, 2)).** A
+  site's tilted mean and variance are (1 − ω) CEP's + ω EP's, with EP's share ω the cubic
+  smoothstep of σ_c² k² from 0 at 0.5 to 1 at 2. Per split (probit, prior_variance=1): CEP-1
+  ionos −0.068, −0.049, −0.032, −0.025, −0.028 (−0.041), sonar +0.078, +0.025, +0.042, +0.011,
+  +0.052 (+0.042); CEP-2 ionos −0.076, −0.049, −0.039, −0.030, −0.034 (−0.046), sonar +0.041.
+  Other bands, mean ionos CEP-1 / CEP-2 gap: (0.25, 1) −0.043 / −0.045, (0.5, 1.5) −0.041 /
+  −0.045, (1, 2) −0.040 / −0.046, (1, 2.5) −0.040 / −0.049, (0.5, 3) −0.040 / −0.051,
+  (0.5, 4) −0.042 / −0.059, (1, 4) −0.044 / −0.064: the upper end must stay at 2 or below.
+  Sparse CEP-1 on 10 % of `bench_scale.py`'s rows: 14 sweeps ((1, 2): 18); the 2-cycle is gone
+  (106 sweeps to tol 1e-9). The cost: where CEP's sweeps run damped (the probe of
+  `CEP_PROBE_SD` rejected), sites inside the band make the contraction slow on some sets
+  (logistic australian CEP-1 141-179 sweeps per split, the step 127 on average, no guard
+  45-54; with `damping=1.0` 47-75; probit australian CEP-1 split 5 stops at max_iter = 300,
+  undamped 46). Probit breast CEP-2 split 3 drifts as slowly (300 sweeps) under every band and
+  without the guard; the step stopped it after 18 sweeps only because its damping step had
+  shrunk to 1/128 (change 8e-4 per sweep at that step). The blend costs nothing on large data:
+  a row whose Σ x² v\\ (cavity) is below the band has ω = 0 at every entry, and there posterior
+  variances are small (the compiled CEP-1 kernel tests that sum per row and computes nothing
+  per entry).
 """
 
 
 # CEP's gap to NUTS (λ = 1, mean over the five splits) before the guard of CEP's expansion range
-# (skcep.engines.glm.CEP_SPREAD_LIMIT), from this file as written at commit 7fa0787 (library
+# (skcep.engines.glm.CEP_SPREAD_BAND), from this file as written at commit 7fa0787 (library
 # source sha1 c43fc8f37e): the "before" column of the section cep_before_after writes.
 GAP_BEFORE = {
     ("probit", "cep1"): dict(australian=0.0099, breast=0.0163, crabs=-0.0081, ionos=-0.0560,
@@ -179,22 +198,50 @@ GAP_BEFORE = {
 }
 
 
+# The same with the guard as a step at σ_c² k² = 1 (EP's moments beyond it), and the mean
+# sweeps (n_iter): this file as written at commit 3a005e7 (library source sha1 c5e3ba5476).
+STEP_GAP_SWEEPS = {
+    ("probit", "cep1"): dict(australian=(0.0008, 40), breast=(0.0166, 45), crabs=(-0.0081, 97),
+                             ionos=(-0.0442, 50), pima=(0.0002, 5), sonar=(0.0414, 26),
+                             wdbc=(0.0039, 18)),
+    ("probit", "cep2"): dict(australian=(-0.0027, 68), breast=(0.0066, 32), crabs=(-0.0037, 93),
+                             ionos=(-0.0449, 27), pima=(0.0001, 2), sonar=(0.0414, 26),
+                             wdbc=(0.0040, 13)),
+    ("logistic", "cep1"): dict(australian=(-0.0016, 127), breast=(0.0068, 45),
+                               crabs=(-0.0102, 46), ionos=(-0.0227, 19), pima=(0.0002, 13),
+                               sonar=(0.0152, 18), wdbc=(-0.0010, 10)),
+    ("logistic", "cep2"): dict(australian=(-0.0011, 131), breast=(0.0015, 205),
+                               crabs=(-0.0037, 26), ionos=(-0.0237, 17), pima=(0.0000, 3),
+                               sonar=(0.0152, 18), wdbc=(-0.0011, 8)),
+}
+
+
 def cep_before_after(res, link, datasets):
-    """CEP-1 / CEP-2 gap to NUTS before the expansion-range guard (GAP_BEFORE) and in this run,
-    beside factorized EP's in this run."""
-    out = [f"## {link}: CEP's gap to NUTS before and after the expansion-range guard", "",
-           "Gap to NUTS (mean over splits, λ = 1). before: this file at commit 7fa0787 (library "
-           "sha1 c43fc8f37e), without `CEP_SPREAD_LIMIT`; after: this run. A site whose "
-           "expansion parameter σ_c² k² exceeds the limit takes factorized EP's exact tilted "
-           "moments (see the diagnosis at the end).", ""]
+    """CEP-1 / CEP-2 gap to NUTS without the expansion-range guard (GAP_BEFORE), with the guard
+    as a step (STEP_GAP_SWEEPS) and in this run (the blend), beside factorized EP's in this run;
+    mean sweeps of the step and of this run."""
+    out = [f"## {link}: CEP's gap to NUTS without, with the step and with the blended "
+           "expansion-range guard", "",
+           "Gap to NUTS (mean over splits, λ = 1). none: this file at commit 7fa0787 (library "
+           "sha1 c43fc8f37e), without the guard; step: this file at commit 3a005e7 (library sha1 "
+           "c5e3ba5476), EP's exact tilted moments where σ_c² k² > 1; blend: this run, "
+           "(1 − ω) CEP's + ω EP's moments with ω rising smoothly from 0 to 1 over "
+           "σ_c² k² ∈ `CEP_SPREAD_BAND` (see the diagnosis at the end). Sweeps: mean n_iter "
+           "(step / blend), converged: fraction of splits in this run.", ""]
     rows = []
     for name in datasets:
         row = [name]
         for m in ("cep1", "cep2"):
-            before, after = GAP_BEFORE[link, m].get(name), np.mean(res[link, name, m]["gap"])
-            row += ["–" if before is None else f"{before:+.4f}", f"{after:+.4f}"]
+            r = res[link, name, m]
+            before = GAP_BEFORE[link, m].get(name)
+            step_gap, step_it = STEP_GAP_SWEEPS[link, m].get(name, (None, None))
+            row += ["–" if before is None else f"{before:+.4f}",
+                    "–" if step_gap is None else f"{step_gap:+.4f}", f"{np.mean(r['gap']):+.4f}",
+                    f"{'–' if step_it is None else step_it} / {np.mean(r['it']):.0f}",
+                    f"{np.mean(r['conv']):.1f}"]
         rows.append(row + [f"{np.mean(res[link, name, 'ep']['gap']):+.4f}"])
-    header = ("data set", "cep1 before", "cep1 after", "cep2 before", "cep2 after", "ep")
+    header = ("data set", "cep1 none", "cep1 step", "cep1 blend", "cep1 sweeps", "cep1 conv.",
+              "cep2 none", "cep2 step", "cep2 blend", "cep2 sweeps", "cep2 conv.", "ep")
     return out + [md_table(header, rows), ""]
 
 

@@ -53,6 +53,14 @@ SEED = 20240611
 N_TEST = 20_000
 REPEAT_BELOW = 10.0  # seconds: faster fits are repeated 3x, median reported
 CEP1_SPARSE_CAP = 300.0  # seconds: CEP-1 on the sparse problem is skipped above this estimate
+# Sparse CEP-1 under the earlier rules for CEP's expansion range (skcep.engines.glm
+# CEP_SPREAD_BAND), from results/scale.md as written at the commits named: shown beside this run.
+SPARSE_CEP1_EARLIER = (
+    "no guard (commit 7fa0787): all rows 48.8 s, 21 sweeps, held-out acc 0.7157; 10 % of the "
+    "rows 10.4 s, 50 sweeps, acc 0.6028",
+    "the guard as a step, EP's moments where σ_c² k² > 1 (commit 664d7ef): 10 % of the rows "
+    "47.1 s, 195 sweeps, acc 0.6111; all rows not run (estimate 471 s > 300 s)",
+)
 
 METHODS = {
     "cep1": ("CEP-1", dict(method="cep1")),
@@ -505,6 +513,9 @@ def main(quick):
         f"wall, {sub['cpu']:.1f} s CPU, {sub['n_iter']} sweeps, converged "
         f"{'yes' if sub['converged'] else 'no'}, held-out acc {sub['accuracy']:.4f}, "
         f"load {sub['load']:.1f}.",
+        "",
+        "Sparse CEP-1 earlier (same data and settings; this run blends CEP's and EP's moments "
+        "over σ_c² k² ∈ `CEP_SPREAD_BAND`): " + "; ".join(SPARSE_CEP1_EARLIER) + ".",
         "",
         "Warnings during fits: "
         + (

@@ -279,7 +279,7 @@ def test_search_stops_at_its_sweep_budget():
 
 def test_cep_that_runs_away_at_the_searched_prior_variance_backs_off_to_a_stable_one(monkeypatch):
     """scikit-learn's breast-cancer data (first 285 rows, standardised), probit: CEP-1 without
-    its expansion-range limit (``CEP_SPREAD_LIMIT``, which now keeps it near EP there: weights
+    its expansion-range blend (``CEP_SPREAD_BAND``, which now keeps it near EP there: weights
     below 70) runs away at λ = 1000 (weights in the thousands); the guard stops it within a few
     sweeps and halves log λ towards the start until CEP converges."""
     from sklearn.datasets import load_breast_cancer
@@ -288,7 +288,7 @@ def test_cep_that_runs_away_at_the_searched_prior_variance_backs_off_to_a_stable
     from skcep.engines.evidence import _cep_after_search
     from skcep.engines.glm import fit_factorized
 
-    monkeypatch.setattr(glm, "CEP_SPREAD_LIMIT", np.inf)
+    monkeypatch.setattr(glm, "CEP_SPREAD_BAND", (np.inf, np.inf))
     from skcep.engines.likelihoods import Probit
 
     X, y = load_breast_cancer(return_X_y=True)

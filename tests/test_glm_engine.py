@@ -132,10 +132,13 @@ def _ep_reference(log_lik, y, cav_mean, cav_var):
 @pytest.mark.parametrize("lik_name, lik", [("probit", Probit()), ("logistic", Logistic(60))])
 @pytest.mark.parametrize("y", [1.0, -1.0])
 @pytest.mark.parametrize("method", FACTORIZED)
-def test_one_site_update_matches_quadrature(lik_name, lik, y, method):
+def test_one_site_update_matches_quadrature(lik_name, lik, y, method, monkeypatch):
     """``refine_sites`` (and the sweep itself) against quadrature of the (conditional)
     tilted distribution; CEP-2 against the Taylor expectation built from finite differences of
-    the quadrature h1(c), h2(c)."""
+    the quadrature h1(c), h2(c).  CEP's own moments: the blend with EP's (one site here has
+    σ_c² k² inside CEP_SPREAD_BAND) is lifted, and tested in
+    test_cep_beyond_its_expansion_takes_the_exact_tilted."""
+    monkeypatch.setattr(glm, "CEP_SPREAD_BAND", (np.inf, np.inf))
     log_lik = LOG_LIK[lik_name]
     q_var, prec, shift, cav_mean, cav_var = _one_row_problem()
     if method == "ep":
@@ -193,12 +196,12 @@ def test_cep2_beats_cep1_for_small_outer_variance(lik_name, lik, y):
 def test_cep2_falls_back_to_cep1_outside_its_domain(monkeypatch):
     """Large σ_c² with a sharply curved h: the Taylor variance exceeds v\\ (checked with the
     quadrature reference), so the documented fallback keeps the CEP-1 moments.  The site is far
-    beyond CEP_SPREAD_LIMIT, where EP's moments take over (next test); the limit is lifted here
-    to reach the fallback, which still guards sites within the limit."""
+    beyond CEP_SPREAD_BAND, where EP's moments take over (next test); the band is lifted here
+    to reach the fallback, which still guards sites below the band."""
     x, q_mean, q_var = np.array([0.1, 4.0]), np.array([0.4, -1.3]), np.array([1.3, 3.3])
     block = _DenseBlock(x[None, :], slice(0, 1))
-    assert glm._beyond_expansion(block, q_var, q_var[None])[0, 0]
-    monkeypatch.setattr(glm, "CEP_SPREAD_LIMIT", np.inf)
+    assert glm._ep_share(block, q_var, q_var[None])[0, 0] == 1.0
+    monkeypatch.setattr(glm, "CEP_SPREAD_BAND", (np.inf, np.inf))
     y, m = 1.0, 0
     f = lambda c: np.stack(
         conditional_moments(log_ndtr, x[m], y, q_mean[m], q_var[m], c)
@@ -214,6 +217,33 @@ def test_cep2_falls_back_to_cep1_outside_its_domain(monkeypatch):
     assert_allclose(cep2[1][0, m], cep1[1][0, m], rtol=1e-12)
     h1, h2 = f(c_bar)
     assert_allclose([cep1[0][0, m], cep1[1][0, m]], [h1, h2 - h1**2], rtol=1e-8)
+
+
+def _smoothstep(t, lo, hi):
+    """EP's share of a CEP site written out independently of ``glm``: 0 below lo, 1 above hi,
+    z²(3 − 2z) with z = (t − lo) / (hi − lo) between."""
+    z = np.clip((np.asarray(t, dtype=float) - lo) / (hi - lo), 0.0, 1.0)
+    return z * z * (3.0 - 2.0 * z)
+
+
+def test_ep_share_is_a_smooth_step_over_the_band():
+    """The one definition of the weight (``_glm_kernel.ep_share``): 0 up to the band's lower end,
+    1 from its upper end, increasing and C¹ in between (finite differences), and its compiled
+    scalar twin equals it."""
+    from skcep.engines._glm_kernel import _ep_share_scalar, ep_share
+
+    lo, hi = glm.CEP_SPREAD_BAND
+    t = np.linspace(0.0, 2.0 * hi, 2001)
+    w = ep_share(t, lo, hi)
+    assert (w[t <= lo] == 0).all() and (w[t >= hi] == 1).all()
+    assert ((w[(t > lo) & (t < hi)] > 0) & (w[(t > lo) & (t < hi)] < 1)).all()
+    assert (np.diff(w) >= 0).all()
+    assert_allclose(w, _smoothstep(t, lo, hi), rtol=1e-14, atol=1e-16)
+    assert_allclose(ep_share(0.5 * (lo + hi), lo, hi), 0.5, rtol=1e-14)
+    h = 1e-6 * (hi - lo)
+    for edge in (lo, hi):  # continuous slope 0 at both ends
+        assert abs(ep_share(edge + h, lo, hi) - ep_share(edge - h, lo, hi)) / (2 * h) < 1e-5
+    assert [_ep_share_scalar(v, lo, hi) for v in t[::50]] == ep_share(t[::50], lo, hi).tolist()
 
 
 def tilted_moments_2d(log_lik, x, y, cav_mean, cav_var, c_mean, c_var, n_points=1201):
@@ -232,37 +262,50 @@ def tilted_moments_2d(log_lik, x, y, cav_mean, cav_var, c_mean, c_var, n_points=
 @pytest.mark.parametrize("lik_name, lik", [("probit", Probit()), ("logistic", Logistic(60))])
 @pytest.mark.parametrize("y", [1.0, -1.0])
 @pytest.mark.parametrize("method", ["cep1", "cep2"])
-def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, method):
-    """Sites with σ_c² k² > CEP_SPREAD_LIMIT get the moments of the exact tilted of (w_m, c),
-    c = Σ_{l≠m} x_l w_l under the cavity (2-D brute-force integration); the site within the
-    limit keeps CEP's (h at c̄ for CEP-1, the Taylor expectation for CEP-2, by quadrature and
-    finite differences).  The sweep (compiled for the probit's CEP-1) lands on the same."""
+@pytest.mark.parametrize("band, inside", [((2.2, 2.452), [2, 3]), ((0.01, 0.03), [1])],
+                         ids=["wide-sites-in-band", "narrow-site-in-band"])
+def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, method, band, inside,
+                                                         monkeypatch):
+    """EP's share ω of a site rises from 0 to 1 as σ_c² k² crosses CEP_SPREAD_BAND (here set to
+    (2.2, 2.452)): above it the site gets the moments of the exact tilted of (w_m, c),
+    c = Σ_{l≠m} x_l w_l under the cavity (2-D brute-force integration); below it CEP's (h at c̄
+    for CEP-1, the Taylor expectation for CEP-2, by quadrature and finite differences); inside
+    it (1 − ω) CEP's + ω the exact tilted's mean and variance, with ω the smoothstep
+    z²(3 − 2z), z = (σ_c² k² − lo) / (hi − lo).  The sweep (compiled for the probit's CEP-1)
+    lands on the same.  With the band (0.01, 0.03) the site inside it is one where CEP-2's
+    Taylor variance is in (0, v\\] (at the wide band's inside sites CEP-2 falls back to CEP-1)."""
     log_lik = LOG_LIK[lik_name]
+    monkeypatch.setattr(glm, "CEP_SPREAD_BAND", band)
     x = np.array([0.3, 2.0, -1.5, 0.8])
     q_mean, q_var = np.array([0.4, -0.3, 0.2, 0.5]), np.array([0.05, 0.6, 0.02, 0.03])
     site_prec, site_shift = np.array([0.5, 0.3, 1.0, 2.0]), np.array([0.1, -0.2, 0.3, 0.4])
     prec, shift = 1.0 / q_var, q_mean / q_var
     cav_var = 1.0 / (prec - site_prec)
     cav_mean = (shift - site_shift) * cav_var
-    # σ_c² k² = (Σ_{l≠m} x_l² v_l) / (1 + x_m² v\\_m): 2.5, 0.02, 2.3, 2.4 against the limit 1
+    # σ_c² k² = (Σ_{l≠m} x_l² v_l) / (1 + x_m² v\\_m): 2.453, 0.017, 2.317 and 2.400 (band
+    # (2.2, 2.452): beyond, below, inside with ω 0.45 and 0.89; band (0.01, 0.03): inside at 0.017)
     spread = (x**2 @ q_var - x**2 * q_var) / (1.0 + x**2 * cav_var)
-    wide = spread > glm.CEP_SPREAD_LIMIT
-    assert wide.tolist() == [True, False, True, True]
+    share = _smoothstep(spread, *band)
+    between = (share > 0.05) & (share < 0.95)
+    assert np.flatnonzero(between).tolist() == inside
+    assert ((share == 0.0) | (share == 1.0) | between).all()
+    if band[0] > 1:
+        assert (share == 1.0).tolist() == [True, False, False, False]
+        assert (share == 0.0).tolist() == [False, True, False, False]
     block = _DenseBlock(x[None, :], slice(0, 1))
-    assert glm._beyond_expansion(block, q_var, cav_var[None]).ravel().tolist() == wide.tolist()
+    assert_allclose(glm._ep_share(block, q_var, cav_var[None]).ravel(), share, rtol=1e-12)
     expected = np.empty((2, 4))
     for m in range(4):
         others = np.arange(4) != m
-        if wide[m]:
-            expected[:, m] = tilted_moments_2d(log_lik, x[m], y, cav_mean[m], cav_var[m],
-                                               x[others] @ cav_mean[others],
-                                               x[others] ** 2 @ cav_var[others])
-            continue
+        exact = tilted_moments_2d(log_lik, x[m], y, cav_mean[m], cav_var[m],
+                                  x[others] @ cav_mean[others], x[others] ** 2 @ cav_var[others])
         f = lambda c, m=m: np.stack(conditional_moments(log_lik, x[m], y, cav_mean[m],  # noqa: E731
                                                         cav_var[m], c))
         c_bar, var_c = x[others] @ q_mean[others], x[others] ** 2 @ q_var[others]
         e1, e2 = f(c_bar) + (0.5 * var_c * second_derivative(f, c_bar) if method == "cep2" else 0)
-        expected[:, m] = e1, e2 - e1**2
+        if not 0 < e2 - e1**2 <= cav_var[m]:  # CEP-2's documented fallback: CEP-1's moments
+            e1, e2 = f(c_bar)
+        expected[:, m] = (1.0 - share[m]) * np.array([e1, e2 - e1**2]) + share[m] * np.array(exact)
     new_mean, new_var, *_, ok = refined_marginals(block, np.array([y]), lik, method, prec, shift,
                                                   site_prec[None], site_shift[None])
     assert np.all(ok)
@@ -277,9 +320,9 @@ def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, metho
 
 @pytest.mark.parametrize("sparse", [False, True])
 def test_expansion_range_shortcuts_hide_no_site(sparse):
-    """``_beyond_expansion``'s block shortcuts (max v · max_i Σ x², then the rows' Σ x² v) only
-    skip blocks without a site beyond the limit: against σ_c² k² computed entry by entry, over
-    variance scales from all-within to mostly-beyond."""
+    """``_ep_share``'s block shortcuts (max v · max_i Σ x², then the rows' Σ x² v) only skip
+    blocks where EP's share is 0 at every site: against ω of σ_c² k² computed entry by entry,
+    over variance scales from all-within to mostly-beyond."""
     rng = np.random.default_rng(11)
     X = rng.standard_normal((30, 7)) * (rng.random((30, 7)) < 0.6)
     X[5] *= 3.0
@@ -294,12 +337,13 @@ def test_expansion_range_shortcuts_hide_no_site(sparse):
             var_c = block.at_cols(var) * rng.uniform(1.0, 1.5, block.x.shape)
             x2 = block.x2
             x2v = x2 * block.at_cols(var)
-            direct = (block.at_rows(block.row_sum(x2v)) - x2v) / (1 + x2 * var_c) > 1.0
-            got = glm._beyond_expansion(block, var, var_c)
+            spread = (block.at_rows(block.row_sum(x2v)) - x2v) / (1 + x2 * var_c)
+            direct = _smoothstep(spread, *glm.CEP_SPREAD_BAND)
+            got = glm._ep_share(block, var, var_c)
             if got is None:
                 assert not direct.any()
             else:
-                assert np.array_equal(got, direct)
+                assert_allclose(got, direct, rtol=1e-12, atol=1e-15)
             seen.add((got is None, bool(direct.any()) and not direct.all()))
     assert (True, False) in seen and (False, True) in seen  # skipped blocks and mixed blocks
 
@@ -750,12 +794,13 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted, wide)
         site_prec[weight == 0] = site_shift[weight == 0] = 0.0
     design = glm._Design(X, n if wide else 32)
     assert design.compiled(Probit(), method) and not design.compiled(Logistic(), method)
-    if method == "cep1":  # CEP-1's sites at the start q: some beyond its expansion's range
-        # (EP's derivatives), some within (d6: the far-tail rows only; d40: all but a few)
-        beyond = [glm._beyond_expansion(block, 1.0 / prec, 1.0 / (prec - site_prec[rows]))
-                  for rows, block in design.blocks]
-        n_beyond = sum(0 if b is None else int(b.sum()) for b in beyond)
-        assert 0 < n_beyond < n * d
+    if method == "cep1":  # CEP-1's sites at the start q: EP's share ω (the blend of the two
+        # rules' derivatives) is 0 at some, 1 at some and strictly between at others
+        share = [glm._ep_share(block, 1.0 / prec, 1.0 / (prec - site_prec[rows]))
+                 for rows, block in design.blocks]
+        share = np.concatenate([np.zeros(block.x.shape) if w is None else w
+                                for w, (_, block) in zip(share, design.blocks)])
+        assert (share == 0).any() and (share == 1).any() and ((share > 0) & (share < 1)).any()
     ref = [site_prec.copy(), site_shift.copy()]
     tot_ref = _numpy_step(design, y, *ref, prec, shift, likelihood=Probit(), method=method,
                           step=step, sample_weight=weight)

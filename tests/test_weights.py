@@ -33,12 +33,6 @@ from test_linear_model import ALL, CLASSES, CONFIGS
 TIGHT = dict(tol=1e-9, max_iter=3000, damping=0.5, prior_variance=1.0)
 
 
-def _tight(cls, method):
-    """TIGHT; 1e-5 for logistic CEP-1, whose switch to EP's moments beyond the expansion range
-    (glm.CEP_SPREAD_LIMIT) is not continuous: here one model keeps a 2-cycle of 6.4e-6 sd for
-    3,000 sweeps (weighted and repeated alike; their means 2e-5 sd apart either way)."""
-    return (dict(TIGHT, tol=1e-5, max_iter=300) if (cls.__name__, method) == ("CEPLogisticClassifier", "cep1")
-            else TIGHT)
 POSTERIOR = ("coef_", "coef_var_", "intercept_", "intercept_var_")
 
 
@@ -71,8 +65,8 @@ def test_integer_weights_equal_repeated_rows(cls, method, cov, sparse):
     Xr, yr = np.repeat(X, w, axis=0), np.repeat(y, w)
     if sparse:
         X, Xr = sp.csr_matrix(X), sp.csr_matrix(Xr)
-    weighted = cls(method=method, covariance=cov, **_tight(cls, method)).fit(X, y, sample_weight=w)
-    repeated = cls(method=method, covariance=cov, **_tight(cls, method)).fit(Xr, yr)
+    weighted = cls(method=method, covariance=cov, **TIGHT).fit(X, y, sample_weight=w)
+    repeated = cls(method=method, covariance=cov, **TIGHT).fit(Xr, yr)
     assert weighted.converged_.all() and repeated.converged_.all()
     _assert_same_posterior(weighted, repeated)
     # (E1w): the evidence of the repeated data
@@ -84,8 +78,8 @@ def test_zero_weight_equals_row_removed(cls, method, cov):
     X, y, rng = _data()
     w = np.ones(X.shape[0])
     w[rng.choice(X.shape[0], 15, replace=False)] = 0.0
-    weighted = cls(method=method, covariance=cov, **_tight(cls, method)).fit(X, y, sample_weight=w)
-    removed = cls(method=method, covariance=cov, **_tight(cls, method)).fit(X[w > 0], y[w > 0])
+    weighted = cls(method=method, covariance=cov, **TIGHT).fit(X, y, sample_weight=w)
+    removed = cls(method=method, covariance=cov, **TIGHT).fit(X[w > 0], y[w > 0])
     _assert_same_posterior(weighted, removed)
     assert_allclose(weighted.log_evidence_, removed.log_evidence_, rtol=0, atol=1e-5)
 
@@ -226,8 +220,8 @@ def test_balanced_class_weight_helps_the_minority_class():
 def test_partial_fit_with_integer_weights_equals_repeated_batches(cls, method, cov):
     X, y, rng = _data(n=90, n_classes=3)
     w = rng.integers(0, 3, len(y))
-    weighted = cls(method=method, covariance=cov, **_tight(cls, method))
-    repeated = cls(method=method, covariance=cov, **_tight(cls, method))
+    weighted = cls(method=method, covariance=cov, **TIGHT)
+    repeated = cls(method=method, covariance=cov, **TIGHT)
     for batch in np.array_split(np.arange(len(y)), 3):
         weighted.partial_fit(X[batch], y[batch], classes=[0, 1, 2], sample_weight=w[batch])
         repeated.partial_fit(np.repeat(X[batch], w[batch], axis=0), np.repeat(y[batch], w[batch]),

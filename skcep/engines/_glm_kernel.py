@@ -44,7 +44,7 @@ from numba.extending import intrinsic
 
 from ._deep_kernel import mills_ratio
 
-__all__ = ["probit_log_z_derivatives", "factorized_dense_step"]
+__all__ = ["ep_share", "probit_log_z_derivatives", "factorized_dense_step"]
 
 _REDUCE = {"reassoc", "contract"}  # vectorised sums; no assumption about NaN or infinity
 _FUSE = {"contract"}  # fused multiply-adds only: the order of operations is kept
@@ -228,26 +228,40 @@ def _row_conditional_derivatives(X, i, y, x_mean, mean, var_c, mean_c, l1, l2):
                 l1[j], l2[j] = probit_log_z_derivatives(m, s, y)
 
 
+def ep_share(spread, lo, hi):
+    r"""EP's share ω of a CEP site's tilted moments at expansion parameter ``spread`` = σ_c² k²:
+    0 up to ``lo``, 1 from ``hi``, the cubic smoothstep ω = z²(3 − 2z), z = (σ_c² k² − lo) /
+    (hi − lo), between (continuous with its first derivative).  The one definition of the weight:
+    plain arithmetic and ufuncs, so the same function serves arrays in
+    :func:`skcep.engines.glm._ep_share` and scalars in the compiled step (``_ep_share_scalar``)."""
+    z = np.minimum(np.maximum((spread - lo) / (hi - lo), 0.0), 1.0)
+    return z * z * (3.0 - 2.0 * z)
+
+
+_ep_share_scalar = njit(cache=True, inline="always")(ep_share)
+
+
 @njit(cache=True)
-def _row_beyond_expansion(X, i, y, m_a, s_a, var_q, var_c, limit, l1, l2):
-    """Row i's entries outside the range of CEP's expansion in c take factorized EP's tilted
-    derivatives (those of the row's cavity predictor N(m_a, s_a)): where σ_c² k² > ``limit``,
-    σ_c² = Σ_{l≠j} x_l² v_l at q and k² = 1/(1 + x_j² v\\_j) (the rule of
-    :func:`skcep.engines.glm._beyond_expansion`).  Called only for rows with s_a > ``limit``:
-    with non-negative sites the cavity variances bound q's, so s_a ≥ Σ_l x_l² v_l ≥ σ_c² k²
-    and the other rows have no such entry (large data never pays for this loop)."""
+def _row_ep_share(X, i, y, m_a, s_a, var_q, var_c, lo, hi, l1, l2):
+    """Row i's entries near or beyond the range of CEP's expansion in c move towards factorized
+    EP's tilted derivatives (those of the row's cavity predictor N(m_a, s_a)): L ← (1 − ω) L_CEP
+    + ω L_EP with ω = :func:`ep_share` of σ_c² k², σ_c² = Σ_{l≠j} x_l² v_l at q and
+    k² = 1/(1 + x_j² v\\_j) (the rule of :func:`skcep.engines.glm._ep_share`).  Called only for
+    rows with s_a > ``lo``: with non-negative sites the cavity variances bound q's, so
+    s_a ≥ Σ_l x_l² v_l ≥ σ_c² k² and the other rows have ω = 0 everywhere (large data never pays
+    for this loop)."""
     total = 0.0
     for j in range(X.shape[1]):
         x = X[i, j]
         total += x * x * var_q[j]
-    if not total > limit:
+    if not total > lo:
         return
     l1_ep, l2_ep = probit_log_z_derivatives(m_a, s_a, y)
     for j in range(X.shape[1]):
         x2 = X[i, j] * X[i, j]
-        if total - x2 * var_q[j] > limit * (1.0 + x2 * var_c[j]):
-            l1[j] = l1_ep
-            l2[j] = l2_ep
+        share = _ep_share_scalar((total - x2 * var_q[j]) / (1.0 + x2 * var_c[j]), lo, hi)
+        l1[j] = (1.0 - share) * l1[j] + share * l1_ep
+        l2[j] = (1.0 - share) * l2[j] + share * l2_ep
 
 
 @njit(cache=True, inline="always")
@@ -289,12 +303,12 @@ def _row_update(X, i, l1, l2, var_c, mean_c, proper, old_prec, old_shift, w, ste
 
 @njit(cache=True, fastmath=_REDUCE, error_model="numpy")
 def factorized_dense_step(X, y, weight, site_prec, site_shift, prec, shift, block_size, cep,
-                          step, total_prec, total_shift, out_prec, out_shift, spread_limit):
+                          step, total_prec, total_shift, out_prec, out_shift, spread_lo, spread_hi):
     """Refine every site of a dense partition, block after block.
 
     ``cep`` False: factorized EP (one cavity linear predictor per row); True: CEP-1 (one
-    conditional tilted per entry at c̄; EP's where σ_c² k² > ``spread_limit``,
-    :func:`_row_beyond_expansion`).  ``step`` is the damping.  The column sums of the new
+    conditional tilted per entry at c̄, blended towards EP's where σ_c² k² > ``spread_lo``,
+    :func:`_row_ep_share`).  ``step`` is the damping.  The column sums of the new
     sites are added to ``total_prec`` / ``total_shift``.  The new sites are written to
     ``out_prec`` / ``out_shift``: the site arrays themselves (in place), or a second pair of
     buffers, which leaves the old sites as they were, so a rejected sweep (the roll-back of
@@ -340,9 +354,9 @@ def factorized_dense_step(X, y, weight, site_prec, site_shift, prec, shift, bloc
                                            var_q, var_c, mean_c, proper, old_prec, old_shift)
             if cep:
                 _row_conditional_derivatives(X, i, y[i], x_mean, mean, var_c, mean_c, l1, l2)
-                if s_a > spread_limit:
-                    _row_beyond_expansion(X, i, y[i], m_a, s_a, var_q, var_c, spread_limit, l1,
-                                          l2)
+                if s_a > spread_lo:
+                    _row_ep_share(X, i, y[i], m_a, s_a, var_q, var_c, spread_lo, spread_hi, l1,
+                                  l2)
             else:
                 l1_row, l2_row = probit_log_z_derivatives(m_a, s_a, y[i])
                 l1[:] = l1_row

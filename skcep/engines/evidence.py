@@ -465,7 +465,8 @@ def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter
     for on separable data CEP has no stable fixed point near EP's and runs away from it
     (measured: the scikit-learn breast-cancer data, probit, two of five splits with λ = 522 and
     1010: CEP-1 test log-likelihood −2.7·10³ and −4·10⁵, weights up to 2·10⁴ where EP's are
-    below 50, before ``CEP_SPREAD_LIMIT``; with it CEP-1 stays near EP there up to λ = 10⁵, and
+    below 50, before the expansion-range guard ``CEP_SPREAD_BAND``; with it CEP-1 stays near EP there
+    up to λ = 10⁵, and
     this guard is the safety net).  A
     sweep that moves q by more than ``RUNAWAY`` posterior sd is taken as that (from EP's fixed
     point CEP's sweeps move it by ~1 sd) and θ is halved towards ``start`` (the user's λ), at

@@ -5,8 +5,8 @@ Two posterior families:
 * **factorized** — q(w) = Π_m N(w_m | μ_m, v_m) with one Gaussian site per non-zero x_im
   (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.2 and supplement
   §8.2–8.3).  ``method`` picks how a site is refined: ``"ep"`` (factorized EP, Graepel et al.
-  2010), ``"cep1"`` (eq. 10) or ``"cep2"`` (eq. 11); CEP's sites beyond the range of its
-  expansion in c (``CEP_SPREAD_LIMIT``) take EP's exact tilted moments.
+  2010), ``"cep1"`` (eq. 10) or ``"cep2"`` (eq. 11); CEP's sites near and beyond the range of
+  its expansion in c (``CEP_SPREAD_BAND``) blend in EP's exact tilted moments.
 * **full** — q(w) = N(μ, Σ) with one site per row on its linear predictor (weight-space EP).
 
 **Map/reduce steps.**  Every sweep is a partition step on each partition of the rows against
@@ -49,7 +49,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, solve_triangular
 
-from ._glm_kernel import factorized_dense_step
+from ._glm_kernel import ep_share, factorized_dense_step
 from .gaussian import cavity, cavity_natural, damped, site_from_marginal, to_moments
 
 __all__ = [
@@ -103,20 +103,29 @@ class GLMPosterior:
 # EP's fixed point (many rows per weight) CEP's sweeps contract fast and undamped (measured on
 # 100,000 × 50 probit data: first sweep 0.014 sd, 4 sweeps instead of 7, 14× closer to the
 # tol-1e-7 fixed point); on the CEP paper's small sets (split 1, probit) the first sweep moves q
-# by 0.04-0.41 sd (before CEP_SPREAD_LIMIT: 0.11-105 sd, and sonar diverged undamped; with it
-# every set converges undamped, crabs CEP-1 in 17 sweeps against 128 at 1/2: not re-tuned).
+# by 0.04-0.41 sd (before the expansion-range guard, CEP_SPREAD_BAND: 0.11-105 sd, and sonar
+# diverged undamped; with the guard as a step at σ_c² k² = 1 every set converged undamped, crabs
+# CEP-1 in 17 sweeps against 128 at 1/2: not re-tuned).
 CEP_PROBE_SD, CEP_DAMPING = 0.1, 0.5
 
 
-# The range of CEP's expansion in c (:func:`_beyond_expansion`): the conditional moments h(c)
-# of site (i, m) vary on the scale 1/k = √(1 + x² v\) of c (the probit's exactly; the logistic's
-# within a factor 1.7), and CEP-1 (h at c̄) and CEP-2 (+ ½ σ_c² h″) are expansions in
-# σ_c² k² (σ_c² = Var_q(c)).  Beyond CEP_SPREAD_LIMIT the site takes factorized EP's exact
-# tilted moments instead.  Measured (probit, λ = 1, five splits, numpy path): the limit 1 moves
-# the gap to NUTS of CEP-1 / CEP-2 on ionos from −0.056 / −0.100 to −0.044 / −0.045, on sonar
-# from −0.008 / −0.189 to +0.041 / +0.041; 2 gives ionos −0.046 / −0.055; the exact E_q over c
-# of CEP-2's moments (quadrature, no expansion) reaches only −0.079 (ionos) and −0.059 (sonar).
-CEP_SPREAD_LIMIT = 1.0
+# The range of CEP's expansion in c (:func:`_ep_share`): the conditional moments h(c) of site
+# (i, m) vary on the scale 1/k = √(1 + x² v\) of c (the probit's exactly; the logistic's within a
+# factor 1.7), and CEP-1 (h at c̄) and CEP-2 (+ ½ σ_c² h″) are expansions in σ_c² k²
+# (σ_c² = Var_q(c)).  A site's tilted moments are (1 − ω) CEP's + ω factorized EP's exact ones,
+# with EP's share ω rising smoothly (:func:`~skcep.engines._glm_kernel.ep_share`) from 0 at the
+# band's lower end to 1 at its upper end.  History: a step at 1 (EP's moments beyond σ_c² k² = 1)
+# moved the gap to NUTS of CEP-1 / CEP-2 (probit, λ = 1, five splits) on ionos from −0.056 /
+# −0.100 to −0.044 / −0.045, on sonar from −0.008 / −0.189 to +0.041 / +0.041 (the exact E_q over
+# c of CEP-2's moments, no expansion, reaches only −0.079 and −0.059), but the step is not
+# continuous in the sites: sparse CEP-1 of benchmarks/bench_scale.py on 10 % of the rows needed
+# 193 sweeps, and a logistic CEP-1 fit kept a 2-cycle of 6.4e-6 sd at tol 1e-9.  The band
+# (0.5, 2) (measured as the step): ionos −0.041 / −0.046, sonar +0.042 / +0.041; those sparse
+# data 14 sweeps (all 1,000,000 rows: 21, as without a guard); the 2-cycle gone (106 sweeps).  An upper end above 2 loses ionos CEP-2
+# ((1, 2.5) −0.049, (0.5, 3) −0.051, (1, 4) −0.064); (1, 2) −0.046, (0.25, 2) −0.045.  Its cost:
+# where CEP runs damped at CEP_DAMPING, sites inside the band slow the contraction (logistic
+# australian CEP-1 141-179 sweeps, the step 127, no guard 45-54; undamped 47-75).
+CEP_SPREAD_BAND = (0.5, 2.0)
 
 
 # Rows per block of the compiled dense step (``_Design.compiled``): there a block costs d
@@ -288,22 +297,30 @@ def tilted_gradients(block, y, lik, method, mean, mean_c, var_c, order=2):
     return lik.derivatives(m, block.x2 * var_c, block.at_rows(y), order=order, value=False)[1:]
 
 
-def _beyond_expansion(block, var, var_c):
-    r"""The sites whose CEP expansion in c is out of range: σ_c² k² > ``CEP_SPREAD_LIMIT``, with
-    σ_c² = Σ_{l≠m} x_l² v_l (q's variances) and k² = 1/(1 + x_m² v\_m); None if there are none.
+def _ep_share(block, var, var_c):
+    r"""EP's share ω (:func:`~skcep.engines._glm_kernel.ep_share`) of every site of the block, a
+    smooth function of CEP's expansion parameter σ_c² k² over ``CEP_SPREAD_BAND``, with
+    σ_c² = Σ_{l≠m} x_l² v_l (q's variances) and k² = 1/(1 + x_m² v\_m); None where it is 0 for
+    every site.
 
     σ_c² k² ≤ σ_c² ≤ Σ_l x_l² v_l ≤ max(v) Σ_l x_l², so a block is cleared without a pass over
-    its entries where max(v) times its largest Σ_l x_l² is within the limit (large data: small
-    posterior variances), else where all its rows' Σ_l x_l² v_l are.
+    its entries where max(v) times its largest Σ_l x_l² is within the band's lower end (large
+    data: small posterior variances), else where all its rows' Σ_l x_l² v_l are.
     """
-    if not block.x2_row_max * var.max(initial=0.0) > CEP_SPREAD_LIMIT:
+    lo, hi = CEP_SPREAD_BAND
+    if not block.x2_row_max * var.max(initial=0.0) > lo:
         return None
     x2v = block.x2 * block.at_cols(var)
     row = block.row_sum(x2v)
-    if not row.max(initial=0.0) > CEP_SPREAD_LIMIT:
+    if not row.max(initial=0.0) > lo:
         return None
-    wide = (block.at_rows(row) - x2v) > CEP_SPREAD_LIMIT * (1.0 + block.x2 * var_c)
-    return wide if wide.any() else None
+    share = ep_share((block.at_rows(row) - x2v) / (1.0 + block.x2 * var_c), lo, hi)
+    return share if share.max(initial=0.0) > 0 else None
+
+
+def _blend(cep, ep, share):
+    """(1 − ω) CEP's value + ω EP's, elementwise (ω = 0 and 1 give each one exactly)."""
+    return (1.0 - share) * cep + share * ep
 
 
 def _cep2_marginals(block, y, lik, mean, var, mean_c, var_c):
@@ -311,8 +328,8 @@ def _cep2_marginals(block, y, lik, mean, var, mean_c, var_c):
     E[h] ≈ h(c̄) + ½ σ_c² h''(c̄), with h1(c) = μ\ + v\ x L1 and h2(c) = h1² + v\ + (v\ x)² L2
     at m = x μ\ + c, s = x² v\, and σ_c² = Σ_{l≠m} x_l² v_l under q.
 
-    Sites beyond ``CEP_SPREAD_LIMIT`` are replaced by :func:`refine_sites`; where the
-    expansion still yields a variance outside (0, v\] those sites keep the first-order (CEP-1)
+    Sites in or beyond ``CEP_SPREAD_BAND`` are blended with EP's by :func:`refine_sites`; where
+    the expansion yields a variance outside (0, v\] those sites keep the first-order (CEP-1)
     moments.
     """
     l1, l2, l3, l4 = tilted_gradients(block, y, lik, "cep", mean, mean_c, var_c, order=4)
@@ -368,9 +385,11 @@ def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, samp
     (site_prec, site_shift) the block's current sites, ``sample_weight`` the block's row
     weights (None: all 1), whose sites are those of repeated rows (:func:`site_copy`).
     Returns ``(new_prec, new_shift, ok)``; sites where ``ok`` is False (improper cavity,
-    non-finite moments) must not change.  CEP's sites whose expansion parameter σ_c² k² exceeds
-    ``CEP_SPREAD_LIMIT`` (:func:`_beyond_expansion`) take factorized EP's tilted moments, the
-    exact expectation over c of the joint tilted of (w_m, c) with c under the cavity.
+    non-finite moments) must not change.  CEP's tilted moments (mean and variance; for CEP-1,
+    equivalently, L_1 and L_2) are blended with factorized EP's, (1 − ω) CEP + ω EP, where EP's
+    are the exact expectation over c of the joint tilted of (w_m, c) with c under the cavity and
+    ω rises smoothly from 0 to 1 as the expansion parameter σ_c² k² crosses ``CEP_SPREAD_BAND``
+    (:func:`_ep_share`).
     """
     if sample_weight is not None:
         weight = block.at_rows(sample_weight)
@@ -380,19 +399,19 @@ def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, samp
         return site_total(new_prec, weight), site_total(new_shift, weight), ok
     mean_c, var_c, ok = _cavity_moments(block, prec, shift, site_prec, site_shift)
     mean = shift / prec
-    wide = None if method == "ep" else _beyond_expansion(block, 1.0 / prec, var_c)
-    if wide is not None:  # there, factorized EP's tilted (the exact expectation over c)
+    share = None if method == "ep" else _ep_share(block, 1.0 / prec, var_c)
+    if share is not None:  # factorized EP's tilted (the exact expectation over c)
         l1_ep, l2_ep = tilted_gradients(block, y, lik, "ep", mean, mean_c, var_c)
     if method == "cep2":
         new_mean, new_var = _cep2_marginals(block, y, lik, mean, 1.0 / prec, mean_c, var_c)
-        if wide is not None:
+        if share is not None:
             gain = var_c * block.x
-            new_mean = np.where(wide, mean_c + gain * l1_ep, new_mean)
-            new_var = np.where(wide, var_c + gain**2 * l2_ep, new_var)
+            new_mean = _blend(new_mean, mean_c + gain * l1_ep, share)
+            new_var = _blend(new_var, var_c + gain**2 * l2_ep, share)
         return site_from_marginal(new_mean, new_var, 1.0 / var_c, mean_c / var_c, ok)
     l1, l2 = tilted_gradients(block, y, lik, method, mean, mean_c, var_c)
-    if wide is not None:
-        l1, l2 = np.where(wide, l1_ep, l1), np.where(wide, l2_ep, l2)
+    if share is not None:  # blending L_1, L_2 blends the tilted mean and variance (linear in them)
+        l1, l2 = _blend(l1, l1_ep, share), _blend(l2, l2_ep, share)
     return _sites_from_gradients(block, l1, l2, mean_c, var_c, ok)
 
 
@@ -521,7 +540,8 @@ def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, 
         weight = np.empty(0) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=float)
         n_skipped = factorized_dense_step(design.X, y, weight, site_prec, site_shift, prec, shift,
                                           design.compiled_block_size, method == "cep1", float(step),
-                                          *totals, out_prec, out_shift, float(CEP_SPREAD_LIMIT))
+                                          *totals, out_prec, out_shift,
+                                          *map(float, CEP_SPREAD_BAND))
         return (*totals, n_skipped)
     if out is not None:
         np.copyto(out_prec, site_prec)
@@ -593,8 +613,8 @@ def fit_factorized(
     prior_mean, prior_var : ndarray (d,)
         Factorized Gaussian prior — for streaming, the current posterior (ADF).
     method : {"cep1", "cep2", "ep"}
-        CEP's sites beyond the range of its expansion in c (σ_c² k² > ``CEP_SPREAD_LIMIT``)
-        are refined as EP's (:func:`refine_sites`).
+        CEP's sites near and beyond the range of its expansion in c (σ_c² k² in or above
+        ``CEP_SPREAD_BAND``) blend in EP's moments (:func:`refine_sites`).
     damping : float in (0, 1], optional
         Initial fraction of each proposed site change that is applied (1 = undamped);
         adapted when sweeps diverge or oscillate (:class:`SweepControl`).  Default: 1 for EP;
