@@ -204,8 +204,8 @@ def test_auto_prior_variance_is_at_the_maximum_of_the_evidence_over_a_grid(link,
 def test_auto_reaches_an_evidence_peak_decades_from_the_start(covariance):
     """Many rows, small weights (variance 0.01): the evidence peaks near log λ = −4.6, 4.6 from
     the start and sharply (a miss by δ in log λ costs ~¼ d δ² nats).  "auto" is within 0.25
-    nats of the best of a grid √2 apart (before the search's step limit was raised from 3 to
-    6 in log λ, its sweep budget stopped it 1.5 short: 6.8 nats below, both covariances)."""
+    nats of the best of a grid √2 apart (with steps limited to 3 in log λ and no wider reach,
+    its sweep budget stopped it 1.5 short: 6.8 nats below, both covariances)."""
     rng = np.random.default_rng(5)
     X = rng.normal(size=(20_000, 20))
     y = (X @ (0.1 * rng.normal(size=20)) + rng.normal(size=20_000) > 0).astype(int)

@@ -238,8 +238,8 @@ def _natural_log_normalizer(P, b):
 
 
 def maximize_evidence(fit_at, step_of, log_variance, *, bounds=LOG_VARIANCE_BOUNDS, xtol=0.5,
-                      max_step=6.0, first_step=1.0, warm_within=1.0, max_fits=6, slack=0.25,
-                      tie=1.0, budget=None):
+                      max_step=3.0, reach=6.0, first_step=1.0, warm_within=1.0, max_fits=6,
+                      slack=0.25, tie=1.0, budget=None):
     """Type-II maximum likelihood of the EP evidence (E1) over θ = log λ.
 
     ``fit_at(θ, warm)`` fits at λ = e^θ, starting from the sites of the fitted result ``warm``
@@ -254,13 +254,16 @@ def maximize_evidence(fit_at, step_of, log_variance, *, bounds=LOG_VARIANCE_BOUN
        Its first step is r (EM with the M-step solved exactly), at least ``first_step`` long
        however small r is (ρ near 1 makes EM crawl: measured −0.13 from λ = 1 on the CEP
        paper's sonar, whose evidence peaks near log λ = −4).  Then
-       secant steps (expanding ones where r does not fall; at most ``max_step`` each: r
-       undershoots where the linear form holds, and the evidence of large data can peak
-       decades of λ from the start — measured, 100,000 × 50 probit rows with weights of
-       variance 0.02: θ* = −4.0, which a limit of 3 left to the sweep budget, λ 0.011 and
-       3.9 nats below the maximum) until r
+       secant steps (expanding ones where r does not fall; at most ``max_step`` each) until r
        changes sign — then :func:`scipy.optimize.brentq` to ``xtol`` — or the step is below
-       ``xtol``/2, or a bound is reached.
+       ``xtol``/2, or a bound is reached.  θ_F is sought within ``max_step`` of θ; where it
+       lands on that trust bound it is sought again within ``reach``, and taken (a step up to
+       ``reach``) if it lies inside: the evidence of large data can peak decades of λ from the
+       start (measured, 100,000 × 50 probit rows with weights of variance 0.02: θ* = −4.0, which
+       steps of 3 left to the sweep budget, λ 0.011 and 3.9 nats below the maximum; full EP
+       9.3), while on small data θ_F within 6 can sit on its bound, where the fixed sites
+       mislead (the CEP paper's sonar, full EP: θ_F(0) = −6 for θ* ≈ −3.3; within 3 it is
+       interior or −3, and the search as before).
     2. (E2) is the evidence's derivative only at a fixed point.  Where EP has none and stalls
        in a slow drift (measured: factorized EP on the CEP paper's separable crabs data at
        large λ), (E1) can fall on a step that (E2) says climbs, or the root's evidence can be
@@ -292,7 +295,13 @@ def maximize_evidence(fit_at, step_of, log_variance, *, bounds=LOG_VARIANCE_BOUN
     def r(theta):
         theta, post = fit(theta)
         lo, hi = max(theta - max_step, low), min(theta + max_step, high)
-        return step_of(theta, post, lo, hi) - theta
+        target = step_of(theta, post, lo, hi)
+        if (target <= lo + 1e-2 and lo > low) or (target >= hi - 1e-2 and hi < high):
+            lo, hi = max(theta - reach, low), min(theta + reach, high)
+            further = step_of(theta, post, lo, hi)
+            if lo + 1e-2 < further < hi - 1e-2:  # inside the wider bound: trusted
+                target = further
+        return target - theta
 
     t1 = float(np.clip(log_variance, low, high))
     r1, root = r(t1), None
@@ -301,7 +310,7 @@ def maximize_evidence(fit_at, step_of, log_variance, *, bounds=LOG_VARIANCE_BOUN
     def room():
         return len(fitted) < max_fits and sum(f.n_iter for f in fitted.values()) < limit
 
-    step = float(np.clip(np.sign(r1) * max(abs(r1), first_step), -max_step, max_step))
+    step = float(np.clip(np.sign(r1) * max(abs(r1), first_step), -reach, reach))
     while abs(step) >= 0.5 * xtol and room():
         t0, r0, t1 = t1, r1, float(np.clip(t1 + step, low, high))
         if t1 == t0:  # at a bound, the gradient pointing out of it
