@@ -119,7 +119,7 @@ CEP_PROBE_SD, CEP_DAMPING = 0.1, 0.5
 # −0.100 to −0.044 / −0.045, on sonar from −0.008 / −0.189 to +0.041 / +0.041 (the exact E_q over
 # c of CEP-2's moments, no expansion, reaches only −0.079 and −0.059), but the step is not
 # continuous in the sites: sparse CEP-1 of benchmarks/bench_scale.py on 10 % of the rows needed
-# 193 sweeps, and a logistic CEP-1 fit kept a 2-cycle of 6.4e-6 sd at tol 1e-9.  The band
+# 195 sweeps, and a logistic CEP-1 fit kept a 2-cycle of 6.4e-6 sd at tol 1e-9.  The band
 # (0.5, 2) (measured as the step): ionos −0.041 / −0.046, sonar +0.042 / +0.041; those sparse
 # data 14 sweeps (all 1,000,000 rows: 21, as without a guard); the 2-cycle gone (106 sweeps).  An upper end above 2 loses ionos CEP-2
 # ((1, 2.5) −0.049, (0.5, 3) −0.051, (1, 4) −0.064); (1, 2) −0.046, (0.25, 2) −0.045.  Its cost:
