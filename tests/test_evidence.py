@@ -26,6 +26,7 @@ from skcep.engines.evidence import (
     maximize_evidence,
     prior_variance_gradient,
     site_totals,
+    _shifted_log_normalizer,
 )
 from skcep.engines.glm import fit_factorized, fit_full, full_site_totals
 from skcep.engines.likelihoods import Gaussian, Probit
@@ -90,6 +91,35 @@ def test_full_evidence_is_exact_for_a_gaussian_likelihood():
     grid = np.exp(np.linspace(np.log(lam) - 0.05, np.log(lam) + 0.05, 11))
     exact = [multivariate_normal(np.zeros(n), v * X @ X.T + 0.49 * np.eye(n)).logpdf(y) for v in grid]
     assert np.argmax(exact) == 5
+
+
+@pytest.mark.parametrize("n_weights", [4, 5])
+def test_shifted_log_normalizer_equals_the_direct_formula(n_weights):
+    """The full fixed-site maximiser's A(P + s I_n, b + s e) from one eigendecomposition equals
+    ½ bᵀP⁻¹b − ½ log|P| by a solve and a log-determinant at every s (with and without other
+    coordinates, here one intercept-like row and column), and is −inf where P + s I_n is not
+    positive definite."""
+    rng = np.random.default_rng(7)
+    d = 5
+    M = rng.normal(size=(d, d))
+    P = M @ M.T - 1.5 * np.eye(d)  # indefinite at s = 0: EP's summed sites can be
+    P[n_weights:, n_weights:] += 3.0 * np.eye(d - n_weights)
+    b, e = rng.normal(size=d), np.zeros(d)
+    e[:n_weights] = rng.normal(size=n_weights)
+    value = _shifted_log_normalizer(P, b, e, n_weights)
+    shift = np.zeros(d)
+    shift[:n_weights] = 1.0
+    checked = 0
+    for s in np.exp(np.linspace(-3.0, 4.0, 15)):
+        got = value(s)
+        Ps, bs = P + np.diag(s * shift), b + s * e
+        if np.linalg.eigvalsh(Ps).min() <= 0.0:
+            assert got == -np.inf
+            continue
+        direct = 0.5 * bs @ np.linalg.solve(Ps, bs) - 0.5 * np.linalg.slogdet(Ps)[1]
+        assert_allclose(got, direct, rtol=1e-10, atol=1e-10)
+        checked += 1
+    assert 5 <= checked < 15
 
 
 @pytest.mark.parametrize("full", [False, True])

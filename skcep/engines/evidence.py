@@ -55,7 +55,7 @@ from scipy.linalg import cho_factor, cho_solve, solve_triangular
 from scipy.optimize import brentq, minimize_scalar
 
 from ._glm_kernel import dense_cavity_terms
-from .gaussian import cavity, cavity_natural
+from .gaussian import cavity, cavity_natural, precision_of
 from .glm import (
     _Design,
     _site_shape,
@@ -204,8 +204,9 @@ def fixed_site_log_variance(site_totals, prior_mean, prior_spread, n_weights, bo
     with the sites' normalisers fixed (a linear-Gaussian evidence; its θ-derivative is (E2)).
 
     ``site_totals`` = (Σ_i T_i, Σ_i ν_i): per-coordinate sums (d,) of factorized sites, or
-    (Xᵀ diag(τ̃) X, Xᵀ ν̃) of full ones (:func:`site_totals`).  Cheap:
-    O(d) a θ for a factorized q, a d×d Cholesky for a full one; maximised by
+    (Xᵀ diag(τ̃) X, Xᵀ ν̃) of full ones (:func:`site_totals`).  Cheap: O(d) a θ for a
+    factorized q; for a full one an eigendecomposition of the precision's weight block once,
+    then O(d) a θ (:func:`_shifted_log_normalizer`); maximised by
     :func:`scipy.optimize.minimize_scalar` (bounded) within ``bounds``."""
     site_prec, site_shift = site_totals
     weights = np.arange(n_weights)
@@ -218,23 +219,55 @@ def fixed_site_log_variance(site_totals, prior_mean, prior_spread, n_weights, bo
             b0 = p0 * prior_mean
             return -float(np.sum(gaussian_log_normalizer(p0 + site_prec, b0 + site_shift)
                                  - gaussian_log_normalizer(p0, b0)))
-    else:
-        prior_prec = np.linalg.inv(prior_spread)
+    else:  # P0(θ) = P0(0) − diag of the weights + e^{−θ} I on them, b0(θ) = P0(θ) m0
+        p0 = precision_of(prior_spread)
+        p0[weights, weights] = 0.0
+        b0, e = p0 @ prior_mean, np.zeros_like(prior_mean)
+        e[weights] = prior_mean[weights]
+        posterior = _shifted_log_normalizer(p0 + site_prec, b0 + site_shift, e, n_weights)
+        prior = _shifted_log_normalizer(p0, b0, e, n_weights)
 
         def neg(theta):
-            p0 = prior_prec.copy()
-            p0[weights, weights] = np.exp(-theta)
-            b0 = p0 @ prior_mean
-            return -(_natural_log_normalizer(p0 + site_prec, b0 + site_shift)
-                     - _natural_log_normalizer(p0, b0))
+            return -(posterior(np.exp(-theta)) - prior(np.exp(-theta)))
     return float(minimize_scalar(neg, bounds=bounds, method="bounded",
                                  options=dict(xatol=1e-3)).x)
 
 
-def _natural_log_normalizer(P, b):
-    """A(P, b) = ½ bᵀP⁻¹b − ½ log|P| (up to (d/2) log 2π)."""
-    chol = cho_factor(P, lower=True)
-    return 0.5 * float(b @ cho_solve(chol, b)) - float(np.sum(np.log(np.diag(chol[0]))))
+def _shifted_log_normalizer(P, b, e, n):
+    """s ↦ A(P + s I_n, b + s e), A(P, b) = ½ bᵀP⁻¹b − ½ log|P| (up to (d/2) log 2π) and I_n
+    the identity on the first n coordinates (e zero beyond them; −inf where P + s I_n is not
+    positive definite).  With the other k = d − n coordinates c eliminated — their block P_cc
+    does not depend on s — the Schur complement P_ww − P_wc P_cc⁻¹ P_cw = U Λ Uᵀ makes it
+    separable:
+
+        A(P + s I_n, b + s e) = A(P_cc, b_c) + Σ_j A₁(Λ_j + s, b̃_j + s ẽ_j),
+
+    b̃ = Uᵀ(b_w − P_wc P_cc⁻¹ b_c), ẽ = Uᵀ e_w: one eigendecomposition (none where the
+    complement is diagonal), then O(n) a value of s."""
+    k = len(b) - n
+    block, bw, const = P[:n, :n], b[:n], 0.0
+    if k:
+        try:
+            chol = cho_factor(P[n:, n:], lower=True)
+        except np.linalg.LinAlgError:  # a principal block of P + s I_n: never definite
+            return lambda s: -np.inf
+        G = cho_solve(chol, P[n:, :n])
+        block, bw = block - P[:n, n:] @ G, bw - G.T @ b[n:]
+        const = (0.5 * float(b[n:] @ cho_solve(chol, b[n:]))
+                 - float(np.sum(np.log(np.diag(chol[0])))))
+    block = 0.5 * (block + block.T)
+    if np.count_nonzero(block - np.diag(np.diag(block))):
+        lam, U = np.linalg.eigh(block)
+        bw, ew = U.T @ bw, U.T @ e[:n]
+    else:  # diagonal (the prior's, with its weights' diagonal taken out)
+        lam, ew = np.diag(block).copy(), e[:n]
+
+    def value(s):
+        D = lam + s
+        if D.min() <= 0.0:
+            return -np.inf
+        return const + float(np.sum(gaussian_log_normalizer(D, bw + s * ew)))
+    return value
 
 
 def maximize_evidence(fit_at, step_of, log_variance, *, bounds=LOG_VARIANCE_BOUNDS, xtol=0.5,
@@ -458,7 +491,7 @@ def site_totals(post, prior_mean, prior_spread):
     if post.cov is not None:
         prec = np.linalg.inv(post.cov)
         prec = 0.5 * (prec + prec.T)
-        prior_prec = np.linalg.inv(prior_spread)
+        prior_prec = precision_of(prior_spread)
         return prec - prior_prec, prec @ post.mean - prior_prec @ prior_mean
     return 1.0 / post.var - 1.0 / prior_spread, post.mean / post.var - prior_mean / prior_spread
 

@@ -23,6 +23,7 @@ __all__ = [
     "site_from_marginal",
     "damped",
     "damped_update",
+    "precision_of",
 ]
 
 
@@ -30,6 +31,16 @@ def to_natural(mean, var):
     """(mean, var) -> (precision, shift)."""
     var = np.asarray(var, dtype=float)
     return 1.0 / var, np.asarray(mean, dtype=float) / var
+
+
+def precision_of(cov):
+    """Σ⁻¹ of a (d, d) covariance: elementwise where Σ is diagonal (the estimators' priors),
+    else :func:`numpy.linalg.inv`."""
+    cov = np.asarray(cov, dtype=float)
+    diag = np.diag(cov)
+    if np.count_nonzero(cov - np.diag(diag)):
+        return np.linalg.inv(cov)
+    return np.diag(1.0 / diag)
 
 
 def to_moments(precision, shift):

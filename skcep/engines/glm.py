@@ -50,7 +50,8 @@ import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, solve_triangular
 
 from ._glm_kernel import ep_share, factorized_dense_step
-from .gaussian import cavity, cavity_natural, damped, site_from_marginal, to_moments
+from .gaussian import (cavity, cavity_natural, damped, precision_of, site_from_marginal,
+                       to_moments)
 
 __all__ = [
     "GLMPosterior",
@@ -907,7 +908,7 @@ def fit_full_partitions(parts, likelihood, prior_mean, prior_cov, *, damping=Non
     """:func:`fit_full` on rows held by ``parts`` (see :func:`full_sweeps`); ``start`` = the
     summed natural parameters (Xᵀ diag(τ̃) X, Xᵀ ν̃) of the sites ``parts`` starts from, if
     any."""
-    prior_prec = np.linalg.inv(np.asarray(prior_cov, dtype=float))
+    prior_prec = precision_of(prior_cov)
     prior_prec = 0.5 * (prior_prec + prior_prec.T)
     prior_shift = prior_prec @ np.asarray(prior_mean, dtype=float)
     P0, b0 = prior_prec, prior_shift
