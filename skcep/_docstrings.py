@@ -101,7 +101,8 @@ _PARAMS_DOC = """
         current); 1 is undamped EP.  This is the initial value: it is halved automatically when
         sweeps oscillate or diverge and grows back when they settle.  "auto" is 1.0 for EP; for
         CEP a first undamped sweep from EP's fixed point, kept if it moves the posterior by
-        less than 0.1 sd (many samples per feature), else undone and CEP runs at 0.5.
+        less than 2 sd (at most 0.8 on the CEP paper's data sets), else undone (e.g. extreme
+        sample or class weights) and CEP runs at 0.5.
     block_size : int, default=None
         Samples whose sites are refined together before the posterior is refreshed; 1 is the
         sequential schedule of Algorithm 1 of the CEP paper.  None: 8 samples where the sweep
