@@ -9,7 +9,8 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.stats import norm
 
-from skcep.engines.gaussian import cavity, damped, site_from_marginal, to_moments, to_natural
+from skcep.engines.gaussian import (cavity, damped, precision_of, site_from_marginal, to_moments,
+                                   to_natural)
 
 RNG = np.random.default_rng(0)
 MEANS = np.concatenate([RNG.normal(scale=10, size=20), [0.0, -1e6, 1e6]])
@@ -157,3 +158,14 @@ def test_damped_step():
     new = old[:2] + damped(old[:2], proposed[:2], step)
     assert_allclose(new, (1 - step) * old[:2] + step * proposed[:2], rtol=1e-15)
     assert np.isfinite(damped(old, proposed, 0.5, ok)).all()
+
+
+def test_precision_of_inverts_diagonal_and_full_covariances():
+    # elementwise for a diagonal covariance (the estimators' priors), numpy's inverse otherwise
+    rng = np.random.default_rng(0)
+    diag = np.diag(rng.uniform(0.01, 100.0, 6))
+    assert_allclose(precision_of(diag) @ diag, np.eye(6), rtol=0, atol=1e-14)
+    assert np.count_nonzero(precision_of(diag) - np.diag(np.diag(precision_of(diag)))) == 0
+    M = rng.normal(size=(6, 6))
+    full = M @ M.T + np.eye(6)
+    assert_allclose(precision_of(full) @ full, np.eye(6), atol=1e-10)
