@@ -354,12 +354,14 @@ def floor_section(f, dense):
     return lines
 
 
+def ratio(r, ref):
+    """Wall-time ratio of run ``r`` to run ``ref``, with the CPU-time ratio in brackets."""
+    return f"{r['seconds'] / ref['seconds']:.1f} ({r['cpu'] / ref['cpu']:.1f})"
+
+
 def auto_section(auto, dense):
     """prior_variance="auto" on the dense problem: its cost against one fit of the same method,
     at λ = 1 and at the λ it chose."""
-    def x(r, ref):
-        return f"{r['seconds'] / ref['seconds']:.1f} ({r['cpu'] / ref['cpu']:.1f})"
-
     out = ["", "## prior_variance=\"auto\" on the dense problem", "",
            "The search (type-II maximum likelihood of the EP evidence) and then the same method "
            "refitted at the λ it chose, each timed like the rows above; × = wall-time ratio (CPU "
@@ -372,7 +374,7 @@ def auto_section(auto, dense):
     for key, (a, at) in auto.items():
         one = dense[key]
         out.append(f"| {METHODS[key][0]} | {a['prior_variance']:.4g} | {a['seconds']:.2f} | "
-                   f"{a['n_iter']} | {x(a, one)} | {x(a, at)} | {at['n_iter']} | "
+                   f"{a['n_iter']} | {ratio(a, one)} | {ratio(a, at)} | {at['n_iter']} | "
                    f"{one['log_loss']:.4f} / {a['log_loss']:.4f} |")
     return out
 
@@ -464,9 +466,6 @@ def main(quick):
         f"- code measured: copy of `skcep/` taken {SNAPSHOT['time']} (sha256 of its .py files "
         f"{SNAPSHOT['sha']})",
     ]
-
-    def ratio(r, ref):
-        return f"{r['seconds'] / ref['seconds']:.1f} ({r['cpu'] / ref['cpu']:.1f})"
 
     def row(name, r, ref, target, peak):
         cells = [

@@ -55,7 +55,7 @@ from scipy.linalg import cho_factor, cho_solve, solve_triangular
 from scipy.optimize import brentq, minimize_scalar
 
 from ._glm_kernel import dense_cavity_terms
-from .gaussian import cavity, cavity_natural, precision_of
+from .gaussian import cavity, cavity_natural, is_diagonal, precision_of
 from .glm import (
     _Design,
     _site_shape,
@@ -256,11 +256,11 @@ def _shifted_log_normalizer(P, b, e, n):
         const = (0.5 * float(b[n:] @ cho_solve(chol, b[n:]))
                  - float(np.sum(np.log(np.diag(chol[0])))))
     block = 0.5 * (block + block.T)
-    if np.count_nonzero(block - np.diag(np.diag(block))):
+    if is_diagonal(block):  # the prior's, with its weights' diagonal taken out
+        lam, ew = np.diag(block).copy(), e[:n]
+    else:
         lam, U = np.linalg.eigh(block)
         bw, ew = U.T @ bw, U.T @ e[:n]
-    else:  # diagonal (the prior's, with its weights' diagonal taken out)
-        lam, ew = np.diag(block).copy(), e[:n]
 
     def value(s):
         D = lam + s

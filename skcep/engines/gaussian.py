@@ -24,6 +24,7 @@ __all__ = [
     "damped",
     "damped_update",
     "precision_of",
+    "is_diagonal",
 ]
 
 
@@ -33,14 +34,16 @@ def to_natural(mean, var):
     return 1.0 / var, np.asarray(mean, dtype=float) / var
 
 
+def is_diagonal(M):
+    """Whether the square matrix ``M`` has no non-zero entry off its diagonal."""
+    return not np.count_nonzero(M - np.diag(np.diag(M)))
+
+
 def precision_of(cov):
     """Σ⁻¹ of a (d, d) covariance: elementwise where Σ is diagonal (the estimators' priors),
     else :func:`numpy.linalg.inv`."""
     cov = np.asarray(cov, dtype=float)
-    diag = np.diag(cov)
-    if np.count_nonzero(cov - np.diag(diag)):
-        return np.linalg.inv(cov)
-    return np.diag(1.0 / diag)
+    return np.diag(1.0 / np.diag(cov)) if is_diagonal(cov) else np.linalg.inv(cov)
 
 
 def to_moments(precision, shift):
