@@ -26,6 +26,7 @@ from skcep.engines.evidence import (
     maximize_evidence,
     prior_variance_gradient,
     site_totals,
+    _separable_form,
     _shifted_log_normalizer,
 )
 from skcep.engines.glm import fit_factorized, fit_full, full_site_totals
@@ -97,8 +98,8 @@ def test_full_evidence_is_exact_for_a_gaussian_likelihood():
 def test_shifted_log_normalizer_equals_the_direct_formula(n_weights):
     """The full fixed-site maximiser's A(P + s I_n, b + s e) from one eigendecomposition equals
     ½ bᵀP⁻¹b − ½ log|P| by a solve and a log-determinant at every s (with and without other
-    coordinates, here one intercept-like row and column), and is −inf where P + s I_n is not
-    positive definite."""
+    coordinates, here one intercept-like row and column), alone and less a second term as in
+    F(θ), and is −inf where P + s I_n is not positive definite."""
     rng = np.random.default_rng(7)
     d = 5
     M = rng.normal(size=(d, d))
@@ -106,20 +107,32 @@ def test_shifted_log_normalizer_equals_the_direct_formula(n_weights):
     P[n_weights:, n_weights:] += 3.0 * np.eye(d - n_weights)
     b, e = rng.normal(size=d), np.zeros(d)
     e[:n_weights] = rng.normal(size=n_weights)
-    value = _shifted_log_normalizer(P, b, e, n_weights)
+    Q = np.diag(rng.uniform(0.5, 2.0, size=d))  # a prior-like second term, subtracted
+    Q[:n_weights, :n_weights] = 0.0
+    c = rng.normal(size=d)
+    value = _shifted_log_normalizer([_separable_form(P, b, e, n_weights)], [1.0])
+    difference = _shifted_log_normalizer(
+        [_separable_form(P, b, e, n_weights), _separable_form(Q, c, e, n_weights)], [1.0, -1.0])
     shift = np.zeros(d)
     shift[:n_weights] = 1.0
+
+    def direct(P, b, s):
+        Ps, bs = P + np.diag(s * shift), b + s * e
+        return 0.5 * bs @ np.linalg.solve(Ps, bs) - 0.5 * np.linalg.slogdet(Ps)[1]
+
     checked = 0
     for s in np.exp(np.linspace(-3.0, 4.0, 15)):
-        got = value(s)
-        Ps, bs = P + np.diag(s * shift), b + s * e
-        if np.linalg.eigvalsh(Ps).min() <= 0.0:
-            assert got == -np.inf
+        if np.linalg.eigvalsh(P + np.diag(s * shift)).min() <= 0.0:
+            assert value(s) == -np.inf and difference(s) == -np.inf
             continue
-        direct = 0.5 * bs @ np.linalg.solve(Ps, bs) - 0.5 * np.linalg.slogdet(Ps)[1]
-        assert_allclose(got, direct, rtol=1e-10, atol=1e-10)
+        assert_allclose(value(s), direct(P, b, s), rtol=1e-10, atol=1e-10)
+        assert_allclose(difference(s), direct(P, b, s) - direct(Q, c, s), rtol=1e-10, atol=1e-10)
         checked += 1
     assert 5 <= checked < 15
+    if n_weights < d:  # the other coordinates' block itself indefinite: −inf at every s
+        P[n_weights:, n_weights:] = -1.0
+        assert _separable_form(P, b, e, n_weights) is None
+        assert _shifted_log_normalizer([None], [1.0])(10.0) == -np.inf
 
 
 @pytest.mark.parametrize("full", [False, True])

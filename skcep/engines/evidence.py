@@ -67,6 +67,8 @@ from .glm import (
 
 __all__ = [
     "factorized_site_terms",
+    "fixed_site_argmax",
+    "fixed_site_evidence",
     "fixed_site_log_variance",
     "fit_glm",
     "fit_with_evidence",
@@ -198,75 +200,90 @@ def prior_variance_gradient(mean, var, prior_variance, n_weights):
     return 0.5 * (second / prior_variance - n_weights)
 
 
-def fixed_site_log_variance(site_totals, prior_mean, prior_spread, n_weights, bounds):
-    """argmax over θ = log λ of the evidence at the fitted sites held fixed (EP's 'M-step'):
+def fixed_site_evidence(site_totals, prior_mean, prior_spread, n_weights):
+    """θ ↦ F(θ), θ = log λ, the evidence at the fitted sites held fixed (EP's 'M-step'):
     F(θ) = A(P0(θ) + Σ_i T_i, b0(θ) + Σ_i ν_i) − A(P0(θ), b0(θ)), the λ-dependent part of (E1)
     with the sites' normalisers fixed (a linear-Gaussian evidence; its θ-derivative is (E2)).
 
     ``site_totals`` = (Σ_i T_i, Σ_i ν_i): per-coordinate sums (d,) of factorized sites, or
     (Xᵀ diag(τ̃) X, Xᵀ ν̃) of full ones (:func:`site_totals`).  Cheap: O(d) a θ for a
     factorized q; for a full one an eigendecomposition of the precision's weight block once,
-    then O(d) a θ (:func:`_shifted_log_normalizer`); maximised by
-    :func:`scipy.optimize.minimize_scalar` (bounded) within ``bounds``."""
+    then O(d) a θ (:func:`_separable_form`)."""
     site_prec, site_shift = site_totals
     weights = np.arange(n_weights)
     if np.ndim(site_prec) == 1:
         prior_prec, site_prec = 1.0 / prior_spread, np.maximum(site_prec, 0.0)
 
-        def neg(theta):
+        def value(theta):
             p0 = prior_prec.copy()
             p0[weights] = np.exp(-theta)
             b0 = p0 * prior_mean
-            return -float(np.sum(gaussian_log_normalizer(p0 + site_prec, b0 + site_shift)
-                                 - gaussian_log_normalizer(p0, b0)))
-    else:  # P0(θ) = P0(0) − diag of the weights + e^{−θ} I on them, b0(θ) = P0(θ) m0
-        p0 = precision_of(prior_spread)
-        p0[weights, weights] = 0.0
-        b0, e = p0 @ prior_mean, np.zeros_like(prior_mean)
-        e[weights] = prior_mean[weights]
-        posterior = _shifted_log_normalizer(p0 + site_prec, b0 + site_shift, e, n_weights)
-        prior = _shifted_log_normalizer(p0, b0, e, n_weights)
+            return float(np.sum(gaussian_log_normalizer(p0 + site_prec, b0 + site_shift)
+                                - gaussian_log_normalizer(p0, b0)))
+        return value
+    # P0(θ) = P0(0) − diag of the weights + e^{−θ} I on them, b0(θ) = P0(θ) m0
+    p0 = precision_of(prior_spread)
+    p0[weights, weights] = 0.0
+    b0, e = p0 @ prior_mean, np.zeros_like(prior_mean)
+    e[weights] = prior_mean[weights]
+    posterior = _separable_form(p0 + site_prec, b0 + site_shift, e, n_weights)
+    value = _shifted_log_normalizer([posterior, _separable_form(p0, b0, e, n_weights)],
+                                    [1.0, -1.0])
+    return lambda theta: value(np.exp(-theta))
 
-        def neg(theta):
-            return -(posterior(np.exp(-theta)) - prior(np.exp(-theta)))
-    return float(minimize_scalar(neg, bounds=bounds, method="bounded",
+
+def fixed_site_argmax(value, bounds):
+    """The θ in ``bounds`` that maximises ``value`` = :func:`fixed_site_evidence`, by
+    :func:`scipy.optimize.minimize_scalar` (bounded)."""
+    return float(minimize_scalar(lambda t: -value(t), bounds=bounds, method="bounded",
                                  options=dict(xatol=1e-3)).x)
 
 
-def _shifted_log_normalizer(P, b, e, n):
-    """s ↦ A(P + s I_n, b + s e), A(P, b) = ½ bᵀP⁻¹b − ½ log|P| (up to (d/2) log 2π) and I_n
-    the identity on the first n coordinates (e zero beyond them; −inf where P + s I_n is not
-    positive definite).  With the other k = d − n coordinates c eliminated — their block P_cc
+def fixed_site_log_variance(site_totals, prior_mean, prior_spread, n_weights, bounds):
+    """argmax over θ = log λ in ``bounds`` of :func:`fixed_site_evidence`."""
+    return fixed_site_argmax(fixed_site_evidence(site_totals, prior_mean, prior_spread,
+                                                 n_weights), bounds)
+
+
+def _separable_form(P, b, e, n):
+    """A(P + s I_n, b + s e) = c + Σ_j A₁(Λ_j + s, h_j + s g_j) for every s, A(P, b) =
+    ½ bᵀP⁻¹b − ½ log|P| (up to (d/2) log 2π) and I_n the identity on the first n coordinates
+    (e zero beyond them).  With the other k = d − n coordinates c eliminated — their block P_cc
     does not depend on s — the Schur complement P_ww − P_wc P_cc⁻¹ P_cw = U Λ Uᵀ makes it
-    separable:
-
-        A(P + s I_n, b + s e) = A(P_cc, b_c) + Σ_j A₁(Λ_j + s, b̃_j + s ẽ_j),
-
-    b̃ = Uᵀ(b_w − P_wc P_cc⁻¹ b_c), ẽ = Uᵀ e_w: one eigendecomposition (none where the
-    complement is diagonal), then O(n) a value of s."""
+    separable: c = A(P_cc, b_c), h = Uᵀ(b_w − P_wc P_cc⁻¹ b_c), g = Uᵀ e_w; one
+    eigendecomposition (none where the complement is diagonal).  Returns (c, Λ, h, g), or None
+    where P_cc is not positive definite (then neither is any P + s I_n)."""
     k = len(b) - n
-    block, bw, const = P[:n, :n], b[:n], 0.0
+    block, h, const = P[:n, :n], b[:n], 0.0
     if k:
         try:
-            chol = cho_factor(P[n:, n:], lower=True)
-        except np.linalg.LinAlgError:  # a principal block of P + s I_n: never definite
-            return lambda s: -np.inf
-        G = cho_solve(chol, P[n:, :n])
-        block, bw = block - P[:n, n:] @ G, bw - G.T @ b[n:]
-        const = (0.5 * float(b[n:] @ cho_solve(chol, b[n:]))
-                 - float(np.sum(np.log(np.diag(chol[0])))))
+            chol = np.linalg.cholesky(P[n:, n:])
+        except np.linalg.LinAlgError:
+            return None
+        G = np.linalg.solve(P[n:, n:], np.column_stack([P[n:, :n], b[n:]]))
+        block, h = block - P[:n, n:] @ G[:, :n], h - G[:, :n].T @ b[n:]
+        const = 0.5 * float(b[n:] @ G[:, n]) - float(np.sum(np.log(np.diag(chol))))
     block = 0.5 * (block + block.T)
     if is_diagonal(block):  # the prior's, with its weights' diagonal taken out
-        lam, ew = np.diag(block).copy(), e[:n]
-    else:
-        lam, U = np.linalg.eigh(block)
-        bw, ew = U.T @ bw, U.T @ e[:n]
+        return const, np.diag(block).copy(), h, e[:n]
+    lam, U = np.linalg.eigh(block)
+    return const, lam, U.T @ h, U.T @ e[:n]
+
+
+def _shifted_log_normalizer(forms, signs):
+    """s ↦ Σ_t sign_t A(P_t + s I_n, b_t + s e_t) from the :func:`_separable_form` of each
+    term: O(Σ n_t) a value of s; −inf where a P_t + s I_n is not positive definite."""
+    if any(form is None for form in forms):
+        return lambda s: -np.inf
+    const = sum(sign * form[0] for form, sign in zip(forms, signs))
+    lam, h, g = (np.concatenate([form[i] for form in forms]) for i in (1, 2, 3))
+    weight = np.concatenate([np.full(len(form[1]), sign) for form, sign in zip(forms, signs)])
 
     def value(s):
         D = lam + s
         if D.min() <= 0.0:
             return -np.inf
-        return const + float(np.sum(gaussian_log_normalizer(D, bw + s * ew)))
+        return const + float(weight @ gaussian_log_normalizer(D, h + s * g))
     return value
 
 
@@ -424,11 +441,11 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
     its own, and the EP formula at CEP's sites is not smooth in λ where CEP breaks down).
     The search's fits stop at ``SEARCH_TOL_FACTOR`` (30) × ``tol`` and at most max(20, 2 × the
     first fit's) sweeps, and no new one starts once they have run ``SEARCH_BUDGET`` × the first
-    fit's sweeps; only the last ``KEEP_SITES`` fits and the best one keep their sites (the warm
-    starts), so memory stays a few site arrays.  Then ``method`` is fitted at that λ to ``tol``
-    (full EP: the nearest search fit continued; factorized EP: from the prior; CEP:
-    :func:`_cep_after_search`).  ``prior_variance`` is then λ and
-    ``n_iter`` counts the sweeps of all fits.
+    fit's sweeps; only the last ``KEEP_SITES`` fits and the best one (full EP: and the first)
+    keep their sites (the warm starts), so memory stays a few site arrays.  Then ``method`` is
+    fitted at that λ to ``tol`` (full EP: the nearest search fit continued; factorized EP: from
+    the prior; CEP: :func:`_cep_after_search`).  ``prior_variance`` is then λ and ``n_iter``
+    counts the sweeps of all fits.
     """
     def fit(spread, lik, warm=None, **kw):
         return fit_at(spread, lik, warm if warm is not None and warm.sites is not None else None,
@@ -450,15 +467,21 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
         if not done:
             search["max_iter"] = min(max_iter, max(20, 2 * post.n_iter))
         done.append(post)
-        best = max(done, key=lambda p: p.log_evidence)
+        keep = {id(max(done, key=lambda p: p.log_evidence))}
+        if full:  # the start's: the tie rule favours it, and full EP continues the fit chosen
+            keep.add(id(done[0]))
         for old in done[:-KEEP_SITES]:
-            if old is not best:
+            if id(old) not in keep:
                 old.sites = None
         return post
 
+    objectives = {}  # θ: F at that fit's sites (a second, wider bound reuses it)
+
     def step_of(t, post, lo, hi):
-        totals = site_totals(post, prior_mean, spread_at(t))
-        return fixed_site_log_variance(totals, prior_mean, spread_at(t), tune_weights, (lo, hi))
+        if t not in objectives:
+            objectives[t] = fixed_site_evidence(site_totals(post, prior_mean, spread_at(t)),
+                                                prior_mean, spread_at(t), tune_weights)
+        return fixed_site_argmax(objectives[t], (lo, hi))
 
     start = np.log((np.diag(prior_spread) if full else prior_spread)[0])
     theta, fitted = maximize_evidence(trial, step_of, start,
@@ -489,9 +512,7 @@ def site_totals(post, prior_mean, prior_spread):
     parameters less the prior's (q = p0 Π_i t̃_i), per coordinate (d,) for a factorized q, a
     (d, d) precision and (d,) shift for a full one — without a pass over the rows."""
     if post.cov is not None:
-        prec = np.linalg.inv(post.cov)
-        prec = 0.5 * (prec + prec.T)
-        prior_prec = precision_of(prior_spread)
+        prec, prior_prec = post.precision, precision_of(prior_spread)
         return prec - prior_prec, prec @ post.mean - prior_prec @ prior_mean
     return 1.0 / post.var - 1.0 / prior_spread, post.mean / post.var - prior_mean / prior_spread
 

@@ -82,8 +82,8 @@ __all__ = [
 class GLMPosterior:
     """Gaussian posterior over the weights.
 
-    ``mean`` (d,), ``var`` (d,) marginal variances, ``cov`` (d, d) for the full family
-    (else None), ``n_iter`` sweeps run, ``converged``, ``n_skipped`` site updates skipped for
+    ``mean`` (d,), ``var`` (d,) marginal variances, ``cov`` (d, d) and ``precision`` (its
+    inverse, as the sweeps summed it) for the full family (else None), ``n_iter`` sweeps run, ``converged``, ``n_skipped`` site updates skipped for
     a non-positive cavity or non-finite moments, ``trace`` the change of each sweep.
     """
 
@@ -97,6 +97,7 @@ class GLMPosterior:
     sites: tuple = None
     log_evidence: float = None
     prior_variance: float = None
+    precision: np.ndarray = None
 
 
 # CEP's damping (``damping=None``): a first undamped sweep from EP's fixed point is kept if it
@@ -925,7 +926,8 @@ def fit_full_partitions(parts, likelihood, prior_mean, prior_cov, *, damping=Non
     )
     cov = cho_solve(chol, np.eye(len(mean)))
     cov = 0.5 * (cov + cov.T)
-    return GLMPosterior(mean, np.diag(cov).copy(), cov, it, converged, control.n_skipped, control.trace)
+    return GLMPosterior(mean, np.diag(cov).copy(), cov, it, converged, control.n_skipped,
+                        control.trace, precision=P)
 
 
 def full_sweeps(parts, prior_prec, prior_shift, *, likelihood, damping, tol, max_iter,
