@@ -129,6 +129,11 @@ def test_shifted_log_normalizer_equals_the_direct_formula(n_weights):
         assert_allclose(difference(s), direct(P, b, s) - direct(Q, c, s), rtol=1e-10, atol=1e-10)
         checked += 1
     assert 5 <= checked < 15
+    # a diagonal P given as its diagonal (a factorized q) has the same values
+    p = rng.uniform(0.5, 2.0, size=d)
+    as_vector = _shifted_log_normalizer([_separable_form(p, b, e, n_weights)], [1.0])
+    for s in (0.1, 1.0, 10.0):
+        assert_allclose(as_vector(s), direct(np.diag(p), b, s), rtol=1e-12)
     if n_weights < d:  # the other coordinates' block itself indefinite: −inf at every s
         P[n_weights:, n_weights:] = -1.0
         assert _separable_form(P, b, e, n_weights) is None

@@ -211,20 +211,16 @@ def fixed_site_evidence(site_totals, prior_mean, prior_spread, n_weights):
     then O(d) a θ (:func:`_separable_form`)."""
     site_prec, site_shift = site_totals
     weights = np.arange(n_weights)
+    # P0(θ) = P0(0) − the weights' diagonal + e^{−θ} I on them, b0(θ) = P0(θ) m0
     if np.ndim(site_prec) == 1:
-        prior_prec, site_prec = 1.0 / prior_spread, np.maximum(site_prec, 0.0)
-
-        def value(theta):
-            p0 = prior_prec.copy()
-            p0[weights] = np.exp(-theta)
-            b0 = p0 * prior_mean
-            return float(np.sum(gaussian_log_normalizer(p0 + site_prec, b0 + site_shift)
-                                - gaussian_log_normalizer(p0, b0)))
-        return value
-    # P0(θ) = P0(0) − diag of the weights + e^{−θ} I on them, b0(θ) = P0(θ) m0
-    p0 = precision_of(prior_spread)
-    p0[weights, weights] = 0.0
-    b0, e = p0 @ prior_mean, np.zeros_like(prior_mean)
+        p0, site_prec = 1.0 / np.asarray(prior_spread, dtype=float), np.maximum(site_prec, 0.0)
+        p0[weights] = 0.0
+        b0 = p0 * prior_mean
+    else:
+        p0 = precision_of(prior_spread)
+        p0[weights, weights] = 0.0
+        b0 = p0 @ prior_mean
+    e = np.zeros_like(prior_mean)
     e[weights] = prior_mean[weights]
     posterior = _separable_form(p0 + site_prec, b0 + site_shift, e, n_weights)
     value = _shifted_log_normalizer([posterior, _separable_form(p0, b0, e, n_weights)],
@@ -252,7 +248,10 @@ def _separable_form(P, b, e, n):
     does not depend on s — the Schur complement P_ww − P_wc P_cc⁻¹ P_cw = U Λ Uᵀ makes it
     separable: c = A(P_cc, b_c), h = Uᵀ(b_w − P_wc P_cc⁻¹ b_c), g = Uᵀ e_w; one
     eigendecomposition (none where the complement is diagonal).  Returns (c, Λ, h, g), or None
-    where P_cc is not positive definite (then neither is any P + s I_n)."""
+    where P_cc is not positive definite (then neither is any P + s I_n).  A 1-D P is the
+    diagonal of a diagonal one (a factorized q's natural parameters)."""
+    if np.ndim(P) == 1:  # a diagonal P, as its diagonal: the other coordinates only add
+        return float(np.sum(gaussian_log_normalizer(P[n:], b[n:]))), P[:n], b[:n], e[:n]
     k = len(b) - n
     block, h, const = P[:n, :n], b[:n], 0.0
     if k:
