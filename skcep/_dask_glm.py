@@ -146,9 +146,10 @@ class DaskRows:
                                  full=self.full, tune_weights=tune_weights, **options)
 
     def _fit_at(self, positive, prior_mean, evidence_likelihood, spread, likelihood, warm=None,
-                **options):
+                resume=False, **options):
         """One distributed fit at the prior N(prior_mean, spread), from the sites of ``warm``
-        or from zero; ``sites`` of the result is (the chunks' persisted sites, their
+        or from zero (with ``resume``: ``warm``'s EP sweeps continued, as in
+        :func:`~skcep.engines.evidence.fit_with_evidence`); ``sites`` of the result is (the chunks' persisted sites, their
         reductions): the sites stay on the workers while it is referenced."""
         start = None if warm is None else warm.sites
         if self.full:
@@ -163,6 +164,8 @@ class DaskRows:
                                    positive=positive)
             if warm is not None:
                 options["warmup_sweeps"] = 0
+                if resume:
+                    options["resume"] = warm.run
             post = fit_factorized_partitions(parts, likelihood, prior_mean, spread, **options)
             moments = (1.0 / post.var, post.mean / post.var)
         totals = parts.totals()  # the sites' reductions (on the client), before the evidence

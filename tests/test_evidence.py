@@ -242,8 +242,12 @@ def test_auto_prior_variance_is_at_the_maximum_of_the_evidence_over_a_grid(link,
     lam = auto.prior_variance_[0]
     assert min(1.0, GRID[k]) / np.sqrt(2) <= lam <= max(1.0, GRID[k]) * np.sqrt(2)
     assert auto.log_evidence_[0] >= evidence[k] - 1.0
-    # the fitted posterior is the one at the chosen λ
+    # the fitted posterior is the one at the chosen λ (factorized EP: exactly, the search's fit
+    # from the prior at that λ continued, or a new one; full EP: the nearest search fit continued)
     again = cls(**opts, prior_variance=float(auto.prior_variance_[0])).fit(X, y)
+    if covariance == "diagonal":
+        np.testing.assert_array_equal(again.coef_, auto.coef_)
+        np.testing.assert_array_equal(again.log_evidence_, auto.log_evidence_)
     assert_allclose(again.coef_, auto.coef_, atol=2e-3 * np.sqrt(auto.coef_var_).max())
     assert_allclose(again.log_evidence_, auto.log_evidence_, atol=1e-3)
 

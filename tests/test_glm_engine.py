@@ -617,6 +617,29 @@ def test_full_ep_continues_from_its_own_sites(sparse):
     assert_allclose(moved.var, cold.var, rtol=1e-6)
 
 
+@pytest.mark.parametrize("lik_name", ["probit", "logistic"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_ep_resumed_at_a_tighter_tol_is_the_run_from_the_prior(breast_cancer, lik_name, sparse):
+    """``resume`` (the final fit of prior_variance="auto" at a λ the search fitted from the
+    prior): an EP fit stopped at a loose tol, continued with its sites and sweep control to a
+    tight one, is the fit run from the prior to the tight tol — sweep for sweep, exactly."""
+    X, y, _, _, prior_var = breast_cancer
+    Xs = sp.csr_matrix(X) if sparse else X
+    lik, zero = site_likelihood(lik_name, "ep"), np.zeros(X.shape[1])
+    kw = dict(method="ep", max_iter=300)
+    loose = glm.fit_factorized(Xs, y, lik, zero, prior_var, tol=3e-2, **kw)
+    resumed = glm.fit_factorized(Xs, y, lik, zero, prior_var, tol=1e-6, init_sites=loose.sites,
+                                 resume=loose.run, **kw)
+    cold = glm.fit_factorized(Xs, y, lik, zero, prior_var, tol=1e-6, **kw)
+    assert loose.n_iter < cold.n_iter and cold.converged
+    assert resumed.n_iter == cold.n_iter and resumed.trace == cold.trace
+    np.testing.assert_array_equal(resumed.mean, cold.mean)
+    np.testing.assert_array_equal(resumed.var, cold.var)
+    with pytest.raises(ValueError, match="only EP"):
+        glm.fit_factorized(Xs, y, lik, zero, prior_var, method="cep1", init_sites=loose.sites,
+                           resume=loose.run)
+
+
 # --------------------------------------------------------------------------------------------
 # Streaming
 

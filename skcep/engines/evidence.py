@@ -409,9 +409,11 @@ def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likeli
         prior_spread = np.diag(prior_spread)
     fit = fit_full if full else fit_factorized
 
-    def fit_at(spread, lik, warm=None, **kw):
+    def fit_at(spread, lik, warm=None, resume=False, **kw):
         if warm is not None:
             kw.update(init_sites=warm.sites, **({} if full else dict(warmup_sweeps=0)))
+            if resume:
+                kw["resume"] = warm.run
         post = fit(X, y, lik, prior_mean, spread, sample_weight=sample_weight, **kw)
         post.log_evidence = evidence_of(X, y, post, prior_mean, spread, evidence_likelihood,
                                         sample_weight)
@@ -442,8 +444,10 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
     first fit's) sweeps, and no new one starts once they have run ``SEARCH_BUDGET`` × the first
     fit's sweeps; only the last ``KEEP_SITES`` fits and the best one (full EP: and the first)
     keep their sites (the warm starts), so memory stays a few site arrays.  Then ``method`` is
-    fitted at that λ to ``tol`` (full EP: the nearest search fit continued; factorized EP: from
-    the prior; CEP: :func:`_cep_after_search`).  ``prior_variance`` is then λ and ``n_iter``
+    fitted at that λ to ``tol`` (full EP: the nearest search fit continued; factorized EP: the
+    search's fit at that λ continued where that fit started from the prior — the run from the
+    prior, less the sweeps already done — else from the prior; CEP:
+    :func:`_cep_after_search`).  ``prior_variance`` is then λ and ``n_iter``
     counts the sweeps of all fits.
     """
     def fit(spread, lik, warm=None, **kw):
@@ -460,11 +464,16 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
             search["damping"] = None
     spread_at = (lambda t: _with_variance(prior_spread, tune_weights, np.exp(t)))
     done = []
+    # factorized EP: the sites of the search's fits from the prior, whose sweeps the final fit
+    # continues if it is at their λ (the search's tolerance is looser, the run otherwise the same)
+    replays = {} if method == "ep" and not full and likelihood is evidence_likelihood else None
 
     def trial(t, warm):
         post = fit(spread_at(t), evidence_likelihood, warm, **search)
         if not done:
             search["max_iter"] = min(max_iter, max(20, 2 * post.n_iter))
+        if replays is not None and (warm is None or warm.sites is None):
+            replays[id(post)] = post.sites
         done.append(post)
         keep = {id(max(done, key=lambda p: p.log_evidence))}
         if full:  # the start's: the tie rule favours it, and full EP continues the fit chosen
@@ -472,6 +481,8 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
         for old in done[:-KEEP_SITES]:
             if id(old) not in keep:
                 old.sites = None
+                if replays is not None and old is not done[0]:  # the start's kept (tie rule)
+                    replays.pop(id(old), None)
         return post
 
     objectives = {}  # θ: F at that fit's sites (a second, wider bound reuses it)
@@ -493,10 +504,17 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
     # with the damping it had ended at: split 1 of the CEP paper's crabs, probit and logistic,
     # and australian, probit, 300 sweeps, where a fit from the prior takes 47-65)
     warm = fitted[near] if full and abs(near - theta) <= 1.0 else None
+    replay = None if replays is None else replays.pop(id(fitted[theta]), None)
+    if replay is not None:
+        warm = fitted[theta]
+        replays.clear()
     for post in fitted.values():  # the workers' or this process' memory: one set of sites
         if post is not warm:
             post.sites = None
-    if method == "ep" or full:
+    if replay is not None:  # its sweeps go on to ``tol``, counted once
+        warm.sites, spent = replay, spent - warm.n_iter
+        post = fit(spread_at(theta), likelihood, warm, resume=True, **own)
+    elif method == "ep" or full:
         post = fit(spread_at(theta), likelihood, warm, **own)
     else:
         post, theta, spent = _cep_after_search(fit, spread_at, likelihood, own, theta, start,
@@ -522,17 +540,16 @@ class _RunAway(Exception):
 
 def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter, spent,
                       retries=3):
-    """CEP-1 / CEP-2 at the searched θ: from the prior through factorized EP's sweeps to its
-    ``tol`` (not just the default ten), then ``method``'s.  At the large λ that the evidence asks
-    for on separable data CEP has no stable fixed point near EP's and runs away from it
-    (measured: the scikit-learn breast-cancer data, probit, two of five splits with λ = 522 and
-    1010: CEP-1 test log-likelihood −2.7·10³ and −4·10⁵, weights up to 2·10⁴ where EP's are
-    below 50, before the expansion-range guard ``CEP_SPREAD_BAND``; with it CEP-1 stays near EP there
-    up to λ = 10⁵, and
-    this guard is the safety net).  A
-    sweep that moves q by more than ``RUNAWAY`` posterior sd is taken as that (from EP's fixed
-    point CEP's sweeps move it by ~1 sd) and θ is halved towards ``start`` (the user's λ), at
-    most ``retries`` times; then ``start`` itself is fitted unguarded.
+    """CEP-1 / CEP-2 at the searched θ: from the prior through factorized EP's warm-up sweeps
+    (:func:`~skcep.engines.glm.fit_factorized`), then ``method``'s.  At the large λ that the
+    evidence asks for on separable data CEP can have no stable fixed point near EP's and run away
+    from it (measured: the scikit-learn breast-cancer data, probit, two of five splits with
+    λ = 522 and 1010: CEP-1 test log-likelihood −2.7·10³ and −4·10⁵, weights up to 2·10⁴ where
+    EP's are below 50, before the expansion-range guard ``CEP_SPREAD_BAND``; with it CEP-1 stays
+    near EP there up to λ = 10⁵, and this guard is the safety net).  A sweep that moves q by more
+    than ``RUNAWAY`` posterior sd is taken as that (from EP's fixed point CEP's sweeps move it by
+    ~1 sd) and θ is halved towards ``start`` (the user's λ), at most ``retries`` times; then
+    ``start`` itself is fitted unguarded.
     Returns ``(posterior, θ, sweeps spent)``."""
     callback, swept = own["callback"], [0]
 

@@ -84,7 +84,9 @@ class GLMPosterior:
 
     ``mean`` (d,), ``var`` (d,) marginal variances, ``cov`` (d, d) and ``precision`` (its
     inverse, as the sweeps summed it) for the full family (else None), ``n_iter`` sweeps run, ``converged``, ``n_skipped`` site updates skipped for
-    a non-positive cavity or non-finite moments, ``trace`` the change of each sweep.
+    a non-positive cavity or non-finite moments, ``trace`` the change of each sweep; ``run``
+    = (:class:`SweepControl`, precision, shift) at the end of a factorized fit's own sweeps, from
+    which ``fit_factorized_partitions(resume=run)`` continues them.
     """
 
     mean: np.ndarray
@@ -98,6 +100,7 @@ class GLMPosterior:
     log_evidence: float = None
     prior_variance: float = None
     precision: np.ndarray = None
+    run: tuple = None
 
 
 # CEP's damping (``damping=None``): a first undamped sweep from EP's fixed point is kept if it
@@ -492,14 +495,13 @@ class SweepControl:
                 self.step = self.max_step = float(fallback)
                 return "reject"
         scale = self.step / self.max_step if self.per_step else 1.0
-        if change < self.tol:
-            return "converged"
+        converged = change < self.tol  # judged as an accepted sweep too, so a run can go on
         change = change / scale  # per_step: comparable across steps
         delta = (mean - mean_old) / np.sqrt(var)
         if self.grace > 0:
             self.grace -= 1
             verdict = "accept"
-        elif change > 2.0 * self._last_change:
+        elif change > 2.0 * self._last_change and not converged:
             self.step = max(0.5 * self.step, self.min_step)
             return "reject"
         else:
@@ -517,7 +519,7 @@ class SweepControl:
                     self._calm = 0
             verdict = "accept"
         self._last_change, self._last_delta = change, delta
-        return verdict
+        return "converged" if converged else verdict
 
 
 def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, likelihood,
@@ -604,6 +606,7 @@ def fit_factorized(
     warmup_sweeps=10,
     callback=None,
     sample_weight=None,
+    resume=None,
 ):
     """Fully factorized EP / CEP-1 / CEP-2 for a linear-predictor likelihood.
 
@@ -646,6 +649,9 @@ def fit_factorized(
     sample_weight : ndarray (n,), optional
         Non-negative row weights: a row of weight w has the sites of w copies of itself
         (:func:`site_copy`); None is weight 1 for every row.
+    resume : tuple, optional
+        The ``run`` of an earlier EP fit of these rows that ended at the sites ``init_sites``:
+        its sweeps go on to ``tol`` (:func:`fit_factorized_partitions`).
 
     Returns
     -------
@@ -670,6 +676,7 @@ def fit_factorized(
     post = fit_factorized_partitions(
         parts, likelihood, prior_mean, prior_var, method=method, damping=damping,
         max_iter=max_iter, tol=tol, warmup_sweeps=warmup_sweeps, callback=callback,
+        resume=resume,
     )
     post.sites = (parts.site_prec, parts.site_shift)
     return post
@@ -677,9 +684,13 @@ def fit_factorized(
 
 def fit_factorized_partitions(parts, likelihood, prior_mean, prior_var, *, method="cep1",
                               damping=None, max_iter=100, tol=1e-4, warmup_sweeps=10,
-                              callback=None):
+                              callback=None, resume=None):
     """:func:`fit_factorized` on rows held by ``parts`` (see :func:`factorized_sweeps`): the
-    EP warm-up sweeps, then ``method``'s.  Returns a :class:`GLMPosterior` without sites."""
+    EP warm-up sweeps, then ``method``'s.  ``resume``: the ``run`` of an earlier EP fit whose
+    sites ``parts`` holds, continued to ``tol`` (its sweeps are counted in ``n_iter``).
+    Returns a :class:`GLMPosterior` without sites."""
+    if resume is not None and method != "ep":
+        raise ValueError(f"only EP's sweeps can be resumed; got method={method!r}")
     prior_prec = 1.0 / np.asarray(prior_var, dtype=float)
     prior_shift = np.asarray(prior_mean, dtype=float) * prior_prec
     probe = None
@@ -692,14 +703,15 @@ def fit_factorized_partitions(parts, likelihood, prior_mean, prior_var, *, metho
                           damping=1.0, tol=tol, max_iter=warmup_sweeps)
     prec, shift, it, converged, control = factorized_sweeps(
         parts, prior_prec, prior_shift, likelihood=likelihood, method=method, damping=damping,
-        tol=tol, max_iter=max_iter, callback=callback, probe=probe,
+        tol=tol, max_iter=max_iter, callback=callback, probe=probe, resume=resume,
     )
     mean, var = to_moments(prec, shift)
-    return GLMPosterior(mean, var, None, it, converged, control.n_skipped, control.trace)
+    return GLMPosterior(mean, var, None, it, converged, control.n_skipped, control.trace,
+                        run=(control, prec, shift))
 
 
 def factorized_sweeps(parts, prior_prec, prior_shift, *, likelihood, method, damping, tol,
-                      max_iter, callback=None, probe=None):
+                      max_iter, callback=None, probe=None, resume=None):
     """The sweeps of factorized EP / CEP over partitioned rows, until ``tol`` or ``max_iter``.
 
     ``parts`` holds the rows and their sites (:class:`InMemoryPartitions` here; Dask chunks in a
@@ -709,12 +721,20 @@ def factorized_sweeps(parts, prior_prec, prior_shift, *, likelihood, method, dam
     and ``parts.restore()`` keep and bring back the sites of a sweep that
     :class:`SweepControl` may reject (``restore`` returns their totals).
 
+    ``resume`` = (control, prec, shift) where earlier sweeps over the same sites stopped (a
+    looser ``tol``): they go on to ``tol`` and ``max_iter`` sweeps in all, as one run would.
+
     Returns ``(prec, shift, n_sweeps, converged, control)``.
     """
-    prec, shift, _ = factorized_global_step(prior_prec, prior_shift, parts.totals())
-    control = SweepControl(damping, tol, per_step=method != "ep", probe=probe)
-    converged, it = False, 0
-    for it in range(1, max_iter + 1):
+    if resume is None:
+        prec, shift, _ = factorized_global_step(prior_prec, prior_shift, parts.totals())
+        control = SweepControl(damping, tol, per_step=method != "ep", probe=probe)
+    else:
+        control, prec, shift = resume
+        control.tol = tol
+    converged = False
+    it = done = len(control.trace)
+    for it in range(done + 1, max_iter + 1):
         mean_old, var_old = to_moments(prec, shift)
         if control.may_reject:
             parts.save()
