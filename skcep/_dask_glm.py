@@ -29,6 +29,7 @@ from .engines.evidence import (
 )
 from .engines.glm import (
     COMPILED_BLOCK_SIZE,
+    PARALLEL_RELAX,
     _Design,
     _site_shape,
     default_block_size,
@@ -166,6 +167,8 @@ class DaskRows:
                 options["warmup_sweeps"] = 0
                 if resume:
                     options["resume"] = warm.run
+            if len(self.data) > 1:  # chunks refined in parallel: EP's slow mode over-relaxed
+                options["relax"] = PARALLEL_RELAX
             post = fit_factorized_partitions(parts, likelihood, prior_mean, spread, **options)
             moments = (1.0 / post.var, post.mean / post.var)
         totals = parts.totals()  # the sites' reductions (on the client), before the evidence
