@@ -150,8 +150,9 @@ class DaskRows:
                 resume=False, **options):
         """One distributed fit at the prior N(prior_mean, spread), from the sites of ``warm``
         or from zero (with ``resume``: ``warm``'s EP sweeps continued, as in
-        :func:`~skcep.engines.evidence.fit_with_evidence`); ``sites`` of the result is (the chunks' persisted sites, their
-        reductions): the sites stay on the workers while it is referenced."""
+        :func:`~skcep.engines.evidence.fit_with_evidence`); ``sites`` of the result is (the
+        chunks' persisted sites, their reductions): the sites stay on the workers while it is
+        referenced."""
         start = None if warm is None else warm.sites
         if self.full:
             parts = DaskPartitions(_full_chunk, self.data, self.ys, _zero_change(self.shape[1]),
