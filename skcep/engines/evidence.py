@@ -69,7 +69,6 @@ __all__ = [
     "factorized_site_terms",
     "fixed_site_argmax",
     "fixed_site_evidence",
-    "fixed_site_log_variance",
     "fit_glm",
     "fit_with_evidence",
     "full_site_terms",
@@ -235,12 +234,6 @@ def fixed_site_argmax(value, bounds):
                                  options=dict(xatol=1e-3)).x)
 
 
-def fixed_site_log_variance(site_totals, prior_mean, prior_spread, n_weights, bounds):
-    """argmax over θ = log λ in ``bounds`` of :func:`fixed_site_evidence`."""
-    return fixed_site_argmax(fixed_site_evidence(site_totals, prior_mean, prior_spread,
-                                                 n_weights), bounds)
-
-
 def _separable_form(P, b, e, n):
     """A(P + s I_n, b + s e) = c + Σ_j A₁(Λ_j + s, h_j + s g_j) for every s, A(P, b) =
     ½ bᵀP⁻¹b − ½ log|P| (up to (d/2) log 2π) and I_n the identity on the first n coordinates
@@ -294,7 +287,8 @@ def maximize_evidence(fit_at, step_of, log_variance, *, bounds=LOG_VARIANCE_BOUN
     ``fit_at(θ, warm)`` fits at λ = e^θ, starting from the sites of the fitted result ``warm``
     (None: a cold start), and returns a :class:`~skcep.engines.glm.GLMPosterior` with sites and
     ``log_evidence``; ``step_of(θ, result, lo, hi)`` returns the θ in [lo, hi] that maximises
-    the evidence at that result's sites held fixed (:func:`fixed_site_log_variance`).  A fit
+    the evidence at that result's sites held fixed (:func:`fixed_site_argmax` of
+    :func:`fixed_site_evidence`).  A fit
     starts from the sites of the nearest θ fitted so far if it is within ``warm_within``
     (farther sites start EP's adaptive damping worse than a cold start does).
 

@@ -530,12 +530,12 @@ class SweepControl:
             return "reject"
         else:
             prev = self._last_delta
-            norms = np.linalg.norm(delta) * np.linalg.norm(prev) if prev is not None else 0.0
-            cosine = np.dot(delta, prev) / norms if norms > 0 else 0.0
+            size = np.linalg.norm(delta)
+            prev_size = np.linalg.norm(prev) if prev is not None else 0.0
+            cosine = np.dot(delta, prev) / (size * prev_size) if size * prev_size > 0 else 0.0
             reversed_ = cosine < -0.5
             if self.relax and abs(cosine) > 0.99:  # one mode: the step that removes it
-                r = (np.sign(cosine) * np.linalg.norm(delta) / used
-                     / (np.linalg.norm(prev) / self._last_step))  # per unit step
+                r = np.sign(cosine) * (size / used) / (prev_size / self._last_step)  # per unit step
                 if r < 1.0:
                     self.step = float(np.clip(self._last_step / (1.0 - r), self.min_step,
                                               self.relax))
