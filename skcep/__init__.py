@@ -1,6 +1,7 @@
 """skcep: fast, deterministic approximate Bayesian inference as scikit-learn estimators."""
 
 from . import datasets
+from ._compile import compile_kernels
 from .linear_model import CEPLogisticClassifier, CEPProbitClassifier
 from .message_operator import KJITMessageOperator
 from .deep import StreamingDeepTensor
@@ -14,6 +15,7 @@ __all__ = [
     "BayesianCPTensor",
     "StreamingDeepTensor",
     "KJITMessageOperator",
+    "compile_kernels",
     "datasets",
     "__version__",
 ]

@@ -1,6 +1,8 @@
 """Demonstration: ``python -m skcep`` runs all five estimators on bundled real data.
 
-One table, in under a minute on a laptop core:
+It first compiles (or loads from numba's cache) the compiled kernels and says how long that
+took, then prints one table, row by row as each fit ends, with the warnings a fit raised under
+its row; every fit is seeded, so two runs print the same figures:
 
 * the probit and logistic classifiers (CEP-1, CEP-2, factorized EP, full-covariance EP, and
   EP whose messages come from a KJIT operator learned just in time) on the CEP paper's own
@@ -13,14 +15,15 @@ One table, in under a minute on a laptop core:
 
 import time
 import warnings
+from itertools import chain
 
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.metrics import log_loss
 from sklearn.preprocessing import OneHotEncoder
 
 from . import BayesianCPTensor, CEPLogisticClassifier, CEPProbitClassifier, StreamingDeepTensor
+from ._compile import compile_kernels
 from .datasets import load_cep_paper, load_movielens
 
 CLASSIFIERS = [
@@ -31,17 +34,27 @@ CLASSIFIERS = [
     ("CEPLogisticClassifier", CEPLogisticClassifier, "CEP-1", dict(method="cep1")),
     ("CEPLogisticClassifier", CEPLogisticClassifier, "CEP-2", dict(method="cep2")),
     ("CEPLogisticClassifier", CEPLogisticClassifier, "EP", dict(method="ep")),
-    ("CEPLogisticClassifier", CEPLogisticClassifier, "EP + KJIT operator", dict(method="kjit")),
+    ("CEPLogisticClassifier", CEPLogisticClassifier, "EP + KJIT operator", dict(method="kjit", random_state=0)),
 ]
-HEADER = ("estimator", "inference", "data", "metric", "skcep", "reference", "fit s", "note")
+COLUMNS = (("estimator", 21), ("inference", 26), ("data", 25), ("metric", 12), ("skcep", 8),
+           ("reference", 9), ("fit s", 6), ("note", 0))
+RIGHT = {"skcep", "reference", "fit s"}
+
+
+def _line(cells):
+    return "  ".join(str(cell).rjust(w) if name in RIGHT else str(cell).ljust(w)
+                     for (name, w), cell in zip(COLUMNS, cells)).rstrip()
 
 
 def _timed(fit):
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
+    """(model, seconds, warnings): the fit with the warnings it raised, recorded so that
+    they are printed under the row (as a user would see them) instead of inside the table."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
         model = fit()
-    return model, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+    return model, seconds, [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
 def _test_loglik(model, data):
@@ -49,20 +62,19 @@ def _test_loglik(model, data):
 
 
 def classifier_rows(names=("pima", "crabs")):
-    """One row per (classifier, method, data set): test log-likelihood beside sklearn's."""
-    rows = []
+    """One row per (classifier, method, data set), as each fit ends: test log-likelihood
+    beside scikit-learn's, the fit's seconds and the warnings it raised."""
     for name in names:
         data = load_cep_paper(name, split=1)
         reference = _test_loglik(LogisticRegression().fit(data.X_train, data.y_train), data)
         for label, cls, method, params in CLASSIFIERS:
-            model, seconds = _timed(lambda: cls(**params).fit(data.X_train, data.y_train))
+            model, seconds, caught = _timed(lambda: cls(**params).fit(data.X_train, data.y_train))
             note = ""
             if params["method"] == "kjit":
                 operator = model.message_operator_
                 note = f"oracle answered {operator.n_oracle_calls_} of {len(operator.log_predictive_variance_)} messages"
-            rows.append((label, method, f"{name} (CEP split 1)", "test log-lik",
-                         _test_loglik(model, data), reference, seconds, note))
-    return rows
+            yield (label, method, f"{name} (CEP split 1)", "test log-lik",
+                   _test_loglik(model, data), reference, seconds, note, caught)
 
 
 def _coverage(y, mean, std):
@@ -70,7 +82,8 @@ def _coverage(y, mean, std):
 
 
 def tensor_rows(rank=5, max_iter=40):
-    """MovieLens test RMSE of the two tensor models beside ridge user + movie biases."""
+    """MovieLens test RMSE of the two tensor models beside ridge user + movie biases, one row
+    per model as its fit ends."""
     ml = load_movielens()
     test = np.random.default_rng(0).permutation(ml.y.size) < ml.y.size // 10
     X, y, X_test, y_test = ml.X[~test], ml.y[~test], ml.X[test], ml.y[test]
@@ -78,36 +91,35 @@ def tensor_rows(rank=5, max_iter=40):
     biases = Ridge(alpha=3.0).fit(encoder.transform(X[:, :2]), y)
     reference = np.sqrt(np.mean((biases.predict(encoder.transform(X_test[:, :2])) - y_test) ** 2))
     data = f"MovieLens {ml.shape[0]}×{ml.shape[1]}×{ml.shape[2]}"
-
-    def rmse(model):
-        mean, std = model.predict(X_test, return_std=True)
-        return np.sqrt(np.mean((mean - y_test) ** 2)), _coverage(y_test, mean, std)
-
-    cp, cp_s = _timed(lambda: BayesianCPTensor(
-        rank=rank, mode_bias=True, max_iter=max_iter, random_state=0).fit(X, y))
-    deep, deep_s = _timed(lambda: StreamingDeepTensor(rank=rank, random_state=0).fit(X, y))
-    return [
-        ("BayesianCPTensor", f"CEP (= VMP), rank {rank}", data, "test RMSE", *rmse(cp)[:1],
-         reference, cp_s, rmse(cp)[1]),
-        ("StreamingDeepTensor", f"ADF, one pass, rank {rank}", data, "test RMSE", *rmse(deep)[:1],
-         reference, deep_s, rmse(deep)[1]),
+    models = [
+        ("BayesianCPTensor", f"CEP (= VMP), rank {rank}", lambda: BayesianCPTensor(
+            rank=rank, mode_bias=True, max_iter=max_iter, random_state=0)),
+        ("StreamingDeepTensor", f"ADF, one pass, rank {rank}", lambda: StreamingDeepTensor(
+            rank=rank, random_state=0)),
     ]
+    for label, method, make in models:
+        model, seconds, caught = _timed(lambda: make().fit(X, y))
+        mean, std = model.predict(X_test, return_std=True)
+        rmse = np.sqrt(np.mean((mean - y_test) ** 2))
+        yield (label, method, data, "test RMSE", rmse, reference, seconds,
+               _coverage(y_test, mean, std), caught)
 
 
 def main():
     print("skcep demonstration: five Bayesian estimators on bundled real data\n")
-    rows = classifier_rows() + tensor_rows()
-    table = [HEADER] + [
-        (est, method, data, metric, f"{ours:.4f}", f"{ref:.4f}", f"{sec:.2f}", note)
-        for est, method, data, metric, ours, ref, sec, note in rows
-    ]
-    widths = [max(len(row[j]) for row in table) for j in range(len(HEADER))]
-    right = {4, 5, 6}
-    for i, row in enumerate(table):
-        print("  ".join(cell.rjust(w) if j in right else cell.ljust(w)
-                        for j, (cell, w) in enumerate(zip(row, widths))).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print("Compiling skcep's numba kernels (once per machine; later runs load them from the "
+          "cache):", flush=True)
+    compiled = compile_kernels(verbose=True)
+    print(f"  {sum(compiled.values()):.1f} s in all, not counted in the fit times below\n",
+          flush=True)
+    print(_line(name for name, _ in COLUMNS))
+    print(_line("-" * max(w, len(name)) for name, w in COLUMNS))
+    for est, method, data, metric, ours, ref, sec, note, caught in chain(classifier_rows(),
+                                                                        tensor_rows()):
+        print(_line((est, method, data, metric, f"{ours:.4f}", f"{ref:.4f}", f"{sec:.2f}", note)),
+              flush=True)
+        for message in caught:
+            print(f"    warning: {message}", flush=True)
     print("\nreference: scikit-learn LogisticRegression (classifiers); user + movie biases by "
           "scikit-learn Ridge on one-hot indices (tensors).  Higher log-lik and lower RMSE are better.")
 

@@ -14,15 +14,21 @@ Engines never see any of this: they take arrays, an ``n_jobs`` and an optional
 ``callback(iteration, change, objective)``.
 """
 
+import contextvars
 import copy
 import functools
 import inspect
+import os
+import sys
+import threading
 import time
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from numbers import Integral
 
+import joblib
 import numpy as np
+import sklearn
 from joblib import effective_n_jobs
 from sklearn.base import _fit_context
 from sklearn.exceptions import ConvergenceWarning
@@ -37,6 +43,7 @@ __all__ = [
     "fit_method",
     "predict_method",
     "unchanged_on_error",
+    "warn",
     "COMMON_CONSTRAINTS",
 ]
 
@@ -44,7 +51,10 @@ COMMON_CONSTRAINTS = {"n_jobs": [None, Integral], "verbose": ["verbose"]}
 
 N_JOBS_DOC = """    n_jobs : int, default=None
         Threads that run the chunks of a sweep (joblib's meaning: None is 1 unless a
-        ``joblib.parallel_config`` says otherwise, −1 all cores).  Results do not depend on it.
+        ``joblib.parallel_config`` says otherwise, −1 all cores).  Results do not depend on it:
+        a fit runs BLAS on one thread, so the fitted posterior is the same to the bit for any
+        ``n_jobs`` and any BLAS threading of the machine; predictions are the same for any
+        ``n_jobs`` (across BLAS thread counts, to the BLAS library's rounding).
 """
 
 VERBOSE_DOC = """    verbose : int, default=0
@@ -70,6 +80,37 @@ def blas_limits(limits=1):
     return _threadpool_controller().limit(limits=limits, user_api="blas")
 
 
+class _SingleThreadedBlas:
+    """BLAS on one thread while any skcep call runs, in any thread of the process.
+
+    threadpoolctl's limit is process-wide: with one limiter per call, a call that ends restores
+    the original thread count while a concurrent call (predictions from many threads, fits in a
+    threaded grid search) is still computing, and that call's rounding then depends on timing.
+    Here the first call to enter sets the limit and the last to leave restores it."""
+
+    def __init__(self):
+        self._lock, self._depth, self._limiter = threading.Lock(), 0, None
+        os.register_at_fork(after_in_child=self.__init__)  # a forked child holds no call
+
+    @contextmanager
+    def __call__(self):
+        with self._lock:
+            if self._depth == 0:
+                self._limiter = blas_limits(1)
+            self._depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._limiter.restore_original_limits()
+                    self._limiter = None
+
+
+single_threaded_blas = _SingleThreadedBlas()
+
+
 @contextmanager
 def unchanged_on_error(estimator):
     """Restore every attribute of ``estimator`` if the block raises: a rejected call changes
@@ -90,20 +131,30 @@ def fit_method(method):
 
     Parameters are validated against ``_parameter_constraints`` (``_fit_context``) on every
     call (~60 µs); a ``partial_fit`` of a fitted model first checks that no parameter in
-    ``_structural_params`` changed since the fit; the call runs with BLAS limited as :meth:`SkcepMixin._blas_limits` says; if it raises, every
-    attribute is restored; if it succeeds, the structural parameters are recorded.
+    ``_structural_params`` changed since the fit; the call runs with BLAS on one thread
+    (:meth:`SkcepMixin._blas_limits`); if it raises, every attribute is restored; if it
+    succeeds, the structural parameters are recorded.
     """
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):
+        outermost = _CALL_START.get() is None  # a fit inside a fit keeps the outer clock
+        token = _CALL_START.set(time.perf_counter()) if outermost else None
+        try:
+            return _call(self, *args, **kwargs)
+        finally:
+            if token is not None:
+                _CALL_START.reset(token)
+
+    def _call(self, *args, **kwargs):
         with unchanged_on_error(self):
             if method.__name__ == "partial_fit" and _is_fitted(self):
                 self._check_structure()
                 self._validate_params()  # _fit_context skips this for a fitted partial_fit
-            if any(is_dask_collection(a) for a in (*args, *kwargs.values())):
-                result = self._fit_dask(method.__name__, *args, **kwargs)
-            else:
-                with self._blas_limits():
+            with self._blas_limits():
+                if any(is_dask_collection(a) for a in (*args, *kwargs.values())):
+                    result = self._fit_dask(method.__name__, *args, **kwargs)
+                else:
                     result = method(self, *args, **kwargs)
             self._record_structure()
         return result
@@ -111,9 +162,16 @@ def fit_method(method):
     return _fit_context(prefer_skip_nested_validation=True)(call)
 
 
+#: When the outermost model-changing call began: :class:`Progress` counts its seconds from
+#: there, so a line printed at the end of a call reports the call's true elapsed time.
+_CALL_START = contextvars.ContextVar("skcep_call_start", default=None)
+
+
 def predict_method(method):
     """Decorate a prediction method: on a Dask collection it returns a lazy Dask array (a
-    tuple of them for several outputs) computed chunk by chunk on the workers."""
+    tuple of them for several outputs) computed chunk by chunk on the workers.  Predictions
+    leave BLAS as it is: they are called from many threads at once, where a process-wide
+    limit set and restored by one call would change another's rounding mid-way."""
 
     @functools.wraps(method)
     def call(self, X, *args, **kwargs):
@@ -122,6 +180,25 @@ def predict_method(method):
         return method(self, X, *args, **kwargs)
 
     return call
+
+
+_SKIPPED_DIRS = tuple(os.path.dirname(m.__file__) + os.sep
+                      for m in (sys.modules[__package__], sklearn, joblib))
+
+
+def caller_stacklevel():
+    """The ``stacklevel`` of ``warnings.warn`` that points at the user's line: the first frame
+    outside skcep, scikit-learn (its ``_fit_context``, ``Pipeline``, ``GridSearchCV``) and
+    joblib, counted from the function that calls ``warnings.warn``."""
+    frame, level = sys._getframe(2), 2  # the frame that calls warnings.warn is level 1
+    while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn(message, category=UserWarning):
+    """``warnings.warn`` at the user's line (:func:`caller_stacklevel`)."""
+    warnings.warn(message, category, stacklevel=caller_stacklevel())
 
 
 
@@ -198,11 +275,11 @@ class SkcepMixin:
         return effective_n_jobs(getattr(self, "n_jobs", None))
 
     def _blas_limits(self):
-        """BLAS threads inside one call: one per joblib thread when chunks run in parallel
-        (no oversubscription); otherwise untouched."""
-        if self._n_threads() > 1:
-            return blas_limits(1)
-        return nullcontext()
+        """BLAS on one thread inside every call (:data:`single_threaded_blas`): the work is
+        spread over ``n_jobs`` joblib threads (no oversubscription), and a BLAS routine's
+        rounding, which depends on its thread count, is the same whatever ``n_jobs`` and the
+        machine's BLAS threading."""
+        return single_threaded_blas()
 
     def _progress(self, unit="sweep", objective="ELBO"):
         """A ``callback(iteration, change, objective)`` that prints one line per call when
@@ -211,21 +288,30 @@ class SkcepMixin:
             return None
         return Progress(type(self).__name__, unit, objective)
 
+    def _expected_failed_checks(self):
+        """{name: reason} of the scikit-learn estimator checks that cannot hold for this
+        estimator with its current parameters, each with the one-line reason (passed to
+        ``check_estimator`` / ``parametrize_with_checks`` as ``expected_failed_checks``).
+        Empty here: every check must pass unless an estimator says why not."""
+        return {}
+
+    #: The end of the ``ConvergenceWarning``'s sentence: what to change, for this estimator.
+    _convergence_advice = "increase max_iter or loosen tol"
+
     def _warn_not_converged(self, max_iter, name="max_iter", unit="sweeps"):
-        warnings.warn(
-            f"{type(self).__name__} did not converge in {name}={max_iter} {unit}; increase "
-            f"{name}, loosen tol or lower damping.",
-            ConvergenceWarning,
-            stacklevel=3,
-        )
+        """The ``ConvergenceWarning`` of a fit stopped at ``max_iter``, at the user's line."""
+        warn(f"{type(self).__name__} did not converge in {name}={max_iter} {unit}; "
+             f"{self._convergence_advice}.", ConvergenceWarning)
 
 
 class Progress:
-    """One printed line per sweep or batch, as scikit-learn's iterative estimators print."""
+    """One printed line per sweep or batch, as scikit-learn's iterative estimators print, with
+    the seconds elapsed since the ``fit`` / ``partial_fit`` / ``send`` call began; :meth:`section` prints a line that says which
+    stage the following sweeps belong to (a trial of a search, the final fit)."""
 
     def __init__(self, name, unit, objective):
         self.name, self.unit, self.objective = name, unit, objective
-        self.start = time.perf_counter()
+        self.start = _CALL_START.get() or time.perf_counter()
 
     def __call__(self, iteration, change=None, objective=None):
         parts = [f"[{self.name}] {self.unit} {iteration}"]
@@ -233,8 +319,15 @@ class Progress:
             parts.append(f"max change {change:.3e} sd")
         if objective is not None:
             parts.append(f"{self.objective} {objective:.6g}")
-        parts.append(f"{time.perf_counter() - self.start:.2f} s")
+        parts.append(self._elapsed())
         print(", ".join(parts), flush=True)
+
+    def section(self, text):
+        """One line naming a stage of the call."""
+        print(f"[{self.name}] {text}, {self._elapsed()}", flush=True)
+
+    def _elapsed(self):
+        return f"{time.perf_counter() - self.start:.2f} s"
 
 
 def _same(a, b):

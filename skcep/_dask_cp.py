@@ -237,7 +237,7 @@ def fit_tensor(estimator, X, y, sample_weight=None):
     for name in ("classes_", "shape_"):
         estimator.__dict__.pop(name, None)
     held = DaskEntries(estimator, X, y, sample_weight)
-    shape = estimator._resolve_shape(held.maxima[None, :], fixed_shape, None)
+    shape = estimator._resolve_shape(held.maxima[None, :], fixed_shape, None, entries=False)
     estimator._start(None, None, noise_prior, shape, estimator.max_iter, held=held)
     if not estimator.converged_:
         estimator._warn_not_converged(estimator.max_iter)

@@ -92,7 +92,8 @@ def fit_stream(estimator, X, y):
             raise error
     if estimator.likelihood == "probit":
         estimator._encode(np.unique(np.concatenate([s[1] for s in summaries])), first_call=True)
-    shape = estimator._resolve_shape(np.vstack([s[0] for s in summaries]), fixed, None)
+    shape = estimator._resolve_shape(np.vstack([s[0] for s in summaries]), fixed, None,
+                                     entries=False)
     estimator._start(X_head.shape[1], shape)
     params = estimator.get_params(deep=False)
     fitted = partial_fit_chunks(estimator, X, y, step=_stream_chunk)

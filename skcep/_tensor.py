@@ -11,9 +11,10 @@ from sklearn.base import BaseEstimator
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import type_of_target
-from sklearn.utils.validation import _check_sample_weight, validate_data
+from sklearn.utils.validation import _check_sample_weight
 
 from ._base import SkcepMixin, predict_method
+from ._validation import OBSERVED_ENTRIES, check_finite, validate_data
 from .engines.cp import effective_rank
 from .engines.likelihoods import Probit
 
@@ -29,19 +30,48 @@ def _check_noise_prior(noise_prior, name="noise_prior"):
 
 
 _MAX_INDEX = 2**40  # far beyond any tensor whose factors fit in memory; guards the int cast
+_MAX_STATE_BYTES = 2**31  # factor state above 2 GiB implied by the indices (not by a given shape) is refused
+
+ENCODE_HINT = ("Tensor indices must be integer codes 0..n_objects-1 in every mode: encode the ids "
+               "of each column with pandas.factorize (codes, ids = pd.factorize(df[column]); a "
+               "categorical column's codes are df[column].cat.codes) or with "
+               "sklearn.preprocessing.OrdinalEncoder(dtype=int)")
+
+
+def _mode_name(k, feature_names):
+    return f"mode {k} (column {feature_names[k]!r})" if feature_names is not None else f"mode {k} (column {k} of X)"
+
+
+def as_index_codes(X, estimator_name="BayesianCPTensor", feature_names=None):
+    """X as a numeric array; a TypeError naming the first id that is not a number (a string,
+    a string category), its mode and row, and how to encode the ids."""
+    X = np.asarray(X)
+    if X.dtype != object and X.dtype.kind not in "USa":
+        return X
+    try:
+        values = X.astype(float)
+    except (TypeError, ValueError):
+        values = None
+    if values is not None and X.dtype == object:  # numbers held as objects
+        return values
+    mode, where, error = 0, "", f"the ids are strings (dtype {X.dtype})"  # strings of digits
+    if values is None:
+        for index, v in np.ndenumerate(X):  # the first id float() refuses, in row order
+            try:
+                float(v.item() if isinstance(v, np.generic) else v)
+            except (TypeError, ValueError) as exc:  # e.g. could not convert string to float: 'u37'
+                mode, where, error = index[-1] if X.ndim == 2 else 0, f" at row {index[0]}", str(exc)
+                break
+    raise TypeError(f"{estimator_name} got ids that are not integer codes in {_mode_name(mode, feature_names)}"
+                    f"{where}: {error}. {ENCODE_HINT}.")
 
 
 def check_tensor_index(X, shape=None, estimator_name="BayesianCPTensor"):
-    """Entry indices as an (n, K) intp array; reject negative, non-integer or out-of-range ones."""
-    X = np.asarray(X)
-    if X.dtype == object:
-        try:
-            X = X.astype(float)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"Tensor indices must be integers; {error}") from None
+    """Entry indices as an (n, K) intp array; reject non-numeric (TypeError), NaN or infinite,
+    negative, non-integer or out-of-range ones (ValueError)."""
+    X = as_index_codes(X, estimator_name)
     if X.dtype.kind == "f":
-        if not np.all(np.isfinite(X)):
-            raise ValueError("Tensor indices contain NaN or infinity.")
+        check_finite(X, "X", estimator_name, OBSERVED_ENTRIES)
         if np.any(X != np.round(X)):
             raise ValueError("Tensor indices must be integers; X has non-integer values.")
     elif X.dtype.kind not in "iub":
@@ -50,7 +80,7 @@ def check_tensor_index(X, shape=None, estimator_name="BayesianCPTensor"):
         raise ValueError(f"Negative values in data passed to {estimator_name}: tensor indices must be "
                          f"non-negative; X has {X.min()}.")
     if X.size and X.max() >= _MAX_INDEX:
-        raise ValueError(f"Tensor index {X.max()} is too large (limit {_MAX_INDEX}).")
+        raise ValueError(f"Tensor index {X.max():,.0f} is too large (limit {_MAX_INDEX:,}). {ENCODE_HINT}.")
     X = X.astype(np.intp)
     if shape is not None:
         too_big = X >= np.asarray(shape)
@@ -60,6 +90,30 @@ def check_tensor_index(X, shape=None, estimator_name="BayesianCPTensor"):
                 f"Tensor index {int(X[:, k].max())} in mode {k} is beyond shape[{k}] = {shape[k]}."
             )
     return X
+
+
+def check_state_size(shape, bytes_per_object, X=None, estimator_name="BayesianCPTensor"):
+    """ValueError if the factor state of a tensor of ``shape`` (``bytes_per_object[k]`` bytes
+    per object of mode k) exceeds 2 GiB: the indices are then almost surely raw ids, not codes.
+    ``X``: the entries, to tell how many distinct ids each mode has (None: not known)."""
+    sizes = np.asarray(shape, dtype=float) * np.asarray(bytes_per_object, dtype=float)
+    if sizes.sum() <= _MAX_STATE_BYTES:
+        return
+    k = int(np.argmax(sizes))
+    message = (f"{estimator_name}: tensor index {shape[k] - 1:,} in mode {k} implies shape "
+               f"{tuple(int(d) for d in shape)}, whose factor state would need {_gib(sizes.sum())} "
+               f"(limit {_gib(_MAX_STATE_BYTES)}). {ENCODE_HINT}.")
+    if X is not None and X.shape[0]:
+        n_ids = np.unique(X[:, k]).size
+        if 10 * n_ids < shape[k]:
+            message += (f" Mode {k} has only {n_ids:,} distinct ids in X but indices up to "
+                        f"{shape[k] - 1:,}: sparse ids like these (user or item numbers) need encoding.")
+    message += " If the tensor really is this large, give its shape (shape=...): the limit then does not apply."
+    raise ValueError(message)
+
+
+def _gib(n_bytes):
+    return f"{n_bytes / 2**30:,.1f} GiB"
 
 
 class TensorEstimator(SkcepMixin, BaseEstimator):
@@ -86,11 +140,14 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         return tags
 
     def _validate(self, X, y="no_validation", reset=True):
-        kwargs = dict(dtype=None, ensure_min_samples=1, reset=reset)
+        """X (numeric: ids that are strings or categories raise a TypeError) and y, with
+        skcep's message for NaN or infinity in either."""
+        kwargs = dict(dtype=None, ensure_min_samples=1, reset=reset, advice=OBSERVED_ENTRIES)
         if isinstance(y, str) and y == "no_validation":
             X, y = validate_data(self, X, **kwargs), None
         else:
             X, y = validate_data(self, X, y, y_numeric=self.likelihood == "gaussian", **kwargs)
+        X = as_index_codes(X, type(self).__name__, getattr(self, "feature_names_in_", None))
         if X.shape[1] < 2:
             raise ValueError(f"A tensor needs at least 2 modes (columns of X); got {X.shape[1]}.")
         return X, y
@@ -139,7 +196,10 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             raise ValueError(f"y has labels {unknown.tolist()} not in classes_ {self.classes_.tolist()}.")
         return (y == self.classes_[1]).astype(float)
 
-    def _resolve_shape(self, X, fixed_shape, current):
+    def _resolve_shape(self, X, fixed_shape, current, entries=True):
+        """The tensor's shape: ``fixed_shape`` (X checked against it), or the largest index
+        of X per mode + 1, grown from ``current``, refused if its factor state is too large
+        (:func:`check_state_size`).  ``entries=False``: X holds per-chunk maxima, not entries."""
         K = X.shape[1]
         if fixed_shape is not None:
             if len(fixed_shape) != K:
@@ -147,9 +207,9 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             check_tensor_index(X, fixed_shape, estimator_name=type(self).__name__)
             return fixed_shape
         seen = tuple(int(v) + 1 for v in X.max(axis=0))
-        if current is None:
-            return seen
-        return tuple(max(a, b) for a, b in zip(current, seen))
+        shape = seen if current is None else tuple(max(a, b) for a, b in zip(current, seen))
+        check_state_size(shape, self._bytes_per_object(K), X if entries else None, type(self).__name__)
+        return shape
 
     @predict_method
     def predict(self, X, return_std=False):

@@ -183,6 +183,13 @@ class StreamingDeepTensor(TensorEstimator):
         shape = self._resolve_shape(X, fixed, None if first_call else self.shape_)
         return X, (2.0 * y - 1.0 if self.likelihood == "probit" else y), shape, weight
 
+    def _ranks(self, n_modes):
+        return (self.rank,) * n_modes if isinstance(self.rank, Integral) else tuple(self.rank)
+
+    def _bytes_per_object(self, n_modes):
+        """Bytes of fitted state per object of each mode: its embedding's means and variances."""
+        return [16 * r for r in self._ranks(n_modes)]
+
     def _check_params(self, n_modes):
         """Check the parameters that need the number of modes; the fixed shape or None."""
         _check_noise_prior(self.noise_prior)
@@ -198,7 +205,7 @@ class StreamingDeepTensor(TensorEstimator):
         return tuple(int(d) for d in self.shape)
 
     def _new_posterior(self, n_modes, shape, rng):
-        ranks = (self.rank,) * n_modes if isinstance(self.rank, Integral) else self.rank
+        ranks = self._ranks(n_modes)
         gaussian = self.likelihood == "gaussian"
         return deep.init_posterior(
             shape, ranks, self.hidden_layer_sizes, self.activation, spike_prob=self.spike_prob,

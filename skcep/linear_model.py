@@ -7,7 +7,6 @@ moments come from a learned message operator (``method="kjit"``).
 """
 
 import copy
-from contextlib import nullcontext
 from numbers import Integral, Real
 
 import numpy as np
@@ -16,11 +15,12 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets
-from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
-from ._base import COMMON_CONSTRAINTS, SkcepMixin, blas_limits, fit_method, predict_method
+from ._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method
 from ._dask_glm import DaskRows, fit_classifier
 from ._docstrings import FIT_DOC, LOGISTIC_DOC, PARTIAL_FIT_DOC, PROBIT_DOC
+from ._validation import validate_data
 from .engines.chunks import map_chunks
 from .engines.factors import LogisticFactor, OperatorSite
 from .engines.evidence import fit_glm
@@ -50,6 +50,9 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         **COMMON_CONSTRAINTS,
     }
     _structural_params = ("method", "covariance", "fit_intercept")
+    _convergence_advice = ("increase max_iter or loosen tol; standardise the features (e.g. "
+                           "StandardScaler in a Pipeline) if their scales differ, or set a "
+                           "small fixed damping (e.g. damping=0.1)")
     _dask_fit = fit_classifier
     _dask_fit_weights = True
 
@@ -176,8 +179,9 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         positives = classes[1:] if classes.size == 2 else classes
         own_lik, evidence_lik = self._likelihoods()  # evidence: the accurate (predictive) rule
         site_lik = site_lik or own_lik
+        progress = self._progress()
         options = dict(damping=None if self.damping == "auto" else self.damping, tol=self.tol,
-                       max_iter=self.max_iter, block_size=self.block_size, callback=self._progress())
+                       max_iter=self.max_iter, block_size=self.block_size, callback=progress)
         auto = self.prior_variance == "auto"
         prior_var = np.r_[np.full(n_weights, 1.0 if auto else float(self.prior_variance)),
                           [self.intercept_prior_variance] * self.fit_intercept]
@@ -197,11 +201,14 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
                            evidence_likelihood=evidence_lik, tune_weights=tune,
                            sample_weight=sample_weight, **options)
 
-        # a learned operator is trained as it answers: its models run one after another;
-        # small factorizations run fastest on one BLAS thread (many threads only contend)
+        # a learned operator is trained as it answers: its models run one after another
         n_jobs = 1 if self.method == "kjit" else self.n_jobs
-        with blas_limits(1) if full and dim <= 512 else nullcontext():
-            results = map_chunks(fit_one, range(len(positives)), n_jobs=n_jobs)
+        results = map_chunks(fit_one, range(len(positives)), n_jobs=n_jobs)
+        if progress is not None:  # the objective of each model: its EP evidence (E1)
+            for k, r in enumerate(results):
+                label = f"class {positives[k]!r}: " if len(results) > 1 else ""
+                progress.section(f"{label}log evidence {r.log_evidence:.6g} at prior variance "
+                                 f"{r.prior_variance or prior_var[0]:.4g}, {r.n_iter} sweeps")
         if not all(r.converged for r in results):
             self._warn_not_converged(self.max_iter)
         stack = {name: np.array([getattr(r, name) for r in results])

@@ -10,10 +10,11 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from ._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, SkcepMixin, fit_method, predict_method
 from ._dask_kjit import fit_operator
+from ._validation import MESSAGE_ROWS, validate_data
 from .engines import random_features as rf
 from .engines.factors import LogisticFactor, OperatorSite
 
@@ -134,7 +135,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
 
     # validation --------------------------------------------------------------------------------
     def _check_X(self, X, reset=False, **target):  # target: y=Y and its validation options
-        out = validate_data(self, X, dtype=np.float64, reset=reset, **target)
+        out = validate_data(self, X, dtype=np.float64, reset=reset, advice=MESSAGE_ROWS, **target)
         rf.check_messages(rf.message_families(self.message_families), out[0] if target else out)
         return out
 
@@ -234,8 +235,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         """Predicted statistics (eq. 15's mean) of messages X; with ``return_std`` also the
         predictive standard deviation √(ψᵀΣ_wψ + σ_y²) (noise included), of the same shape."""
         check_is_fitted(self)
-        with self._blas_limits():
-            mean, var = self._predict(self._check_X(X), return_std)
+        mean, var = self._predict(self._check_X(X), return_std)
         mean = mean[:, 0] if self._y_1d else mean
         if not return_std:
             return mean

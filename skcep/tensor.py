@@ -231,10 +231,31 @@ class BayesianCPTensor(TensorEstimator):
             raise ValueError(f"shape must hold positive integers; got {self.shape!r}.")
         return noise_prior, None if self.shape is None else tuple(int(d) for d in self.shape)
 
-    def _prepare(self, X, y, first_call, classes=None, sample_weight=None):
+    def _prepare(self, X, y, first_call, fixed_shape, classes=None, sample_weight=None):
+        """Check everything before any state changes: X, y, the weights (entries of weight 0
+        left out) and the shape the call implies (refused if its factors would not fit).
+        Returns X, y, the weights (None: unweighted) and the shape."""
         X, y = self._validate(X, y, reset=first_call)
         y = self._encode(y, first_call=first_call, classes=classes)
-        return self._entry_weights(check_tensor_index(X), y, sample_weight)
+        X, y, weight = self._entry_weights(check_tensor_index(X), y, sample_weight)
+        return X, y, weight, self._resolve_shape(X, fixed_shape, None if first_call else self.shape_)
+
+    def _bytes_per_object(self, n_modes):
+        """Bytes of fitted state per object of each mode: the embedding's mean, covariance and
+        prior natural parameters (2R + 2R² floats), the per-object offset's (4 floats, with
+        ``mode_bias``) and the count of entries seen."""
+        R = self.rank
+        return [8 * (2 * R + 2 * R * R + 4 * self.mode_bias + 1)] * n_modes
+
+    @property
+    def _convergence_advice(self):
+        """The end of the ConvergenceWarning: ``damping`` steps the probit CEP sites only."""
+        if self.likelihood == "probit" and self.method == "cep":
+            return "increase max_iter, loosen tol or, if the fit oscillates, lower damping"
+        if self.likelihood == "probit":
+            return "increase max_iter or loosen tol (VMP's updates take no damping)"
+        return ("increase max_iter or loosen tol (the Gaussian updates are exact and take no damping); "
+                "a rank larger than the data support slows it: try a smaller rank or ard=True")
 
     @fit_method
     def fit(self, X, y, sample_weight=None):
@@ -258,8 +279,8 @@ class BayesianCPTensor(TensorEstimator):
         """
         noise_prior, fixed_shape = self._check_params()
         self.__dict__.pop("classes_", None), self.__dict__.pop("shape_", None)
-        X, y, weight = self._prepare(X, y, first_call=True, sample_weight=sample_weight)
-        self._start(X, y, noise_prior, self._resolve_shape(X, fixed_shape, None), self.max_iter, weight=weight)
+        X, y, weight, shape = self._prepare(X, y, True, fixed_shape, sample_weight=sample_weight)
+        self._start(X, y, noise_prior, shape, self.max_iter, weight=weight)
         if not self.converged_:
             self._warn_not_converged(self.max_iter)
         return self
@@ -290,7 +311,7 @@ class BayesianCPTensor(TensorEstimator):
         """
         first_call = not hasattr(self, "_posterior")
         noise_prior, fixed_shape = self._check_params()
-        X, y, weight = self._prepare(X, y, first_call, classes, sample_weight)
+        X, y, weight, shape = self._prepare(X, y, first_call, fixed_shape, classes, sample_weight)
         kept = getattr(self, "_buffer", None) if not first_call else (X[:0], y[:0], None, 0)
         if kept is not None and kept[0].shape[0] + X.shape[0] <= self._warm_up_size():
             buffer = (np.concatenate([kept[0], X]), np.concatenate([kept[1], y]),
@@ -306,10 +327,8 @@ class BayesianCPTensor(TensorEstimator):
         sweeps, simultaneous = (streaming_sweeps(X, first_call, self.likelihood, self.method, weight)
                                 if auto else (self.n_inner_iter, False))
         if first_call:  # "auto": the global offset starts at the batch's mean
-            shape = self._resolve_shape(X, fixed_shape, None)
             offset = link_mean(y, self.likelihood, weight) if auto else 0.0
             return self._start(X, y, noise_prior, shape, sweeps, offset_init=offset, weight=weight)
-        shape = self._resolve_shape(X, fixed_shape, self.shape_)
         options = self._fit_options(sweeps)
         result, self._n_seen = absorb_batch(
             self._posterior, X, y, self._n_seen, shape=shape, prior_variance=self.prior_variance,

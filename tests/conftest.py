@@ -1,4 +1,5 @@
-"""Shared fixtures: one real Dask cluster for the whole test run."""
+"""Shared fixtures: one real Dask cluster for the whole test run; every test that uses it is
+marked ``slow`` (``python -m pytest -m "not slow"`` runs the quick subset)."""
 
 import pytest
 
@@ -29,3 +30,10 @@ def on_cluster(dask_client):
 
         with dask.config.set(scheduler=dask_client.get):
             yield dask_client
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests on the Dask cluster start worker processes and ship data to them: ``slow``."""
+    for item in items:
+        if "dask_client" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

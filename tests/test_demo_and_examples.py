@@ -11,6 +11,7 @@ from skcep.__main__ import main
 EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.py"))
 
 
+@pytest.mark.slow
 def test_demonstration_prints_one_table_covering_all_five_estimators(capsys):
     main()
     out = capsys.readouterr().out

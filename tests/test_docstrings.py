@@ -28,6 +28,7 @@ import doctest
 import importlib
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -109,7 +110,7 @@ def test_documentation_page_examples(page, monkeypatch):
     runnable = [block for block in blocks if block[3] is None]
     if not runnable:
         pytest.skip(f"{page.name} has no runnable example")
-    namespace = {"__name__": f"docs_{page.stem}"}
+    namespace = {"__name__": "__main__"}  # as a script: guarded ``main()`` blocks run too
     parser = doctest.DocTestParser()
     runner = doctest.DocTestRunner(optionflags=FLAGS)
     for line, kind, code, _ in runnable:
@@ -166,3 +167,19 @@ def test_markdown_example_extraction():
     assert blocks[0][2] == "a = 1\n" and blocks[0][3] is None
     assert blocks[1][3] == "<!-- doctest: skip (needs a data stream) -->"
     assert blocks[2][2] == ">>> a + 1\n2\n"
+
+
+@pytest.mark.slow
+def test_dask_page_example_runs_as_a_saved_file(tmp_path):
+    """The first example of ``docs/dask.md``, saved as a file and run by a fresh interpreter:
+    the worker processes that ``LocalCluster`` starts import it, which works only behind its
+    ``if __name__ == "__main__":`` guard."""
+    pytest.importorskip("distributed")
+    code = markdown_examples((DOCS / "dask.md").read_text(encoding="utf-8"))[0][2]
+    assert 'if __name__ == "__main__":' in code
+    script = tmp_path / "fit_on_dask.py"
+    script.write_text(code, encoding="utf-8")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "largest gap to the numpy fit" in result.stdout

@@ -133,7 +133,10 @@ def test_verbose_prints_one_line_per_sweep_and_silent_by_default(name, capsys):
     assert lines, name
     assert all(type(est).__name__ in line and " s" in line for line in lines), lines[:3]
     if hasattr(est, "n_iter_") and np.ndim(est.n_iter_) == 1:  # classifiers: a line a sweep a model
-        assert len(lines) == int(np.sum(est.n_iter_))
+        sweeps = [line for line in lines if "] sweep " in line]
+        assert len(sweeps) == int(np.sum(est.n_iter_))
+        # and a line per model with its objective, the EP evidence
+        assert sum("log evidence" in line for line in lines) == len(est.n_iter_)
 
 
 @pytest.mark.parametrize("name", list(CASES))

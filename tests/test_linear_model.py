@@ -208,6 +208,7 @@ SEPARABLE_CEP = pytest.mark.xfail(
 DRIFTS_ON_CRABS = ("Logistic-cep1-diagonal", "Logistic-cep2-diagonal")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, method, cov", [
     pytest.param(*p.values, id=p.id, marks=SEPARABLE_CEP if p.id in DRIFTS_ON_CRABS else ())
     for p in ALL])

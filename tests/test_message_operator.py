@@ -205,6 +205,7 @@ def test_engines_do_not_import_scikit_learn():
 # --------------------------------------------------------------------------------------------
 # the operator: fitting, online updates, uncertainty
 # --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_operator_learns_the_logistic_factor():
     X = logistic_messages(1200, seed=1)
     Y = LogisticFactor().exact(X)[:, :2]
@@ -243,6 +244,7 @@ def test_first_partial_fit_is_fit():
     np.testing.assert_array_equal(a.inner_widths_, b.inner_widths_)
 
 
+@pytest.mark.slow
 def test_predictive_variance_grows_away_from_training_messages():
     rng = np.random.default_rng(4)
     n = 300
@@ -274,6 +276,7 @@ def test_predict_shapes_and_std_includes_noise():
     assert np.all(std == std[:, :1])  # one posterior covariance for all outputs
 
 
+@pytest.mark.slow
 def test_gamma_messages():
     """A Gamma-message operator learns the mean shape/rate of its message."""
     rng = np.random.default_rng(6)
@@ -312,6 +315,7 @@ def test_explicit_widths_are_used():
     )
 
 
+@pytest.mark.slow
 def test_default_loo_selection_beats_the_papers_fixed_settings():
     """Issue 14: the defaults (widths and σ_y² by the leave-one-out KL error) against the
     paper's σ_y² = 1e-4 with the median heuristic, on held-out logistic-factor messages: mean
@@ -383,6 +387,7 @@ def test_initial_phase_sends_everything_to_the_oracle():
     np.testing.assert_array_equal(out[15:], op.predict(X[25:40]))
 
 
+@pytest.mark.slow
 def test_confident_operator_never_calls_the_oracle():
     X = logistic_messages(400, seed=11)
     oracle = RecordingOracle()
@@ -394,6 +399,7 @@ def test_confident_operator_never_calls_the_oracle():
     np.testing.assert_array_equal(out, expected)
 
 
+@pytest.mark.slow
 def test_exactly_the_uncertain_rows_go_to_the_oracle():
     X = logistic_messages(300, seed=12, mean_scale=1.0)
     near = logistic_messages(20, seed=13, mean_scale=1.0)
@@ -654,6 +660,7 @@ def test_partial_fit_during_initial_phase_keeps_the_oracle_answers():
     assert op.log_predictive_variance_.shape == (20,)
 
 
+@pytest.mark.slow
 def test_operator_site_in_weight_space_ep():
     """Weight-space EP (skcep.engines.glm.fit_full) whose logistic sites come from a KJIT
     operator with the exact oracle lands near exact EP, asking the oracle for a minority of

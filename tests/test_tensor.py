@@ -540,6 +540,7 @@ def test_one_pass_stream_of_small_batches_with_ten_sweeps_each_approaches_batch_
     assert _rmse(stream, X_test, y_test) < 0.1
 
 
+@pytest.mark.slow
 @ignore_convergence
 def test_warm_up_buffer_lets_every_shuffle_reach_the_batch_fit():
     """The default buffer (``warm_up_entries="auto"``: all 2,400 entries fit in it) refits after 1, 2

@@ -57,6 +57,7 @@ def _assert_same_posterior(a, b, mean_sd=1e-4, var_rtol=1e-4):
 # ============================================================================================
 # integer weights = repeated rows; zero weight = row removed; ones = no weights
 # ============================================================================================
+@pytest.mark.slow
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
 @pytest.mark.parametrize("cls, method, cov", ALL)
 def test_integer_weights_equal_repeated_rows(cls, method, cov, sparse):
@@ -310,6 +311,7 @@ def test_bad_class_weight_is_rejected_and_the_model_is_unchanged(class_weight, s
 # ============================================================================================
 # KJIT and Dask
 # ============================================================================================
+@pytest.mark.slow
 def test_kjit_takes_weights():
     X, y, rng = _data(n=60, d=3)
     w = rng.integers(0, 3, len(y)).astype(float)

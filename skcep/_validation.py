@@ -1,0 +1,95 @@
+"""NaN and infinity in the data, reported in skcep's words: what was found, where (the first
+offending row and column), and what to do.  :func:`validate_data` is scikit-learn's
+``validate_data`` with that message in place of scikit-learn's generic one."""
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.utils.validation import validate_data as _sklearn_validate_data
+
+__all__ = ["COMPLETE_ROWS", "MESSAGE_ROWS", "OBSERVED_ENTRIES", "check_finite", "validate_data"]
+
+#: What to do, for models of feature rows (the classifiers).
+COMPLETE_ROWS = ("needs complete rows: impute the missing values first (e.g. "
+                 "sklearn.impute.SimpleImputer in a Pipeline) or drop the rows that hold them")
+#: What to do, for the tensor estimators (X: entry indices, y: entry values).
+OBSERVED_ENTRIES = ("takes observed entries only: a tensor's missing entries are simply not "
+                    "passed, so drop the rows of X and y that hold them")
+#: What to do, for a message operator (X: message parameters, Y: statistics).
+MESSAGE_ROWS = ("needs finite message parameters and statistics: drop or repair those rows (a "
+                "NaN or infinite parameter usually comes from a diverged message upstream)")
+
+
+def _absent(y):
+    return y is None or (isinstance(y, str) and y == "no_validation")
+
+
+def _values(X):
+    """The float values of X to check, or None when X holds no floats (integers, strings)."""
+    if sp.issparse(X):
+        return X.data if X.dtype.kind in "fc" else None
+    try:
+        X = np.asarray(X)
+    except (TypeError, ValueError):  # ragged: scikit-learn's validation says so
+        return None
+    if X.dtype.kind in "fc":
+        return X
+    if X.dtype == object:
+        try:
+            return X.astype(float)
+        except (TypeError, ValueError):  # labels or ids, not numbers: nothing to check here
+            return None
+    return None
+
+
+def _first_bad(X, values):
+    """(row, column or None, value, count) of the first non-finite value in row-major order."""
+    if sp.issparse(X):
+        coo = sp.coo_matrix(X)
+        bad = np.flatnonzero(~np.isfinite(coo.data))
+        rows, cols = coo.row[bad], coo.col[bad]
+        first = np.lexsort((cols, rows))[0]
+        return int(rows[first]), int(cols[first]), coo.data[bad[first]], bad.size
+    bad = ~np.isfinite(values)
+    first = np.unravel_index(int(np.argmax(bad)), values.shape)
+    column = int(first[1]) if values.ndim == 2 else None
+    return int(first[0]), column, values[first], int(bad.sum())
+
+
+def check_finite(X, name="X", estimator_name="The estimator", advice=COMPLETE_ROWS, feature_names=None):
+    """Raise a ValueError if X (dense or sparse; 1-D or 2-D) holds NaN or infinity.
+
+    The message names what was found and where (the first offending row and column, with its
+    feature name when ``feature_names`` are given), how many such values there are, and what
+    to do: ``f"{estimator_name} {advice}."``.  Arrays without floats pass unchecked.
+    """
+    values = _values(X)
+    if values is None:
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.sum(values)) or np.all(np.isfinite(values)):  # (the sum may overflow)
+            return
+    row, column, value, count = _first_bad(X, values)
+    what = "NaN" if np.isnan(value) else f"infinity ({value})"
+    where = f"row {row}"
+    if column is not None:
+        where += f", column {column}"
+        if feature_names is not None and column < len(feature_names):
+            where += f" ({feature_names[column]!r})"
+    others = f"; {count} NaN or infinite values in all" if count > 1 else ""
+    raise ValueError(f"{name} contains {what} at {where}{others}. {estimator_name} {advice}.")
+
+
+def validate_data(estimator, X="no_validation", y="no_validation", *, advice=COMPLETE_ROWS,
+                  ensure_all_finite=True, **check_params):
+    """:func:`sklearn.utils.validation.validate_data` with skcep's message for NaN or infinity
+    (:func:`check_finite`): y is checked before scikit-learn sees it, X after its conversion
+    (``ensure_all_finite=False``: X is left to the caller, e.g. to check after converting it).
+    """
+    name = type(estimator).__name__
+    if not _absent(y):
+        check_finite(y, "y", name, advice)
+    out = _sklearn_validate_data(estimator, X, y, ensure_all_finite=False, **check_params)
+    if ensure_all_finite and not (isinstance(X, str) and X == "no_validation"):
+        checked = out[0] if not _absent(y) else out
+        check_finite(checked, "X", name, advice, getattr(estimator, "feature_names_in_", None))
+    return out
