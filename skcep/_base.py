@@ -175,6 +175,7 @@ def predict_method(method):
 
     @functools.wraps(method)
     def call(self, X, *args, **kwargs):
+        self._check_structure(method.__name__)  # a structural set_params after fit: stale
         if is_dask_collection(X):
             return predict_lazily(self, method.__name__, X, *args, **kwargs)
         return method(self, X, *args, **kwargs)
@@ -224,16 +225,21 @@ class SkcepMixin:
         if _is_fitted(self):
             self._fitted_structure = self._structure()
 
-    def _check_structure(self):
+    def _check_structure(self, call="partial_fit"):
+        """ValueError if a structural parameter changed (``set_params``) since the model was
+        fitted: the fitted state belongs to the old value, so neither ``partial_fit`` nor a
+        prediction may use it (``call`` names the refused call)."""
         fitted = getattr(self, "_fitted_structure", None)
         if fitted is None:
             return
         for name, value in self._structure().items():
             if not _same(value, fitted[name]):
+                use = ("continues the fitted posterior" if call == "partial_fit"
+                       else "would read the fitted posterior")
                 raise ValueError(
                     f"{name} changed from {fitted[name]!r} to {value!r} since the model was "
-                    f"fitted; partial_fit continues the fitted posterior and cannot change "
-                    f"{name}. Call fit to start again with {name}={value!r}."
+                    f"fitted; {call} {use} and cannot change {name}. Call fit to start again "
+                    f"with {name}={value!r}, or set {name}={fitted[name]!r} back."
                 )
 
     # ----------------------------------------------------------------------------------------

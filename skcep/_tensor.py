@@ -116,6 +116,10 @@ def _gib(n_bytes):
     return f"{n_bytes / 2**30:,.1f} GiB"
 
 
+_CONTINUOUS_X = ("check limitation: it feeds continuous {} X, ignoring the categorical tag, and tensor "
+                 "indices must be integers")
+
+
 class TensorEstimator(SkcepMixin, BaseEstimator):
     """What the tensor estimators share: entry indices as X, a likelihood that makes them a
     regressor ("gaussian") or a classifier ("probit"), label encoding, and predictions from the
@@ -139,6 +143,18 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             tags.target_tags.required = True
         return tags
 
+    def _expected_failed_checks(self):
+        """The scikit-learn checks that feed continuous X, ignoring the categorical tag (tensor
+        indices must be integers), and, for probit, a probability that weighs uncertainty."""
+        failures = {"check_sample_weight_equivalence_on_dense_data": _CONTINUOUS_X.format("random")}
+        if self.likelihood == "probit":
+            failures["check_classifiers_one_label_sample_weights"] = _CONTINUOUS_X.format("uniform") + (
+                "; on integer indices the one class left is predicted, as the check asks")
+            failures["check_decision_proba_consistency"] = _CONTINUOUS_X.format("make_blobs") + (
+                "; and predict_proba, Φ(mean / √(1 + variance)) of the latent entry, weighs each entry's "
+                "uncertainty, so it need not rank entries as decision_function's mean does")
+        return failures
+
     def _validate(self, X, y="no_validation", reset=True):
         """X (numeric: ids that are strings or categories raise a TypeError) and y, with
         skcep's message for NaN or infinity in either."""
@@ -148,8 +164,8 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         else:
             X, y = validate_data(self, X, y, y_numeric=self.likelihood == "gaussian", **kwargs)
         X = as_index_codes(X, type(self).__name__, getattr(self, "feature_names_in_", None))
-        if X.shape[1] < 2:
-            raise ValueError(f"A tensor needs at least 2 modes (columns of X); got {X.shape[1]}.")
+        if X.shape[1] < 2:  # scikit-learn's wording of a feature count: "1 feature(s)"
+            raise ValueError(f"A tensor needs at least 2 modes (columns of X); X has {X.shape[1]} feature(s).")
         return X, y
 
     def _entry_weights(self, X, y, sample_weight):
@@ -191,6 +207,10 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
                     "partial_fit if the first batch holds only one."
                 )
             self.classes_ = labels
+        elif classes is not None and not np.array_equal(np.unique(classes), self.classes_):
+            raise ValueError(f"classes={np.unique(classes).tolist()!r} is not the same as on the "
+                             f"first call to partial_fit, {self.classes_.tolist()!r}; call fit to "
+                             "start again with other classes.")
         unknown = np.setdiff1d(np.unique(y), self.classes_)
         if unknown.size:
             raise ValueError(f"y has labels {unknown.tolist()} not in classes_ {self.classes_.tolist()}.")

@@ -1,12 +1,14 @@
 """NaN and infinity in the data, reported in skcep's words: what was found, where (the first
-offending row and column), and what to do.  :func:`validate_data` is scikit-learn's
+offending row and column), and what to do; sparse matrices whose stored indices leave their
+declared shape.  :func:`validate_data` is scikit-learn's
 ``validate_data`` with that message in place of scikit-learn's generic one."""
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.validation import validate_data as _sklearn_validate_data
 
-__all__ = ["COMPLETE_ROWS", "MESSAGE_ROWS", "OBSERVED_ENTRIES", "check_finite", "validate_data"]
+__all__ = ["COMPLETE_ROWS", "MESSAGE_ROWS", "OBSERVED_ENTRIES", "check_finite", "check_sparse_structure",
+           "validate_data"]
 
 #: What to do, for models of feature rows (the classifiers).
 COMPLETE_ROWS = ("needs complete rows: impute the missing values first (e.g. "
@@ -89,7 +91,30 @@ def validate_data(estimator, X="no_validation", y="no_validation", *, advice=COM
     if not _absent(y):
         check_finite(y, "y", name, advice)
     out = _sklearn_validate_data(estimator, X, y, ensure_all_finite=False, **check_params)
-    if ensure_all_finite and not (isinstance(X, str) and X == "no_validation"):
+    if not (isinstance(X, str) and X == "no_validation"):
         checked = out[0] if not _absent(y) else out
-        check_finite(checked, "X", name, advice, getattr(estimator, "feature_names_in_", None))
+        check_sparse_structure(checked, name)
+        if ensure_all_finite:
+            check_finite(checked, "X", name, advice, getattr(estimator, "feature_names_in_", None))
     return out
+
+
+def check_sparse_structure(X, estimator_name="The estimator"):
+    """Raise a ValueError if a CSR/CSC matrix stores an index outside its declared shape (e.g.
+    test features built with a larger vocabulary than the training ones), which compiled and
+    numpy code would otherwise read past the end of its arrays; O(nnz)."""
+    if not sp.issparse(X) or X.format not in ("csr", "csc") or X.nnz == 0:
+        return
+    inner = X.shape[1] if X.format == "csr" else X.shape[0]
+    what = "column" if X.format == "csr" else "row"
+    low, high = int(X.indices.min()), int(X.indices.max())
+    bad_pointer = (X.indptr.size != (X.shape[0] if X.format == "csr" else X.shape[1]) + 1
+                   or X.indptr[0] != 0 or X.indptr[-1] > X.indices.size
+                   or np.any(np.diff(X.indptr) < 0))
+    if low < 0 or high >= inner or bad_pointer:
+        found = f"{what} index {high if high >= inner else low}" if not bad_pointer else "row pointers"
+        raise ValueError(
+            f"X is a sparse {X.format.upper()} matrix of shape {X.shape} that stores {found} "
+            f"outside that shape. {estimator_name} reads every stored index: build X with the "
+            f"shape it really has, e.g. the training features' vectorizer, or "
+            f"scipy.sparse.csr_matrix((data, indices, indptr), shape=(n_rows, n_features)).")

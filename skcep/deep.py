@@ -183,6 +183,17 @@ class StreamingDeepTensor(TensorEstimator):
         shape = self._resolve_shape(X, fixed, None if first_call else self.shape_)
         return X, (2.0 * y - 1.0 if self.likelihood == "probit" else y), shape, weight
 
+    def _expected_failed_checks(self):
+        """Those of every tensor estimator and, for Gaussian entries, a score one streaming
+        pass over the check's few entries does not reach."""
+        failures = super()._expected_failed_checks()
+        if self.likelihood == "gaussian":
+            failures["check_regressors_train"] = (
+                "it asks R² > 0.5 after fit, one streaming pass, over 200 entries of a 10-mode tensor (7 or 8 "
+                "objects per mode): too few for the network, which reaches R² ≈ 0 (R² ≈ 0.7 when the same "
+                "entries are streamed 5 times)")
+        return failures
+
     def _ranks(self, n_modes):
         return (self.rank,) * n_modes if isinstance(self.rank, Integral) else tuple(self.rank)
 

@@ -33,6 +33,42 @@ __all__ = ["CEPProbitClassifier", "CEPLogisticClassifier"]
 _MAX_FULL_BYTES = 2**31  # a d×d covariance larger than 2 GiB is refused with a clear message
 
 
+_SCALE_ABOVE = 2.0**200  # a row with a larger entry can overflow xᵀΣx (x² v beyond 1e308)
+MAX_FIT_VALUE = 1e50  # |x| a fit takes: sites hold precisions ~ x², the full q their sums
+MAX_FIT_WEIGHT = 1e12  # a sample weight counts copies of a row: up to a trillion
+
+
+def _check_fit_range(X, weight):
+    """The range a fit supports, checked before it starts: |x| ≤ ``MAX_FIT_VALUE`` (an EP site's
+    precision is ~ x² / variance, and full-covariance EP factorises sums of them: beyond 1e75
+    or so they leave double precision and the fit degenerates to a zero posterior) and sample
+    weights ≤ ``MAX_FIT_WEIGHT``.  Predictions take any finite row (:func:`_row_scales`)."""
+    values = X.data if sp.issparse(X) else X
+    if values.size and (largest := float(np.max(np.abs(values)))) > MAX_FIT_VALUE:
+        column = (X.indices[np.argmax(np.abs(X.data))] if sp.issparse(X)
+                  else np.unravel_index(np.argmax(np.abs(X)), X.shape)[1])
+        raise ValueError(
+            f"X has a value of {largest:.3g} (column {column}); fits take |x| ≤ "
+            f"{MAX_FIT_VALUE:.0e}, where EP's site precisions (~ x²) stay in double precision. "
+            "Standardise the features, e.g. sklearn.preprocessing.StandardScaler in a Pipeline "
+            "(the prior N(0, λ) on each weight also assumes features of comparable scale).")
+    if weight is not None and weight.size and (heaviest := float(weight.max())) > MAX_FIT_WEIGHT:
+        raise ValueError(
+            f"sample_weight × class_weight reaches {heaviest:.3g}; a weight counts copies of a "
+            f"row, and fits take weights up to {MAX_FIT_WEIGHT:.0e}. Divide the weights by a "
+            "common factor if only their ratios matter (that rescales the data's evidence).")
+
+
+def _row_scales(A):
+    """(n,) the power of two that brings each row's largest |entry| into [1, 2), for rows with
+    an entry beyond 2²⁰⁰ (1 for the others), or None when no row has one (the common case:
+    predictions then run exactly as without scaling)."""
+    big = np.asarray(abs(A).max(axis=1).todense()).ravel() if sp.issparse(A) else np.abs(A).max(axis=1)
+    if not np.any(big > _SCALE_ABOVE):
+        return None
+    return np.where(big > _SCALE_ABOVE, np.ldexp(1.0, np.frexp(big)[1] - 1), 1.0)
+
+
 class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
     """Shared machinery of the Bayesian GLM classifiers; subclasses choose the likelihood."""
 
@@ -85,6 +121,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             raise ValueError("The samples with a positive weight (sample_weight × class_weight) "
                              f"must come from at least 2 classes; got {present.tolist()!r}.")
         self._check_options(X.shape[1])
+        _check_fit_range(X, weight)
         posterior = self._fit_posteriors(X, y, classes, prior=None, sample_weight=weight)
         self.classes_ = classes
         self._set_posterior(posterior)
@@ -103,6 +140,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"y contains labels {unknown!r} that are not in classes {self.classes_!r}.")
         weight = self._row_weights(X, y, self.classes_, sample_weight, partial=True)
         self._check_options(X.shape[1])
+        _check_fit_range(X, weight)
         posterior = self._fit_posteriors(X, y, self.classes_, prior=None if first else self._posterior,
                                          sample_weight=weight)
         self._set_posterior(posterior)
@@ -240,19 +278,30 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         self.prior_variance_ = posterior["prior_variance"].astype(float)
 
     def _predictor_moments(self, X):
-        """Mean and variance of each model's linear predictor: (n, n_models) each."""
+        """Mean and variance of each model's linear predictor, (n, n_models) each, and the
+        rows' scales (n, 1) or None: a row with an entry beyond 2²⁰⁰, whose moments could
+        overflow, is divided by the power of two that brings its largest entry into [1, 2)
+        (exact), and its moments are those of a / scale (:func:`_row_scales`)."""
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, reset=False)
         post = self._posterior
-        return predictor_moments(self._design(X), post["mean"], post["var"], post["cov"])
+        A = self._design(X)
+        scale = _row_scales(A)
+        if scale is not None:
+            A = sp.diags(1.0 / scale) @ A if sp.issparse(A) else A / scale[:, None]
+            scale = scale[:, None]
+        return (*predictor_moments(A, post["mean"], post["var"], post["cov"]), scale)
 
     @predict_method
     def decision_function(self, X):
-        """Posterior mean of the linear predictor, E[xᵀw + b].
+        """Posterior mean of the linear predictor, E[xᵀw + b] (±inf beyond the largest float).
 
         Returns an array of shape (n_samples,) for two classes, else (n_samples, n_classes).
         """
-        mean, _ = self._predictor_moments(X)
+        mean, _, scale = self._predictor_moments(X)
+        if scale is not None:
+            with np.errstate(over="ignore"):
+                mean = mean * scale
         return mean[:, 0] if mean.shape[1] == 1 else mean
 
     @predict_method
@@ -262,8 +311,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         Binary: log P(y|x) = log E_q[lik(y a)] with a ~ N(m, s) the linear predictor under the
         posterior; multiclass: one-vs-rest probabilities normalised over classes.
         """
-        mean, var = self._predictor_moments(X)
-        log_neg, log_pos = self._likelihoods()[1].predict_log_proba(mean, var)
+        mean, var, scale = self._predictor_moments(X)
+        log_neg, log_pos = self._likelihoods()[1].predict_log_proba(mean, var, scale)
         if mean.shape[1] == 1:
             return np.column_stack([log_neg[:, 0], log_pos[:, 0]])
         return log_pos - np.logaddexp.reduce(log_pos, axis=1, keepdims=True)

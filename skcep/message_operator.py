@@ -21,6 +21,30 @@ from .engines.factors import LogisticFactor, OperatorSite
 __all__ = ["KJITMessageOperator", "LogisticFactor", "OperatorSite"]
 _POSITIVE = Interval(Real, 0, None, closed="neither")
 
+#: The X of the scikit-learn checks that cannot be rows of messages: its number of columns and
+#: whether it holds negative numbers (as of scikit-learn 1.9).
+_CHECK_X = {
+    "check_fit_score_takes_y": (3, False), "check_estimators_overwrite_params": (2, True),
+    "check_dont_overwrite_parameters": (3, False), "check_estimators_fit_returns_self": (2, True),
+    "check_readonly_memmap_input": (2, True), "check_n_features_in_after_fitting": (4, True),
+    "check_positive_only_tag_during_fit": (4, True), "check_estimators_dtypes": (5, False),
+    "check_dtype_object": (10, False), "check_pipeline_consistency": (3, True),
+    "check_estimators_nan_inf": (3, False), "check_estimators_pickle": (3, True),
+    "check_f_contiguous_array_estimator": (3, False), "check_regressors_train": (10, True),
+    "check_regressor_data_not_an_array": (10, True), "check_estimators_partial_fit_n_features": (2, True),
+    "check_regressor_multioutput": (10, True), "check_regressors_no_decision_function": (4, True),
+    "check_supervised_y_2d": (3, False), "check_regressors_int": (10, True),
+    "check_methods_sample_order_invariance": (3, False), "check_methods_subset_invariance": (3, False),
+    "check_fit2d_1sample": (10, False), "check_fit2d_1feature": (1, False),
+    "check_dict_unchanged": (3, False), "check_fit_idempotent": (2, False),
+    "check_fit_check_is_fitted": (2, False), "check_n_features_in": (2, False),
+    "check_fit2d_predict1d": (3, False),
+}
+#: Why the positive_only tag check cannot hold, whatever the families.
+_NO_POSITIVE_TAG = (
+    "check limitation: variances and Beta or Gamma parameters must be > 0 and a Gaussian mean may be any "
+    "number, which neither 'any X' nor the positive_only tag (X ≥ 0) says; the check's negative X is refused")
+
 
 class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     r"""Kernel-based just-in-time learned EP message operator (Jitkrittum et al., UAI 2015).
@@ -129,6 +153,26 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         self.inner_widths, self.outer_width, self.oracle = inner_widths, outer_width, oracle
         self.n_initial, self.n_jobs, self.verbose, self.random_state = (
             n_initial, n_jobs, verbose, random_state)
+
+    def _expected_failed_checks(self):
+        """The checks whose X are not rows of messages of ``message_families``: the wrong number
+        of columns, or negative numbers where a parameter must be positive."""
+        families = rf.message_families(self.message_families)
+        width = 2 * len(families)
+        columns = ", ".join(f"{f.name} ({', '.join(f.parameter_names)})" for f in families)
+        positive = ", ".join(f"{f.name} {p}" for f in families
+                             for p, pos in zip(f.parameter_names, f.positive) if pos)
+        failures = {}
+        for check, (n_columns, negative) in _CHECK_X.items():
+            if n_columns != width:
+                failures[check] = (f"check limitation: it feeds {n_columns} column(s) of random numbers; a "
+                                   f"row of messages has {width}: {columns}")
+            elif check == "check_positive_only_tag_during_fit":
+                failures[check] = _NO_POSITIVE_TAG
+            elif negative:
+                failures[check] = (f"check limitation: it feeds random numbers, negative ones too, where a "
+                                   f"row of messages needs {positive} > 0")
+        return failures
 
     def __sklearn_is_fitted__(self):
         return hasattr(self, "_blr")

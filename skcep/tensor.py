@@ -247,6 +247,18 @@ class BayesianCPTensor(TensorEstimator):
         R = self.rank
         return [8 * (2 * R + 2 * R * R + 4 * self.mode_bias + 1)] * n_modes
 
+    def _expected_failed_checks(self):
+        """Those of every tensor estimator and, without per-object offsets, the score of a
+        one-mode effect (figures from the check's data at the default rank)."""
+        failures = super()._expected_failed_checks()
+        if self.likelihood == "gaussian" and not self.mode_bias:
+            failures["check_regressors_train"] = (
+                "its y is an effect of one of 10 modes, which a CP product without per-object offsets "
+                "holds only with the 9 other modes' embeddings all ≈ 1: on its 200 entries that fit (R² 0.81) "
+                "has no better ELBO than the zero tensor (−321.6 against −320.2), which the fit returns "
+                "(R² 0); mode_bias=True holds it (R² 0.83)")
+        return failures
+
     @property
     def _convergence_advice(self):
         """The end of the ConvergenceWarning: ``damping`` steps the probit CEP sites only."""
@@ -384,17 +396,24 @@ class BayesianCPTensor(TensorEstimator):
     def _set_posterior(self, result, shape):
         self._posterior = result.posterior
         self.shape_ = tuple(shape)
+        self._new_object_prior = (self.prior_variance, self.bias_prior_variance)
         self.__dict__.update(cp_attributes(result))
         return self
 
     def _latent_moments(self, X):
-        """Posterior mean and variance of f at the entries X (unseen indices use the prior)."""
+        """Posterior mean and variance of f at the entries X.  Every object never seen in
+        training has the same posterior, its prior (that of the last fit, whatever
+        ``set_params`` said since): one prior row per mode stands for all unseen indices of
+        that mode, so an index of 10⁹ costs what an index of shape_[k] does."""
         check_is_fitted(self, "_posterior")
         X = check_tensor_index(self._validate(X, reset=False)[0])
-        post = self._posterior
-        seen = tuple(max(int(v) + 1, d) for v, d in zip(X.max(axis=0), self.shape_))
-        if seen != self.shape_:
-            post = grow_posterior(post, seen, prior_variance=self.prior_variance,
-                                  mode_offset_variance=self.bias_prior_variance)
+        post, shape = self._posterior, np.asarray(self.shape_)
+        unseen = (X >= shape).any(axis=0)
+        if unseen.any():
+            X = np.minimum(X, shape)
+            prior_variance, offset_variance = getattr(
+                self, "_new_object_prior", (self.prior_variance, self.bias_prior_variance))
+            post = grow_posterior(post, tuple(shape + unseen), prior_variance=prior_variance,
+                                  mode_offset_variance=offset_variance)
         return predict_cp(post, X, self.n_jobs)
 

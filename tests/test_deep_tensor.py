@@ -40,36 +40,11 @@ def binary_tensor(shape=(12, 10, 5), n=600, seed=1):
 
 
 # --------------------------------------------------------------------------------------------
-# check_estimator.  Expected failures, one reason each:
-COMMON_FAILURES = {
-    "check_fit2d_1feature": "a tensor has at least two modes (as for BayesianCPTensor): one column of "
-    "indices is rejected with a ValueError whose message this check does not accept",
-    "check_sample_weight_equivalence_on_dense_data": "check limitation: it feeds continuous rand X, "
-    "ignoring the categorical tag, and tensor indices must be integers (tests/test_tensor_weights.py "
-    "checks zero and integer weights against left-out and repeated entries)",
-}
-GAUSSIAN_FAILURES = {
-    **COMMON_FAILURES,
-    "check_regressors_train": "the check needs R² > 0.5 after one pass over 200 entries of a 10-mode "
-    "tensor; a one-pass streaming network starts from the prior and needs thousands of entries "
-    "(test_one_pass_stream_learns_the_tensor checks the quality)",
-}
-PROBIT_FAILURES = {
-    **COMMON_FAILURES,
-    "check_classifiers_one_label_sample_weights": "check limitation: it feeds continuous uniform X, "
-    "ignoring the categorical tag, and tensor indices must be integers",
-    "check_decision_proba_consistency": "check limitation: it feeds continuous make_blobs X, ignoring "
-    "the categorical tag, and tensor indices must be integers",
-}
-
-
-def expected_failures(est):
-    return PROBIT_FAILURES if est.likelihood == "probit" else GAUSSIAN_FAILURES
-
-
+# check_estimator at the default parameters; the checks that cannot hold, each with its reason,
+# are the estimator's own (StreamingDeepTensor._expected_failed_checks).
 @parametrize_with_checks(
-    [StreamingDeepTensor(likelihood="gaussian", **SMALL), StreamingDeepTensor(likelihood="probit", **SMALL)],
-    expected_failed_checks=expected_failures,
+    [StreamingDeepTensor(), StreamingDeepTensor(likelihood="probit")],
+    expected_failed_checks=lambda est: est._expected_failed_checks(),
     xfail_strict=True,
 )
 def test_check_estimator(estimator, check):

@@ -135,8 +135,9 @@ def test_verbose_prints_one_line_per_sweep_and_silent_by_default(name, capsys):
     if hasattr(est, "n_iter_") and np.ndim(est.n_iter_) == 1:  # classifiers: a line a sweep a model
         sweeps = [line for line in lines if "] sweep " in line]
         assert len(sweeps) == int(np.sum(est.n_iter_))
-        # and a line per model with its objective, the EP evidence
-        assert sum("log evidence" in line for line in lines) == len(est.n_iter_)
+        # and a line per model with its objective, the EP evidence at the chosen prior
+        assert sum("log evidence" in line and "at prior variance" in line
+                   for line in lines) == len(est.n_iter_)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -16,7 +16,7 @@ import pytest
 from scipy.special import log_expit, logsumexp
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
-from sklearn.utils.estimator_checks import parametrize_with_checks
+from sklearn.utils.estimator_checks import check_estimator, parametrize_with_checks
 
 import skcep.engines.factors
 import skcep.message_operator
@@ -501,59 +501,30 @@ def test_exact_logistic_derivatives_lie_within_the_clipping_bounds():
 # --------------------------------------------------------------------------------------------
 # scikit-learn API
 # --------------------------------------------------------------------------------------------
-# A row of X is a tuple of messages: for the default families 4 columns (μ, σ², α, β) with
-# σ², α, β > 0.  The checks below that feed other numbers of columns or negative variances
-# are rejected with a clear ValueError by design.
-_WRONG_WIDTH = "the check's X has 1, 2, 3, 5 or 10 columns; a row of messages has 4 (μ, σ², α, β)"
-_NEGATIVE = "the check's X has negative entries in the variance column, which are rejected"
-EXPECTED_FAILURES = {
-    name: _WRONG_WIDTH
-    for name in (
-        "check_fit_score_takes_y",
-        "check_estimators_overwrite_params",
-        "check_dont_overwrite_parameters",
-        "check_estimators_fit_returns_self",
-        "check_readonly_memmap_input",
-        "check_estimators_dtypes",
-        "check_dtype_object",
-        "check_pipeline_consistency",
-        "check_estimators_nan_inf",
-        "check_estimators_pickle",
-        "check_f_contiguous_array_estimator",
-        "check_regressors_train",
-        "check_regressor_data_not_an_array",
-        "check_estimators_partial_fit_n_features",
-        "check_regressor_multioutput",
-        "check_supervised_y_2d",
-        "check_regressors_int",
-        "check_methods_sample_order_invariance",
-        "check_methods_subset_invariance",
-        "check_fit2d_1sample",
-        "check_fit2d_1feature",
-        "check_dict_unchanged",
-        "check_fit_idempotent",
-        "check_fit_check_is_fitted",
-        "check_n_features_in",
-        "check_fit2d_predict1d",
-    )
-}
-EXPECTED_FAILURES.update(
-    {
-        "check_n_features_in_after_fitting": _NEGATIVE,
-        "check_regressors_no_decision_function": _NEGATIVE,
-        "check_positive_only_tag_during_fit": "μ may be negative, only σ², α, β must be "
-        "positive, so the positive_only tag does not apply",
-    }
-)
-
-
+# check_estimator at the default parameters.  A row of X is a tuple of messages, for the default
+# families 4 columns (μ, σ², α, β) with σ², α, β > 0; the checks that feed other numbers of
+# columns or negative variances, each with its reason, are the estimator's own
+# (KJITMessageOperator._expected_failed_checks).
 @parametrize_with_checks(
-    [KJITMessageOperator(**SMALL, random_state=0)],
-    expected_failed_checks=lambda est: EXPECTED_FAILURES,
+    [KJITMessageOperator()],
+    expected_failed_checks=lambda est: est._expected_failed_checks(),
     xfail_strict=True,
 )
 def test_check_estimator(estimator, check):
     check(estimator)
+
+
+def test_declared_check_failures_follow_the_message_families():
+    """With one Gamma message (two positive columns) the checks that feed two columns of
+    positive numbers pass; the estimator declares exactly the checks that fail."""
+    est = KJITMessageOperator(message_families=("gamma",), **SMALL)
+    results = check_estimator(est, expected_failed_checks=est._expected_failed_checks(), on_fail=None,
+                              on_skip=None)
+    passed = {r["check_name"] for r in results if r["status"] == "passed"}
+    assert {"check_fit_idempotent", "check_n_features_in", "check_fit_check_is_fitted"} <= passed
+    wrong = [r["check_name"] for r in results if r["status"] == "failed" or (r["status"] == "passed"
+                                                                              and r["expected_to_fail"])]
+    assert wrong == []
 
 
 def test_api_on_valid_messages():

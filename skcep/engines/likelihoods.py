@@ -108,9 +108,11 @@ class Probit:
         """P(y = 1) = E[Φ(a)] for a ~ N(m, s)."""
         return ndtr(m / np.sqrt(1.0 + s))
 
-    def predict_log_proba(self, m, s):
-        """(log P(y = 0), log P(y = 1)), each computed without cancellation."""
-        z = m / np.sqrt(1.0 + s)
+    def predict_log_proba(self, m, s, scale=None):
+        """(log P(y = 0), log P(y = 1)), each computed without cancellation.  With ``scale``
+        (broadcasting against m), the predictor is a = scale · a', a' ~ N(m, s): rows whose
+        moments would overflow are passed scaled down (z = m / √(scale⁻² + s))."""
+        z = m / np.sqrt(1.0 + s) if scale is None else m / np.sqrt(scale**-2.0 + s)
         return log_ndtr(-z), log_ndtr(z)
 
 
@@ -214,12 +216,18 @@ class Logistic:
         """P(y = 1) = E[σ(a)] for a ~ N(m, s)."""
         return np.exp(self.predict_log_proba(m, s)[1])
 
-    def predict_log_proba(self, m, s):
-        """(log P(y = 0), log P(y = 1)) = (log E[σ(−a)], log E[σ(a)])."""
+    def predict_log_proba(self, m, s, scale=None):
+        """(log P(y = 0), log P(y = 1)) = (log E[σ(−a)], log E[σ(a)]).  With ``scale``
+        (broadcasting against m), a = scale · a', a' ~ N(m, s); where scale > 1 (rows whose
+        moments would overflow, scale ≥ 2²⁰⁰) σ(scale · a') is the step at 0 to within
+        1/scale, so E[σ(±a)] = Φ(±m / √s) (with σ's probit width 8/(π scale²) added to s)."""
         # Z ≤ 1; the clip removes rounding of the quadrature weights' sum.
-        return tuple(
-            np.minimum(self.derivatives(m, s, y, order=0)[0], 0.0) for y in (-1.0, 1.0)
-        )
+        out = [np.minimum(self.derivatives(m, s, y, order=0)[0], 0.0) for y in (-1.0, 1.0)]
+        if scale is not None and np.any(scale > 1.0):
+            big = np.broadcast_to(scale > 1.0, np.shape(m))
+            z = m / np.sqrt(s + 8.0 / np.pi * scale**-2.0)
+            out = [np.where(big, log_ndtr(sign * z), part) for sign, part in zip((-1.0, 1.0), out)]
+        return tuple(out)
 
 
 def _log_z_and_cumulants(log_p, ratios, scale):
