@@ -1,11 +1,17 @@
 """Dask collections as input to every estimator (the optional ``dask`` extra).
 
 * :func:`is_dask_collection` — detection that never imports Dask when no Dask object exists;
-* :func:`rows` / :func:`row_blocks` — a Dask array or DataFrame as row chunks (columns whole);
+* :func:`rows` / :func:`row_blocks` — a Dask array or DataFrame as row chunks (columns whole;
+  for a fit without the empty chunks a filter leaves);
+* :func:`fit_without_rows` — a fit on a Dask input that has no rows at all: numpy's own fit of
+  the empty rows, and so numpy's ValueError for 0 samples;
 * :func:`predict_lazily` — a prediction method mapped over the row chunks (``map_blocks``):
-  the fitted estimator travels to the workers, the data stay there, the result is lazy;
-* :func:`partial_fit_chunks` — a stream: the chunks folded in order by a chain of tasks, each
-  continuing the model left by the one before, so only the model travels between workers;
+  the fitted estimator travels to the workers, the data stay there, the result is lazy; an
+  empty chunk gives an empty block;
+* :func:`partial_fit_chunks` — a stream: the non-empty chunks folded in order by a chain of
+  tasks, each continuing the model left by the one before, so only the model travels;
+* :func:`aligned` — what a task received with every array aligned and contiguous, whether it
+  came from another process or not (numpy's rounding depends on both: every task calls it);
 * :class:`DaskPartitions` — the holder of partitions that the engines' sweep loops
   (e.g. :func:`skcep.engines.glm.factorized_sweeps`) run over: rows and per-row state stay
   on the workers, persisted between sweeps; only the global state and the partitions'
@@ -23,6 +29,8 @@ import numpy as np
 __all__ = [
     "EXTRA",
     "DaskPartitions",
+    "aligned",
+    "fit_without_rows",
     "is_dask_collection",
     "partial_fit_chunks",
     "predict_lazily",
@@ -52,10 +60,52 @@ def require_dask():
         raise ImportError(f"{EXTRA} ({error})") from None
 
 
-def rows(X, name="X", chunks=None):
+def aligned(obj, _depth=0):
+    """``obj`` with every numpy array in it aligned to its item size and contiguous (C or F):
+    an array that is not is copied (C order if it was not contiguous).
+
+    This is what a task's inputs look like whether or not they came from another process.  An
+    array a worker receives (a chunk moved by work stealing, a task's arguments) is a view of
+    the message it came in and may start at any byte, and Dask sends a non-contiguous array
+    (e.g. a DataFrame partition's columns) as a C-ordered copy.  numpy computes matrix
+    products of a misaligned array without BLAS, and sums of another layout in another order,
+    so the same step on the same numbers rounded differently depending on where the scheduler
+    had run the tasks before (measured: full-covariance EP, ``coef_`` up to 1.6e-14 apart from
+    run to run).  Every task calls this on what it receives.  Tuples, lists, dicts and the
+    attributes of skcep's and scipy.sparse's objects are searched, pandas objects copied; an
+    unchanged ``obj`` is returned as is.
+    """
+    if _depth > 8:  # deep enough for every object a skcep task receives; no cycles followed
+        return obj
+    if isinstance(obj, np.ndarray):
+        if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+            return np.ascontiguousarray(obj)
+        return obj if obj.flags.aligned else obj.copy(order="K")
+    if isinstance(obj, (tuple, list)):
+        items = [aligned(o, _depth + 1) for o in obj]
+        if all(a is b for a, b in zip(items, obj)):
+            return obj
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if isinstance(obj, dict):
+        items = {k: aligned(v, _depth + 1) for k, v in obj.items()}
+        return obj if all(items[k] is v for k, v in obj.items()) else items
+    if type(obj).__module__.startswith("pandas.") and hasattr(obj, "copy"):
+        return obj.copy(deep=True)  # fresh blocks, whatever a transfer made of them
+    if type(obj).__module__.startswith(("skcep.", "scipy.sparse")) and hasattr(obj, "__dict__"):
+        attrs = {k: aligned(v, _depth + 1) for k, v in vars(obj).items()}
+        if all(attrs[k] is v for k, v in vars(obj).items()):
+            return obj
+        new = copy.copy(obj)
+        vars(new).update(attrs)
+        return new
+    return obj
+
+
+def rows(X, name="X", chunks=None, drop_empty=False):
     """``X`` as a Dask array chunked by rows only (a DataFrame or Series converted with its
-    partition lengths), and its column names (None for an array).  ``chunks`` re-chunks the
-    rows to match another array's."""
+    partition lengths; unknown chunk sizes, e.g. of a boolean mask, computed), and its column
+    names (None for an array).  ``chunks`` re-chunks the rows to match another array's;
+    ``drop_empty`` leaves out the empty row chunks (a fit's: nothing to do there)."""
     import dask.array as da  # noqa: PLC0415
 
     columns = None
@@ -73,6 +123,8 @@ def rows(X, name="X", chunks=None):
         X = X.rechunk({1: -1})
     if chunks is not None and X.chunks[0] != chunks:
         X = X.rechunk({0: chunks})
+    if drop_empty and 0 in X.chunks[0] and X.shape[0] > 0:
+        X = X.blocks[[i for i, n in enumerate(X.chunks[0]) if n]]
     return X, columns
 
 
@@ -81,11 +133,29 @@ def row_blocks(X):
     return list(X.to_delayed().ravel())
 
 
+def _no_rows(collection):
+    """A numpy (pandas for a DataFrame or Series) stand-in for a Dask collection, with its
+    columns and dtype and no rows."""
+    if hasattr(collection, "_meta") and not hasattr(collection, "chunks"):  # DataFrame, Series
+        return collection._meta
+    return np.empty((0, *collection.shape[1:]), dtype=collection.dtype)
+
+
+def fit_without_rows(estimator, method, X, y=None, **options):
+    """``estimator.method`` (``"fit"`` or ``"partial_fit"``) on numpy stand-ins of Dask
+    collections X, y that have no rows at all (a filter emptied every partition): numpy's own
+    answer, its ValueError for 0 samples."""
+    return getattr(estimator, method)(_no_rows(X), *(() if y is None else (_no_rows(y),)), **options)
+
+
 class _Predict:
-    """One row chunk's prediction; tuples of equal-shape outputs are stacked on a last axis."""
+    """One row chunk's prediction.  A method that returns several arrays (``return_std=True``)
+    gives one record array with a field per output (``f0``, ``f1``, …), so each keeps its own
+    dtype and shape.  An empty chunk gives ``empty`` (set from a sample) without a call."""
 
     def __init__(self, estimator, method, columns, options):
         self.estimator, self.method, self.columns, self.options = estimator, method, columns, options
+        self.empty = None
 
     def frame(self, block):
         if self.columns is None:
@@ -95,59 +165,83 @@ class _Predict:
         return pd.DataFrame(block, columns=self.columns)
 
     def __call__(self, block):
-        out = getattr(self.estimator, self.method)(self.frame(block), **self.options)
-        return np.stack(out, axis=-1) if isinstance(out, tuple) else np.asarray(out)
+        if block.shape[0] == 0 and self.empty is not None:
+            return self.empty
+        out = getattr(self.estimator, self.method)(self.frame(aligned(block)), **self.options)
+        if not isinstance(out, tuple):
+            return np.asarray(out)
+        out = [np.asarray(o) for o in out]
+        record = np.empty(out[0].shape[0], dtype=[(f"f{i}", o.dtype, o.shape[1:]) for i, o in enumerate(out)])
+        for i, o in enumerate(out):
+            record[f"f{i}"] = o
+        return record
 
 
 def predict_lazily(estimator, method, X, **options):
     """``estimator.method(X, **options)`` as a lazy Dask array over X's row chunks (a tuple of
-    them for methods that return several arrays, e.g. ``return_std=True``).
+    them for methods that return several arrays, e.g. ``return_std=True``); an empty chunk
+    gives an empty block, so the result holds the predictions of X's rows, in order.
 
-    The first row is predicted at once to learn the output's shape and dtype.
+    The first row of the first non-empty chunk is predicted at once to learn the output's
+    shape and dtype; if X has no rows at all, a row of ones (a valid input of every skcep
+    estimator: features, entry indices, messages' parameters) stands in for it.
     """
     require_dask()
     import dask.array as da  # noqa: PLC0415
 
     X, columns = rows(X)
     predict = _Predict(estimator, method, columns, options)
-    first = X[:1].compute()
-    several = isinstance(getattr(estimator, method)(predict.frame(first), **options), tuple)
+    filled = [k for k, n in enumerate(X.chunks[0]) if n]
+    first = (X.blocks[filled[0]][:1].compute() if filled
+             else np.ones((1, *X.shape[1:]), dtype=X.dtype))
     sample = predict(first)
+    predict.empty = sample[:0]
     extra = sample.shape[1:]
     out = da.map_blocks(
         predict, X, dtype=sample.dtype, chunks=(X.chunks[0], *((k,) for k in extra)),
         drop_axis=[1] if X.ndim == 2 and not extra else [],
         new_axis=list(range(2, 1 + len(extra))) if len(extra) > 1 else None,
-        meta=np.empty((0,) * sample.ndim, dtype=sample.dtype),
+        meta=sample[:0],
     )
-    return tuple(out[..., i] for i in range(sample.shape[-1])) if several else out
+    return out if sample.dtype.names is None else tuple(out[name] for name in sample.dtype.names)
 
 
 def _partial_fit_step(model, X, y, options):
     model = copy.deepcopy(model)  # a task's inputs may be shared with other tasks
+    X, y = aligned((X, y))
     return model.partial_fit(X, *(() if y is None else (y,)), **options)
 
 
 def _blocks_of(X, name, chunks=None):
-    """Row chunks of a Dask collection as Delayed objects: a DataFrame's or Series' own
-    partitions (pandas, keeping column names), an array's row chunks otherwise."""
+    """The non-empty row chunks of a Dask collection as Delayed objects, and their lengths: a
+    DataFrame's or Series' own partitions (pandas, keeping column names), an array's row
+    chunks otherwise (re-chunked to ``chunks``, if given, first)."""
     if hasattr(X, "to_delayed") and not hasattr(X, "chunks"):  # DataFrame or Series
-        return X.to_delayed(), [len_ for len_ in X.map_partitions(len).compute()]
-    X, _ = rows(X, name, chunks)
-    return row_blocks(X), list(X.chunks[0])
+        blocks, lengths = X.to_delayed(), X.map_partitions(len).compute().tolist()
+    else:
+        X, _ = rows(X, name, chunks)
+        blocks, lengths = row_blocks(X), list(X.chunks[0])
+    kept = [(b, n) for b, n in zip(blocks, lengths) if n]
+    return [b for b, _ in kept], [n for _, n in kept]
 
 
 def partial_fit_chunks(estimator, X, y=None, step=_partial_fit_step, **first_options):
-    """Fold the row chunks of (X, y) into ``estimator`` in order, as a chain of tasks.
+    """Fold the non-empty row chunks of (X, y) into ``estimator`` in order, as a chain of tasks.
 
     Task i continues the model of task i − 1 with ``step(model, X_i, y_i, options)``
     (``estimator.partial_fit`` by default; ``first_options``, e.g. ``classes``, go to the first
     chunk only).  Returns the final model, computed (on the workers, when a client exists).
+    When X has no rows at all, the default step is numpy ``partial_fit`` of no rows, in this
+    process (:func:`fit_without_rows`).
     """
     require_dask()
     from dask import delayed  # noqa: PLC0415
 
     X_blocks, lengths = _blocks_of(X, "X")
+    if not X_blocks:  # a copy: _fit_dask replaces the estimator's state by the result's
+        if step is not _partial_fit_step:
+            return estimator
+        return fit_without_rows(copy.deepcopy(estimator), "partial_fit", X, y, **first_options)
     if y is None:
         y_blocks = [None] * len(X_blocks)
     else:
@@ -164,8 +258,11 @@ def partial_fit_chunks(estimator, X, y=None, step=_partial_fit_step, **first_opt
 
 def _chunk_task(chunk_step, data, y, previous, global_state, options):
     """``chunk_step`` on one chunk: ``previous`` is the chunk's task of the step before, whose
-    (state, reduction) pair is read here rather than through a task of its own."""
-    return chunk_step(data, y, None if previous is None else previous[0], *global_state, **options)
+    (state, reduction) pair is read here rather than through a task of its own (all inputs
+    :func:`aligned`)."""
+    state = None if previous is None else previous[0]
+    data, y, state, global_state = aligned((data, y, state, global_state))
+    return chunk_step(data, y, state, *global_state, **options)
 
 
 def _client():

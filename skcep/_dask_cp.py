@@ -19,7 +19,7 @@ import numpy as np
 
 from sklearn.utils.validation import _check_sample_weight
 
-from ._dask import DaskPartitions, is_dask_collection, row_blocks, rows
+from ._dask import DaskPartitions, aligned, fit_without_rows, is_dask_collection, row_blocks, rows
 from .engines.cp import (EntryPartition, SweepTotals, fit_cp, noise_precision_for_variance,
                          posterior_sums)
 
@@ -103,6 +103,7 @@ def _partition_step(index, y, part, calls, **options):
 
 
 def _chunk_sums(post, index, values, likelihood):
+    post, index, values = aligned((post, index, values))
     y, weight = _values(values)
     return posterior_sums(post, index, y, likelihood, weight=weight)[0]
 
@@ -129,18 +130,18 @@ class _Partitions(DaskPartitions):
 class DaskEntries:
     """The training entries of a CP fit as persisted chunks on the Dask workers.
 
-    Building it checks and encodes every chunk on the workers and reduces what the estimator
-    needs before the sweeps: the largest index of every mode (``maxima``), the entries per
+    ``X`` and ``columns`` come from :func:`~skcep._dask.rows` (no empty chunks).  Building it
+    checks and encodes every chunk on the workers and reduces what the estimator needs before
+    the sweeps: the largest index of every mode (``maxima``), the entries per
     object (:meth:`n_seen`) and Var(y) (``variance``).  :meth:`fit_cp`, :meth:`elbo` and
     :meth:`starting_noise_precision` take the arguments of the engine's functions of these
     names (their ``index`` and ``y`` unused) and run on the chunks.
     """
 
-    def __init__(self, estimator, X, y, sample_weight=None):
+    def __init__(self, estimator, X, y, sample_weight=None, columns=None):
         import dask  # noqa: PLC0415
         import dask.array as da  # noqa: PLC0415
 
-        X, columns = rows(X)
         y, _ = rows(y, "y")
         if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0]:
             raise ValueError(f"X must be (n_entries, n_modes) and y (n_entries,); got shapes {X.shape} and "
@@ -165,7 +166,7 @@ class DaskEntries:
             estimator._encode(np.unique(da.unique(y).compute()), first_call=True)
             classes = estimator.classes_
         chunks = [dask.delayed(_entries_chunk)(xb, yb, estimator._check_index, classes, wb)
-                  for xb, yb, wb, size in zip(row_blocks(X), row_blocks(y), weights, X.chunks[0]) if size]
+                  for xb, yb, wb in zip(row_blocks(X), row_blocks(y), weights)]
         held = dask.persist(*[c[0] for c in chunks], *[c[1] for c in chunks])
         self.index, self.y = list(held[:len(chunks)]), list(held[len(chunks):])
         summaries = dask.compute(*[dask.delayed(_summary)(i, v) for i, v in zip(self.index, self.y)])
@@ -215,7 +216,8 @@ def fit_tensor(estimator, X, y, sample_weight=None):
     result equals the in-memory fit from the same start up to the order of floating-point sums;
     ``elbo_``, ``n_iter_``, ``converged_`` and the ConvergenceWarning are the in-memory fit's.
     ``n_init`` restarts run one after another.  ``schedule="entry"`` is sequential by nature
-    and raises a ValueError: use ``schedule="group"``.
+    and raises a ValueError: use ``schedule="group"``.  Empty chunks are left out; without any
+    entries, numpy's fit raises its ValueError.
 
     **What limits it: the size of the factors.**  The client holds q and makes every group
     update (d_k R×R inversions per mode), and every worker receives the first and packed second
@@ -236,7 +238,10 @@ def fit_tensor(estimator, X, y, sample_weight=None):
         raise ValueError(ENTRY_SCHEDULE)
     for name in ("classes_", "shape_"):
         estimator.__dict__.pop(name, None)
-    held = DaskEntries(estimator, X, y, sample_weight)
+    entries, columns = rows(X, drop_empty=True)
+    if entries.shape[0] == 0:
+        return fit_without_rows(estimator, "fit", X, y)
+    held = DaskEntries(estimator, entries, y, sample_weight, columns)
     shape = estimator._resolve_shape(held.maxima[None, :], fixed_shape, None, entries=False)
     estimator._start(None, None, noise_prior, shape, estimator.max_iter, held=held)
     if not estimator.converged_:

@@ -19,7 +19,7 @@ from sklearn.utils import check_array
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
-from ._dask import DaskPartitions, is_dask_collection, row_blocks, rows
+from ._dask import DaskPartitions, fit_without_rows, is_dask_collection, row_blocks, rows
 from .engines.evidence import (
     factorized_site_terms,
     fit_with_evidence,
@@ -234,10 +234,14 @@ def _weighted_labels(estimator, X, y, classes, sample_weight):
 
 def fit_classifier(estimator, X, y, sample_weight=None):
     """``fit`` of a Bayesian classifier on a Dask array or DataFrame (rows chunked), with
-    optional ``sample_weight`` (a Dask array chunked like the rows, or an in-memory array)."""
+    optional ``sample_weight`` (a Dask array chunked like the rows, or an in-memory array).
+    Empty chunks are left out; without any rows, numpy's fit raises its ValueError."""
     import dask.array as da  # noqa: PLC0415
 
-    X, columns = rows(X)
+    X_in, y_in = X, y
+    X, columns = rows(X, drop_empty=True)
+    if X.shape[0] == 0:
+        return fit_without_rows(estimator, "fit", X_in, y_in)
     y, _ = rows(y, "y", X.chunks[0])
     head = X[:2].compute()
     if columns is not None:

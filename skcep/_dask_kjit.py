@@ -35,7 +35,7 @@ per chunk, then over chunks).  Nothing of size n reaches the client.
 
 import numpy as np
 
-from ._dask import require_dask, row_blocks, rows
+from ._dask import aligned, fit_without_rows, require_dask, row_blocks, rows
 from .engines import random_features as rf
 from .engines.chunks import chunk_slices
 
@@ -64,6 +64,7 @@ def _checked_chunk(X, Y, checker, start):
 
 def _sums(X, Y, families):
     """A chunk's sums of message variances (n, c) and outputs, and its row count."""
+    X, Y = aligned((X, Y))
     return rf.message_variances(families, X).sum(axis=0), Y.sum(axis=0), X.shape[0]
 
 
@@ -74,6 +75,7 @@ def _take(X, index):
 def _chunk_statistics(X, Y, intercept, candidates):
     """The partition step of one chunk: inner features once, then the statistics of the outer
     features of every candidate γ² (sub-chunks of STATISTICS_CHUNK rows, summed in order)."""
+    X, Y, intercept, candidates = aligned((X, Y, intercept, candidates))
     phi = candidates[0].inner(X)
     Yc = Y - intercept
     slices = chunk_slices(X.shape[0], rf.STATISTICS_CHUNK)
@@ -133,11 +135,15 @@ def fit_operator(estimator, X, Y):
 
     Every chunk is checked by the estimator's own validation before anything is fitted; the
     first invalid chunk (in row order) raises the numpy fit's ValueError, with the chunk's rows
-    appended.  The estimator is then left as it was (the ``fit_method`` decorator)."""
+    appended.  The estimator is then left as it was (the ``fit_method`` decorator).  Empty
+    chunks are left out; without any rows, numpy's fit raises its ValueError."""
     require_dask()
     import dask  # noqa: PLC0415
 
-    X, columns = rows(X)
+    X_in, Y_in = X, Y
+    X, columns = rows(X, drop_empty=True)
+    if X.shape[0] == 0:
+        return fit_without_rows(estimator, "fit", X_in, Y_in)
     Y, _ = rows(Y, "Y", X.chunks[0])
     head, head_y = X[:2].compute(), Y[:2].compute()
     if columns is not None:
@@ -148,14 +154,12 @@ def fit_operator(estimator, X, Y):
     estimator.__dict__.pop("n_outputs_", None)
     checker = type(estimator)(message_families=estimator.message_families)
     starts = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]])
-    lengths = [n for n in X.chunks[0] if n > 0]  # empty chunks (of a filtered DataFrame) dropped
     checked = dask.persist(*[dask.delayed(_checked_chunk)(x, y, checker, int(s))
-                             for x, y, s, n in zip(row_blocks(X), row_blocks(Y), starts, X.chunks[0])
-                             if n > 0])
+                             for x, y, s in zip(row_blocks(X), row_blocks(Y), starts)])
     for error in dask.compute(*[c[2] for c in checked]):
         if error is not None:
             raise error
     n_outputs = 1 if Y.ndim == 1 else Y.shape[1]
-    messages = RowChunks([c[0] for c in checked], lengths, X.shape[1])
-    outputs = RowChunks([c[1] for c in checked], lengths, n_outputs)
+    messages = RowChunks([c[0] for c in checked], X.chunks[0], X.shape[1])
+    outputs = RowChunks([c[1] for c in checked], X.chunks[0], n_outputs)
     return estimator._fit_checked(messages, outputs, Y.ndim == 1, batch_fit=fit_chunks)

@@ -12,7 +12,7 @@ import copy
 
 import numpy as np
 
-from ._dask import _blocks_of, partial_fit_chunks, require_dask
+from ._dask import _blocks_of, aligned, fit_without_rows, partial_fit_chunks, require_dask
 from ._tensor import check_tensor_index
 
 __all__ = ["fit_stream"]
@@ -34,10 +34,8 @@ def _summary(checker, X, y):
 
 def _stream_chunk(model, X, y, options):
     """Task i of the chain: the model of task i − 1 continued by ``fit``'s pass over chunk i."""
-    if len(X) == 0:
-        return model
     model = copy.deepcopy(model)  # a task's inputs may be shared with other tasks
-    X, y, _ = model._prepare(X, y, first_call=False)
+    X, y, _ = model._prepare(*aligned((X, y)), first_call=False)
     return model._stream(X, y)
 
 
@@ -74,19 +72,20 @@ def fit_stream(estimator, X, y):
 
     for name in ("classes_", "shape_", "noise_precision_"):  # fit starts afresh
         estimator.__dict__.pop(name, None)
-    X_blocks, lengths = _blocks_of(X, "X")
+    X_blocks, lengths = _blocks_of(X, "X")  # the non-empty chunks
+    if not X_blocks:  # no rows at all
+        return fit_without_rows(estimator, "fit", X, y)
     y_blocks, y_lengths = _blocks_of(y, "y", tuple(lengths))
     if list(y_lengths) != list(lengths):
         raise ValueError(
             f"X and y have different row chunks ({lengths} and {y_lengths}); chunk y like X.")
-    first = next(k for k, n in enumerate(lengths) if n > 0)
-    head_X, head_y = dask.compute(X_blocks[first], y_blocks[first])
+    head_X, head_y = dask.compute(X_blocks[0], y_blocks[0])
     checker = type(estimator)(**estimator.get_params(deep=False))
     for model in (checker, estimator):  # n_features_in_, feature_names_in_
         X_head, _ = model._validate(head_X[:2], np.asarray(head_y)[:2], reset=True)
     fixed = estimator._check_params(X_head.shape[1])
     summaries = dask.compute(*[dask.delayed(_summary)(checker, xb, yb)
-                               for xb, yb, n in zip(X_blocks, y_blocks, lengths) if n > 0])
+                               for xb, yb in zip(X_blocks, y_blocks)])
     for _, _, error in summaries:
         if error is not None:
             raise error
