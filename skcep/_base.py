@@ -304,10 +304,11 @@ class SkcepMixin:
     #: The end of the ``ConvergenceWarning``'s sentence: what to change, for this estimator.
     _convergence_advice = "increase max_iter or loosen tol"
 
-    def _warn_not_converged(self, max_iter, name="max_iter", unit="sweeps"):
-        """The ``ConvergenceWarning`` of a fit stopped at ``max_iter``, at the user's line."""
+    def _warn_not_converged(self, max_iter, name="max_iter", unit="sweeps", cause=None):
+        """The ``ConvergenceWarning`` of a fit stopped at ``max_iter``, at the user's line;
+        ``cause``, if known, says why and what to do instead of the estimator's general advice."""
         warn(f"{type(self).__name__} did not converge in {name}={max_iter} {unit}; "
-             f"{self._convergence_advice}.", ConvergenceWarning)
+             f"{cause or self._convergence_advice}.", ConvergenceWarning)
 
 
 class Progress:

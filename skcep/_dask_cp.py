@@ -20,6 +20,8 @@ import numpy as np
 from sklearn.utils.validation import _check_sample_weight
 
 from ._dask import DaskPartitions, aligned, fit_without_rows, is_dask_collection, row_blocks, rows
+from ._tensor import _TARGET_ADVICE, add_sums, moment_sums, scale_from, sum_value
+from ._validation import check_fit_range
 from .engines.cp import (EntryPartition, SweepTotals, fit_cp, noise_precision_for_variance,
                          posterior_sums)
 
@@ -44,12 +46,28 @@ def _entries_chunk(index, y, check_index, classes, weight=None):
             raise ValueError("y contains NaN or infinity.")
     else:
         y = (np.asarray(y) == classes[1]).astype(float)
+    if weight is not None:
+        weight = _check_sample_weight(weight, index, dtype=np.float64, ensure_non_negative=True,
+                                      allow_all_zero_weights=True)
+    check_fit_range("BayesianCPTensor", y if classes is None else None, weight, advice=_TARGET_ADVICE)
     if weight is None:
         return index, y
-    weight = _check_sample_weight(weight, index, dtype=np.float64, ensure_non_negative=True,
-                                  allow_all_zero_weights=True)
     keep = weight > 0
     return index[keep], np.stack([y[keep], weight[keep]])
+
+
+def _standardized(values, offset, scale):
+    """A chunk's values (as :func:`_entries_chunk` keeps them) with y as (y − offset) / scale."""
+    values = values.copy()
+    if values.ndim == 1:
+        return (values - offset) / scale
+    values[0] = (values[0] - offset) / scale
+    return values
+
+
+def _moment_sums(values, offset=None):
+    """:func:`~skcep._tensor.moment_sums` of a chunk's values and weights."""
+    return moment_sums(*_values(values), offset=offset)
 
 
 def _values(values):
@@ -133,7 +151,10 @@ class DaskEntries:
     ``X`` and ``columns`` come from :func:`~skcep._dask.rows` (no empty chunks).  Building it
     checks and encodes every chunk on the workers and reduces what the estimator needs before
     the sweeps: the largest index of every mode (``maxima``), the entries per
-    object (:meth:`n_seen`) and Var(y) (``variance``).  :meth:`fit_cp`, :meth:`elbo` and
+    object (:meth:`n_seen`) and Var(y) (``variance``); with ``normalize_y`` it sets the
+    estimator's ``y_offset_`` and ``y_scale_`` from the chunks' exact sums (the numpy fit's
+    bits, :func:`~skcep._tensor.target_scaling`) and holds the standardized values
+    (``variance``: theirs).  :meth:`fit_cp`, :meth:`elbo` and
     :meth:`starting_noise_precision` take the arguments of the engine's functions of these
     names (their ``index`` and ``y`` unused) and run on the chunks.
     """
@@ -175,7 +196,16 @@ class DaskEntries:
         self.n, _, m2 = functools.reduce(_pooled, [s[2] for s in summaries])
         if self.n == 0:
             raise ValueError("Sample weights must contain at least one non-zero number.")
-        self.variance = m2 / self.n
+        offset, scale = 0.0, 1.0  # estimator._set_scaling's, from the chunks' exact sums: the same bits
+        if estimator.likelihood == "gaussian" and estimator.normalize_y:
+            sums = dask.compute(*[dask.delayed(_moment_sums)(v) for v in self.y])
+            total, first = functools.reduce(lambda a, b: (add_sums(a[0], b[0]), add_sums(a[1], b[1])), sums)
+            offset = sum_value(first) / sum_value(total)
+            squares = dask.compute(*[dask.delayed(_moment_sums)(v, offset) for v in self.y])
+            scale = scale_from(total, functools.reduce(add_sums, squares))
+            self.y = list(dask.persist(*[dask.delayed(_standardized)(v, offset, scale) for v in self.y]))
+        estimator.y_offset_, estimator.y_scale_ = offset, scale
+        self.variance = m2 / self.n / scale ** 2
 
     def starting_noise_precision(self, y, noise_prior, weight=None):
         """:func:`~skcep.engines.cp.starting_noise_precision` of the chunks' values (``y`` unused)."""

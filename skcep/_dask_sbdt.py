@@ -9,27 +9,35 @@ chunk of entries stays where it is.
 """
 
 import copy
+import functools
 
 import numpy as np
 
 from ._dask import _blocks_of, aligned, fit_without_rows, partial_fit_chunks, require_dask
-from ._tensor import check_tensor_index
+from ._tensor import _TARGET_ADVICE, add_sums, check_tensor_index, moment_sums, scale_from, sum_value
+from ._validation import check_fit_range
 
 __all__ = ["fit_stream"]
 
 
 def _summary(checker, X, y):
     """One chunk checked as ``fit`` checks its data: (largest index per mode, its labels for
-    probit or None, None), or (None, None, error)."""
+    probit or else the exact sums (Σ 1, Σ y) of its values, None), or (None, None, error)."""
     try:
         X, y = checker._validate(X, y, reset=False)
         X = check_tensor_index(X, estimator_name=type(checker).__name__)
-        if checker.likelihood == "gaussian":
-            checker._encode(y, first_call=False)  # finite values
-        labels = np.unique(y) if checker.likelihood == "probit" else None
-        return X.max(axis=0), labels, None
+        if checker.likelihood == "probit":
+            return X.max(axis=0), np.unique(y), None
+        y = checker._encode(y, first_call=False)  # finite values
+        check_fit_range(type(checker).__name__, y, advice=_TARGET_ADVICE)
+        return X.max(axis=0), moment_sums(y), None
     except (TypeError, ValueError) as error:
         return None, None, error
+
+
+def _square_sums(y, offset):
+    """The exact Σ (y − offset)² of a chunk's (checked) values."""
+    return moment_sums(np.asarray(y, dtype=float), offset=offset)
 
 
 def _stream_chunk(model, X, y, options):
@@ -44,12 +52,14 @@ def fit_stream(estimator, X, y):
     (rows chunked alike): one pass over the chunks in order, as a chain of tasks.
 
     First every chunk is checked and reduced to its largest index per mode (and its labels for
-    probit), so the tensor's shape and the classes are those of the whole data and the first
-    invalid chunk raises the numpy fit's error before anything is fitted (the estimator is then
-    left as it was).  The client then starts like numpy ``fit``: the prior and the generator
-    seeded by ``random_state``.  Task i takes the posterior and the generator left by task
-    i − 1 and processes chunk i exactly as numpy ``fit`` processes its data: entries in batches
-    of ``batch_size`` — each ADF over its entries, then the EP refinement of the spike-and-slab
+    probit, or the exact sums of its values and, in a second pass, of their squared deviations),
+    so the tensor's shape, the classes and ``normalize_y``'s ``y_offset_`` and ``y_scale_`` are
+    those of the whole data (bit for bit the numpy fit's) and the first invalid chunk raises the
+    numpy fit's error before anything is fitted (the estimator is then left as it was).  The
+    client then starts like numpy ``fit``: the prior and the generator seeded by
+    ``random_state``.  Task i takes the posterior and the generator left by task i − 1 and
+    processes chunk i exactly as numpy ``fit`` processes its data: entries in batches of
+    ``batch_size`` — each ADF over its entries, then the EP refinement of the spike-and-slab
     terms — visited in an order drawn by ``generator.permutation`` when ``shuffle=True``.
 
     How it relates to numpy ``fit``: with one chunk it is numpy ``fit``, bit for bit.  With
@@ -89,8 +99,15 @@ def fit_stream(estimator, X, y):
     for _, _, error in summaries:
         if error is not None:
             raise error
+    estimator.y_offset_, estimator.y_scale_ = 0.0, 1.0  # estimator._set_scaling's, from all chunks
     if estimator.likelihood == "probit":
         estimator._encode(np.unique(np.concatenate([s[1] for s in summaries])), first_call=True)
+    elif estimator.normalize_y:  # exact sums over the chunks: the numpy fit's bits
+        total, first = functools.reduce(lambda a, b: (add_sums(a[0], b[0]), add_sums(a[1], b[1])),
+                                        [s[1] for s in summaries])
+        offset = sum_value(first) / sum_value(total)
+        squares = dask.compute(*[dask.delayed(_square_sums)(yb, offset) for yb in y_blocks])
+        estimator.y_offset_, estimator.y_scale_ = offset, scale_from(total, functools.reduce(add_sums, squares))
     shape = estimator._resolve_shape(np.vstack([s[0] for s in summaries]), fixed, None,
                                      entries=False)
     estimator._start(X_head.shape[1], shape)

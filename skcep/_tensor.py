@@ -1,8 +1,10 @@
 """What the tensor estimators share: entry indices as X, checks of their parameters, a
 likelihood that makes them a regressor ("gaussian") or a classifier ("probit"), label encoding,
-and predictions from the posterior mean and variance of the latent entry.
+the standardization of Gaussian targets (``normalize_y``, from exact sums) and the range a fit
+takes, and predictions from the posterior mean and variance of the latent entry.
 """
 
+from fractions import Fraction
 from numbers import Integral
 
 import numpy as np
@@ -14,7 +16,7 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import _check_sample_weight
 
 from ._base import SkcepMixin, predict_method
-from ._validation import OBSERVED_ENTRIES, check_finite, validate_data
+from ._validation import MAX_FIT_VALUE, OBSERVED_ENTRIES, check_finite, check_fit_range, validate_data
 from .engines.cp import effective_rank
 from .engines.likelihoods import Probit
 
@@ -27,6 +29,81 @@ def _check_noise_prior(noise_prior, name="noise_prior"):
     if not (np.isfinite(a0) and np.isfinite(b0) and a0 > 0 and b0 > 0):
         raise ValueError(f"{name} must be a pair (a0, b0) of positive numbers; got {noise_prior!r}.")
     return a0, b0
+
+
+MIN_TARGET_SCALE = 1.0 / MAX_FIT_VALUE  # a spread of y below it counts as none (scale 1)
+
+#: What to do about targets beyond MAX_FIT_VALUE.
+_TARGET_ADVICE = " Express y in other units (divide it by a power of ten); predictions come in those units."
+
+
+def target_scaling(y, weight=None):
+    """(offset, scale) that standardise Gaussian targets, z = (y − offset) / scale: the
+    (``weight``-weighted: each entry counted w times) mean and standard deviation of y; scale 1
+    when the spread is below ``MIN_TARGET_SCALE`` (constant targets: then only centred).  The
+    sums are exact (:func:`moment_sums`), so a Dask fit that adds its chunks' sums gets the
+    same bits."""
+    total, first = moment_sums(y, weight)
+    offset = sum_value(first) / sum_value(total)
+    return offset, scale_from(total, moment_sums(y, weight, offset))
+
+
+def scale_from(total, squares):
+    """The scale from the exact sums Σ w and Σ w (y − offset)² (:func:`moment_sums`)."""
+    return scale_or_one(float(np.sqrt(sum_value(squares) / sum_value(total))))
+
+
+def moment_sums(y, weight=None, offset=None):
+    """The exact sums :func:`target_scaling` needs, over one set (or chunk) of entries: (Σ w,
+    Σ w·y) without ``offset``, Σ w·(y − offset)² with it (w = 1 without weights)."""
+    if offset is None:
+        return ({0: np.size(y)}, exact_sum(y)) if weight is None else (exact_sum(weight), exact_sum(weight * y))
+    return exact_sum((y - offset) ** 2 if weight is None else weight * (y - offset) ** 2)
+
+
+_EXPONENT_BIAS = 1100  # np.frexp's exponents lie in [−1073, 1024]
+_EXACT_BLOCK = 2**25  # float64 sums of 2^25 integers below 2^27 in magnitude stay exact
+
+
+def exact_sum(values):
+    """Σ values exactly, as {e: k} with Σ = Σ_e k·2^e (Python ints), whatever the order and the
+    grouping of the values: sums over chunks added with :func:`add_sums` equal the sum over all.
+    Each value is split into two integers below 2^27 per binary exponent, summed per exponent."""
+    mantissa, exponent = np.frexp(np.ravel(values).astype(float))
+    mantissa = np.ldexp(mantissa, 53)  # integers, |m| < 2^53
+    high = np.floor(np.ldexp(mantissa, -26))
+    low = mantissa - np.ldexp(high, 26)  # 0 ≤ low < 2^26
+    out = {}
+    for start in range(0, mantissa.size, _EXACT_BLOCK):
+        rows = slice(start, start + _EXACT_BLOCK)
+        for part, shift in ((high, 26), (low, 0)):
+            totals = np.bincount(exponent[rows] + _EXPONENT_BIAS, weights=part[rows])
+            for j in np.flatnonzero(totals):
+                e = int(j) - _EXPONENT_BIAS - 53 + shift
+                out[e] = out.get(e, 0) + int(totals[j])
+    return out
+
+
+def add_sums(a, b):
+    """The exact sum of two :func:`exact_sum` results."""
+    out = dict(a)
+    for e, k in b.items():
+        out[e] = out.get(e, 0) + k
+    return out
+
+
+def sum_value(parts):
+    """An :func:`exact_sum` rounded once to the nearest float."""
+    if not parts:
+        return 0.0
+    low = min(parts)
+    total = sum(k << (e - low) for e, k in parts.items())
+    return float(Fraction(total) * Fraction(2) ** low)
+
+
+def scale_or_one(sd):
+    """The scale of targets of standard deviation ``sd``: ``sd``, or 1 below ``MIN_TARGET_SCALE``."""
+    return sd if sd >= MIN_TARGET_SCALE else 1.0
 
 
 _MAX_INDEX = 2**40  # far beyond any tensor whose factors fit in memory; guards the int cast
@@ -181,6 +258,24 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             return X, y, weight
         return X[keep], y[keep], weight[keep]
 
+    def _check_fit_range(self, y, weight):
+        """ValueError naming the limit if Gaussian |y| or a weight is beyond what a fit takes."""
+        check_fit_range(type(self).__name__, y if self.likelihood == "gaussian" else None, weight,
+                        advice=_TARGET_ADVICE)
+
+    def _set_scaling(self, y, weight=None):
+        """``y_offset_`` and ``y_scale_`` from the (weighted) entries of a fit or a stream's
+        first batch: their mean and standard deviation with ``normalize_y``, else 0 and 1
+        (probit: 0 and 1)."""
+        scaled = self.likelihood == "gaussian" and self.normalize_y
+        self.y_offset_, self.y_scale_ = target_scaling(y, weight) if scaled else (0.0, 1.0)
+
+    def _standardized(self, y):
+        """The targets as the engine fits them, (y − y_offset_) / y_scale_."""
+        if (self.y_offset_, self.y_scale_) == (0.0, 1.0):
+            return y
+        return (y - self.y_offset_) / self.y_scale_
+
     def _encode(self, y, first_call, classes=None):
         """Gaussian: finite floats.  Probit: two labels, encoded as 0/1 (``classes_[1]`` → 1)."""
         if self.likelihood == "gaussian":
@@ -254,8 +349,9 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         if self.likelihood == "probit":
             labels = self.classes_[(mean > 0).astype(int)]
             return (labels, np.sqrt(var)) if return_std else labels
+        mean = self.y_offset_ + self.y_scale_ * mean  # in y's units (normalize_y)
         if return_std:
-            return mean, np.sqrt(var + 1.0 / self.noise_precision_)
+            return mean, np.sqrt(self.y_scale_ ** 2 * var + 1.0 / self.noise_precision_)
         return mean
 
     @available_if(lambda self: self.likelihood == "probit")
@@ -298,17 +394,19 @@ def _check_positive_ints(value, name, allow_empty=False):
     return tuple(int(v) for v in items)
 
 
-def cp_attributes(result):
-    """The fitted attributes of :class:`~skcep.BayesianCPTensor` from an engine fit result."""
+def cp_attributes(result, offset=0.0, scale=1.0):
+    """The fitted attributes of :class:`~skcep.BayesianCPTensor` from an engine fit result on
+    targets z = (y − ``offset``) / ``scale``: the offsets and the noise in y's units."""
     post = result.posterior
     biases = dict(zip(post.offset_modes, post.offsets))  # None: the global offset, k: mode k's
     b = biases.pop(None, None)
     return dict(
         factors_=[f.mean for f in post.factors], factor_covariances_=[f.cov for f in post.factors],
-        intercept_=0.0 if b is None else float(b.mean[0, 0]),
-        intercept_var_=0.0 if b is None else float(b.cov[0, 0, 0]),
-        biases_=[g.mean[:, 0] for g in biases.values()], biases_var_=[g.cov[:, 0, 0] for g in biases.values()],
-        noise_precision_=float(post.noise_precision), component_precision_=post.component_precision,
+        intercept_=offset + (0.0 if b is None else scale * float(b.mean[0, 0])),
+        intercept_var_=0.0 if b is None else scale ** 2 * float(b.cov[0, 0, 0]),
+        biases_=[scale * g.mean[:, 0] for g in biases.values()],
+        biases_var_=[scale ** 2 * g.cov[:, 0, 0] for g in biases.values()],
+        noise_precision_=float(post.noise_precision) / scale ** 2, component_precision_=post.component_precision,
         effective_rank_=effective_rank(post), elbo_=list(result.elbo), n_iter_=result.n_iter,
         converged_=bool(result.converged))
 

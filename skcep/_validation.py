@@ -7,8 +7,13 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.validation import validate_data as _sklearn_validate_data
 
-__all__ = ["COMPLETE_ROWS", "MESSAGE_ROWS", "OBSERVED_ENTRIES", "check_finite", "check_sparse_structure",
-           "validate_data"]
+__all__ = ["COMPLETE_ROWS", "MAX_FIT_VALUE", "MAX_FIT_WEIGHT", "MESSAGE_ROWS", "OBSERVED_ENTRIES",
+           "check_finite", "check_fit_range", "check_sparse_structure", "validate_data"]
+
+#: |x| a fit takes (features; tensor targets; message parameters and statistics): EP sites hold
+#: precisions ~ x², the full q their sums, regressions sums of squares — all far inside double precision.
+MAX_FIT_VALUE = 1e50
+MAX_FIT_WEIGHT = 1e12  # a sample weight counts copies of a row: up to a trillion
 
 #: What to do, for models of feature rows (the classifiers).
 COMPLETE_ROWS = ("needs complete rows: impute the missing values first (e.g. "
@@ -118,3 +123,20 @@ def check_sparse_structure(X, estimator_name="The estimator"):
             f"outside that shape. {estimator_name} reads every stored index: build X with the "
             f"shape it really has, e.g. the training features' vectorizer, or "
             f"scipy.sparse.csr_matrix((data, indices, indptr), shape=(n_rows, n_features)).")
+
+
+def check_fit_range(estimator_name, values=None, weight=None, name="y", advice=""):
+    """Raise a ValueError naming the limit if |``values``| (targets, or message parameters)
+    exceeds ``MAX_FIT_VALUE`` or a weight exceeds ``MAX_FIT_WEIGHT``: the range a fit supports
+    (squares and sums of squares of the values, and a weight's count of copies, stay in double
+    precision), checked before it starts.  ``advice``: what to do about large values."""
+    if values is not None and np.size(values) and (largest := float(np.max(np.abs(values)))) > MAX_FIT_VALUE:
+        at = np.unravel_index(int(np.argmax(np.abs(values))), np.shape(values))
+        where = f"row {at[0]}" + (f", column {at[1]}" if len(at) == 2 else "")
+        raise ValueError(f"{name} has a value of {largest:.3g} ({where}); {estimator_name} takes values up "
+                         f"to {MAX_FIT_VALUE:.0e} in absolute value.{advice}")
+    if weight is not None and np.size(weight) and (heaviest := float(np.max(weight))) > MAX_FIT_WEIGHT:
+        raise ValueError(
+            f"sample_weight reaches {heaviest:.3g}; a weight counts copies of an entry, and "
+            f"{estimator_name} takes weights up to {MAX_FIT_WEIGHT:.0e}. Divide the weights by a "
+            "common factor if only their ratios matter (that rescales the data's evidence).")

@@ -66,9 +66,18 @@ class StreamingDeepTensor(TensorEstimator):
         the EP fixed point.
     noise_prior : tuple (a0, b0), default=(1.0, 1.0)
         Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
+    normalize_y : bool, default=True
+        Gaussian entries: fit the standardized targets (y − y_offset_) / y_scale_, with
+        ``y_offset_`` and ``y_scale_`` the (weighted) mean and standard deviation of the
+        training y (of the first batch of a stream, kept afterwards), and predict in y's units.
+        The priors (embeddings, weights, ``intercept_prior_variance``, ``noise_prior``) then
+        speak of the standardized targets, so ratings on a 1–100 scale or prices fit as well
+        as values near 0.  False: y is fitted as it is (the paper; the priors then speak of y:
+        keep it of order 1).  Ignored for probit.
     fit_intercept : bool, default=True
         Add a global offset b ~ N(0, ``intercept_prior_variance``) to the network output, updated
-        with the weights (its gradient is 1).  ``False`` gives exactly the model of the paper.
+        with the weights (its gradient is 1).  ``False`` (with ``normalize_y=False``) gives
+        exactly the model of the paper.
     intercept_prior_variance : float, default=100.0
         Prior variance of the global offset.
     batch_size : int, default=256
@@ -106,9 +115,15 @@ class StreamingDeepTensor(TensorEstimator):
         Posterior inclusion probability q(s = 1) = c(ρ* + logit ρ0) of every weight (equal to
         the paper's c(ρ*) for ρ0 = ½).
     intercept_, intercept_var_ : float
-        Posterior mean and variance of the global offset (0 and 0 without one).
+        Posterior mean and variance of the global offset in y's units, ``y_offset_`` included
+        (``y_offset_`` and 0 without one).
     noise_precision_ : float
-        E[τ] = a/b (Gaussian likelihood only).
+        E[τ] = a/b in y's units, 1 / noise variance of y (Gaussian likelihood only).
+    y_offset_, y_scale_ : float
+        The standardization of the Gaussian targets (``normalize_y``; else, and for probit, 0
+        and 1): the predicted entry is ``intercept_ + y_scale_ · f`` with f the network of
+        ``embeddings_`` and ``weights_`` without the global offset (these, like their
+        variances, describe the standardized targets).
     n_seen_ : int
         Entries processed since the last ``fit`` (or the first ``partial_fit``).
     shape_ : tuple of int
@@ -144,6 +159,7 @@ class StreamingDeepTensor(TensorEstimator):
         "slab_variance": [Interval(Real, 0, None, closed="neither")],
         "damping": [Interval(Real, 0, 1, closed="right")],
         "noise_prior": [tuple, list],
+        "normalize_y": ["boolean"],
         "fit_intercept": ["boolean"],
         "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
         "batch_size": [Interval(Integral, 1, None, closed="left")],
@@ -153,16 +169,18 @@ class StreamingDeepTensor(TensorEstimator):
         "random_state": ["random_state"],
         **COMMON_CONSTRAINTS,
     }
-    _structural_params = ("rank", "hidden_layer_sizes", "activation", "likelihood", "fit_intercept", "shape")
+    _structural_params = ("rank", "hidden_layer_sizes", "activation", "likelihood", "normalize_y", "fit_intercept",
+                          "shape")
     _dask_fit = fit_stream
 
     def __init__(self, rank=8, *, hidden_layer_sizes=(50, 50), activation="relu", likelihood="gaussian",
-                 spike_prob=0.5, slab_variance=1.0, damping=0.03, noise_prior=(1.0, 1.0), fit_intercept=True,
-                 intercept_prior_variance=100.0, batch_size=256, shuffle=True, init_scale=0.0, shape=None,
-                 n_jobs=None, verbose=0, random_state=None):
+                 spike_prob=0.5, slab_variance=1.0, damping=0.03, noise_prior=(1.0, 1.0), normalize_y=True,
+                 fit_intercept=True, intercept_prior_variance=100.0, batch_size=256, shuffle=True, init_scale=0.0,
+                 shape=None, n_jobs=None, verbose=0, random_state=None):
         self.rank, self.hidden_layer_sizes, self.activation = rank, hidden_layer_sizes, activation
         self.likelihood, self.spike_prob, self.slab_variance = likelihood, spike_prob, slab_variance
         self.damping, self.noise_prior, self.fit_intercept = damping, noise_prior, fit_intercept
+        self.normalize_y = normalize_y
         self.intercept_prior_variance = intercept_prior_variance
         self.batch_size, self.shuffle, self.init_scale = batch_size, shuffle, init_scale
         self.shape, self.n_jobs, self.verbose, self.random_state = shape, n_jobs, verbose, random_state
@@ -172,14 +190,19 @@ class StreamingDeepTensor(TensorEstimator):
         return self._prepare_weighted(X, y, first_call, classes)[:3]
 
     def _prepare_weighted(self, X, y, first_call, classes=None, sample_weight=None):
-        """Validate everything before any state changes: indices, targets (signs ±1 for
-        probit), weights (entries of weight 0 left out) and the parameters that need X (ranks
-        per mode, the shape).  Returns X, y, the shape and the weights (None: unweighted)."""
+        """Validate everything before any state changes: indices, targets (in range and
+        standardized; signs ±1 for probit), weights (in range; entries of weight 0 left out) and
+        the parameters that need X (ranks per mode, the shape).  Returns X, y, the shape and the
+        weights (None: unweighted)."""
         X, y = self._validate(X, y, reset=first_call)
         fixed = self._check_params(X.shape[1])
         y = self._encode(y, first_call=first_call, classes=classes)
         X = check_tensor_index(X, estimator_name=type(self).__name__)
         X, y, weight = self._entry_weights(X, y, sample_weight)
+        self._check_fit_range(y, weight)
+        if first_call:
+            self._set_scaling(y, weight)
+        y = self._standardized(y)
         shape = self._resolve_shape(X, fixed, None if first_call else self.shape_)
         return X, (2.0 * y - 1.0 if self.likelihood == "probit" else y), shape, weight
 
@@ -242,12 +265,12 @@ class StreamingDeepTensor(TensorEstimator):
         X : array-like of shape (n_entries, n_modes)
             Integer entry indices, one column per mode.
         y : array-like of shape (n_entries,)
-            Entry values (real for "gaussian", two labels for "probit").
+            Entry values (real for "gaussian", |y| ≤ 1e50; two labels for "probit").
         sample_weight : array-like of shape (n_entries,), default=None
-            Non-negative entry weights: an entry of weight w enters with its likelihood to the
-            power w, by a power-EP step (exact for Gaussian entries, whose likelihood^w is
-            N(y | f, σ²/w); for probit, w copies of one copy's site; see the user guide), and
-            counts w times in q(τ); entries of weight 0 are left out.  None: all 1.  Not with
+            Non-negative entry weights up to 1e12: an entry of weight w enters with its
+            likelihood to the power w, by a power-EP step (exact for Gaussian entries, whose
+            likelihood^w is N(y | f, σ²/w); for probit, w copies of one copy's site; see the user
+            guide), and counts w times in q(τ); entries of weight 0 are left out.  None: all 1.  Not with
             Dask collections (a TypeError: the chunks are a chain of tasks without weights).
 
         Returns
@@ -282,7 +305,9 @@ class StreamingDeepTensor(TensorEstimator):
 
         The entries are absorbed one by one by assumed density filtering, then the
         spike-and-slab approximation is refined by EP; the batch is not kept.  Indices beyond
-        the current shape grow the modes (new objects start at the prior).
+        the current shape grow the modes (new objects start at the prior).  With ``normalize_y``
+        the first batch sets ``y_offset_`` and ``y_scale_`` (its mean and standard deviation; 1
+        if it is constant), which later batches keep.
 
         Parameters
         ----------
@@ -320,9 +345,10 @@ class StreamingDeepTensor(TensorEstimator):
         self.weights_ = post.weight_mean
         self.weight_variances_ = post.weight_var
         self.inclusion_prob_ = post.layer_views(expit(post.inclusion_logit))
-        self.intercept_, self.intercept_var_ = post.intercept
+        b, b_var = post.intercept  # of the standardized targets: in y's units
+        self.intercept_, self.intercept_var_ = self.y_offset_ + self.y_scale_ * b, self.y_scale_ ** 2 * b_var
         if self.likelihood == "gaussian":
-            self.noise_precision_ = float(post.noise_precision)
+            self.noise_precision_ = float(post.noise_precision) / self.y_scale_ ** 2
         self.n_seen_ = int(post.n_seen)
 
     def _latent_moments(self, X):

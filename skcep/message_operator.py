@@ -14,7 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from ._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, SkcepMixin, fit_method, predict_method
 from ._dask_kjit import fit_operator
-from ._validation import MESSAGE_ROWS, validate_data
+from ._validation import MESSAGE_ROWS, check_fit_range, validate_data
 from .engines import random_features as rf
 from .engines.factors import LogisticFactor, OperatorSite
 
@@ -40,6 +40,12 @@ _CHECK_X = {
     "check_fit_check_is_fitted": (2, False), "check_n_features_in": (2, False),
     "check_fit2d_predict1d": (3, False),
 }
+#: What to do about message parameters beyond the range the operator takes.
+_MESSAGE_ADVICE = (" A parameter this large usually comes from a message that diverged upstream: drop or "
+                   "repair that row.")
+#: What to do about outputs beyond the range a fit takes.
+_OUTPUT_ADVICE = (" Statistics this large usually come from a message that diverged upstream; else "
+                  "express them in other units.")
 #: Why the positive_only tag check cannot hold, whatever the families.
 _NO_POSITIVE_TAG = (
     "check limitation: variances and Beta or Gamma parameters must be > 0 and a Gaussian mean may be any "
@@ -55,6 +61,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     messages' mean embeddings (§3.1–3.2, Algorithm 1).  A row of ``X`` concatenates the
     messages' parameters in ``message_families`` order: Gaussian (mean, variance), Beta (α, β),
     Gamma (shape, rate).  Outputs are centred by the first batch's mean, not rescaled.
+    Message parameters and outputs must lie within ±1e50 (a ValueError names the limit).
 
     Parameters
     ----------
@@ -181,10 +188,14 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     def _check_X(self, X, reset=False, **target):  # target: y=Y and its validation options
         out = validate_data(self, X, dtype=np.float64, reset=reset, advice=MESSAGE_ROWS, **target)
         rf.check_messages(rf.message_families(self.message_families), out[0] if target else out)
+        check_fit_range(type(self).__name__, out[0] if target else out, name="X", advice=_MESSAGE_ADVICE)
         return out
 
     def _as_2d(self, Y, n_rows, what="Y"):
-        return rf.check_outputs(Y, n_rows, getattr(self, "n_outputs_", None), what)
+        """Outputs to fit: finite, of the right shape and in the range a fit takes."""
+        Y = rf.check_outputs(Y, n_rows, getattr(self, "n_outputs_", None), what)
+        check_fit_range(type(self).__name__, Y, name=what, advice=_OUTPUT_ADVICE)
+        return Y
 
     # fitting -----------------------------------------------------------------------------------
     @fit_method

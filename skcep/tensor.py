@@ -66,6 +66,16 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         Prior variance of the modulating modes' embeddings.
     noise_prior : tuple (a0, b0), default=(1e-3, 1e-3)
         Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
+    normalize_y : bool, default=True
+        Gaussian entries: fit the standardized targets (y − y_offset_) / y_scale_, with
+        ``y_offset_`` and ``y_scale_`` the (weighted) mean and standard deviation of the
+        training y, and predict in y's units.  The priors (``prior_variance``,
+        ``intercept_prior_variance``, ``bias_prior_variance``, ``noise_prior``) then speak of the
+        standardized targets, so ratings on a 1–100 scale or prices fit as well as values near
+        0 (as in scikit-learn's ``GaussianProcessRegressor(normalize_y=True)``).
+        ``partial_fit``: set by the first batch (and each refit of the warm-up buffer), then
+        fixed.  False: y is fitted as it is (the priors then speak of y: keep it of order 1).
+        Ignored for probit.
     fit_intercept : bool, default=True
         Infer a global offset b ~ N(0, intercept_prior_variance).
     intercept_prior_variance : float, default=100.0
@@ -122,18 +132,26 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
     factor_covariances_ : list of ndarray of shape (d_k, rank, rank)
         Their posterior covariances.
     intercept_, intercept_var_ : float
-        Posterior mean and variance of the global offset (0 and 0 without one).
+        Posterior mean and variance of the global offset in y's units, ``y_offset_`` included
+        (``y_offset_`` and 0 without one).
     biases_, biases_var_ : list of ndarray of shape (d_k,)
-        Posterior means and variances of the per-object offsets (``mode_bias=True``).
+        Posterior means and variances of the per-object offsets in y's units (``mode_bias=True``).
     noise_precision_ : float
-        E[τ] (1.0 for probit, whose latent noise has unit variance).
+        E[τ] in y's units, 1 / noise variance of y (1.0 for probit, whose latent noise has unit
+        variance).
+    y_offset_, y_scale_ : float
+        The standardization of the Gaussian targets (``normalize_y``; else, and for probit, 0
+        and 1): the predicted entry is ``intercept_ + Σ_k biases_[k] + y_scale_ · 1ᵀ(∘_k u^k)``
+        with the embeddings u of ``factors_``, which (like ``factor_covariances_``,
+        ``component_precision_`` and ``elbo_``) describe the standardized targets.
     component_precision_ : ndarray of shape (rank,) or None
         E[λ_r], the prior precision of component r (``ard``; else None).
     effective_rank_ : int
         Components with power Π_k mean_s E[u^k_{sr}]² ≥ 1e-3 × the largest and > 1e-12.
     elbo_ : list of float
         Evidence lower bound after every sweep of the last call (non-decreasing for VMP and
-        for group CEP with Gaussian entries; Li et al., Corollary 1).
+        for group CEP with Gaussian entries; Li et al., Corollary 1), of the standardized
+        targets (that of y is Σ_i w_i log ``y_scale_`` lower).
     n_iter_ : int
         Sweeps run by the last call.
     converged_ : bool
@@ -172,7 +190,7 @@ class BayesianCPTensor(TensorEstimator):
     __doc__ = _DOC
 
     _structural_params = ("rank", "likelihood", "method", "mode_bias", "fit_intercept", "shape", "ard",
-                          "modulating_modes")
+                          "modulating_modes", "normalize_y")
     _dask_fit = fit_tensor  # fit on Dask collections: the entries stay on the workers
     _dask_fit_weights = True
     _check_index = staticmethod(check_tensor_index)  # run on every chunk of a Dask fit
@@ -188,6 +206,7 @@ class BayesianCPTensor(TensorEstimator):
         "modulating_modes": [tuple, list],
         "modulation_variance": [Interval(Real, 0, None, closed="neither")],
         "noise_prior": [tuple, list],
+        "normalize_y": ["boolean"],
         "fit_intercept": ["boolean"],
         "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
         "mode_bias": ["boolean"],
@@ -206,14 +225,15 @@ class BayesianCPTensor(TensorEstimator):
 
     def __init__(self, rank=8, *, likelihood="gaussian", method="cep", schedule="group", prior_variance=1.0,
                  ard=False, ard_prior=(1e-6, 1e-6), modulating_modes=(), modulation_variance=0.01,
-                 noise_prior=(1e-3, 1e-3), fit_intercept=True,
+                 noise_prior=(1e-3, 1e-3), normalize_y=True, fit_intercept=True,
                  intercept_prior_variance=100.0, mode_bias=False, bias_prior_variance=1.0, max_iter=100, tol=1e-4,
                  damping=1.0, init_scale=0.5, n_inner_iter="auto", n_init=1, warm_up_entries="auto",
                  shape=None, n_jobs=None, verbose=0, random_state=None):
         self.rank, self.likelihood, self.method, self.schedule = rank, likelihood, method, schedule
         self.prior_variance, self.ard, self.ard_prior, self.noise_prior = prior_variance, ard, ard_prior, noise_prior
         self.modulating_modes, self.modulation_variance = modulating_modes, modulation_variance
-        self.fit_intercept, self.intercept_prior_variance = fit_intercept, intercept_prior_variance
+        self.normalize_y, self.fit_intercept = normalize_y, fit_intercept
+        self.intercept_prior_variance = intercept_prior_variance
         self.mode_bias, self.bias_prior_variance = mode_bias, bias_prior_variance
         self.max_iter, self.tol, self.damping, self.init_scale = max_iter, tol, damping, init_scale
         self.n_inner_iter, self.n_init, self.shape = n_inner_iter, n_init, shape
@@ -233,11 +253,12 @@ class BayesianCPTensor(TensorEstimator):
 
     def _prepare(self, X, y, first_call, fixed_shape, classes=None, sample_weight=None):
         """Check everything before any state changes: X, y, the weights (entries of weight 0
-        left out) and the shape the call implies (refused if its factors would not fit).
-        Returns X, y, the weights (None: unweighted) and the shape."""
+        left out), their range and the shape the call implies (refused if its factors would
+        not fit).  Returns X, y (in y's units), the weights (None: unweighted) and the shape."""
         X, y = self._validate(X, y, reset=first_call)
         y = self._encode(y, first_call=first_call, classes=classes)
         X, y, weight = self._entry_weights(check_tensor_index(X), y, sample_weight)
+        self._check_fit_range(y, weight)
         return X, y, weight, self._resolve_shape(X, fixed_shape, None if first_call else self.shape_)
 
     def _bytes_per_object(self, n_modes):
@@ -278,12 +299,12 @@ class BayesianCPTensor(TensorEstimator):
         X : array-like of shape (n_entries, n_modes)
             Integer entry indices, one column per mode.
         y : array-like of shape (n_entries,)
-            Entry values (real for "gaussian", two labels for "probit").
+            Entry values (real for "gaussian", |y| ≤ 1e50; two labels for "probit").
         sample_weight : array-like of shape (n_entries,), default=None
-            Non-negative entry weights: an entry of weight w enters as its likelihood to the
-            power w, i.e. as w copies of itself (integer weights give repeated entries: exactly
-            for the group schedule); entries of weight 0 are left out.  None: all 1.  With Dask
-            collections: a Dask (or numpy) vector, re-chunked like X.
+            Non-negative entry weights up to 1e12: an entry of weight w enters as its likelihood
+            to the power w, i.e. as w copies of itself (integer weights give repeated entries:
+            exactly for the group schedule); entries of weight 0 are left out.  None: all 1.
+            With Dask collections: a Dask (or numpy) vector, re-chunked like X.
 
         Returns
         -------
@@ -292,7 +313,8 @@ class BayesianCPTensor(TensorEstimator):
         noise_prior, fixed_shape = self._check_params()
         self.__dict__.pop("classes_", None), self.__dict__.pop("shape_", None)
         X, y, weight, shape = self._prepare(X, y, True, fixed_shape, sample_weight=sample_weight)
-        self._start(X, y, noise_prior, shape, self.max_iter, weight=weight)
+        self._set_scaling(y, weight)
+        self._start(X, self._standardized(y), noise_prior, shape, self.max_iter, weight=weight)
         if not self.converged_:
             self._warn_not_converged(self.max_iter)
         return self
@@ -305,6 +327,9 @@ class BayesianCPTensor(TensorEstimator):
         batch, which is then forgotten (``ard``: then q(λ) is updated).  New indices grow the modes.
         Within the first ``warm_up_entries`` entries of a stream the batches are also kept, and
         the posterior is refitted on them by ``fit`` each time their number has doubled.
+        With ``normalize_y`` the first batch sets ``y_offset_`` and ``y_scale_`` (its mean and
+        standard deviation; 1 if it is constant), every refit of the buffer sets them from the
+        entries kept, and after the buffer they stay fixed.
 
         Parameters
         ----------
@@ -324,6 +349,8 @@ class BayesianCPTensor(TensorEstimator):
         first_call = not hasattr(self, "_posterior")
         noise_prior, fixed_shape = self._check_params()
         X, y, weight, shape = self._prepare(X, y, first_call, fixed_shape, classes, sample_weight)
+        if first_call:
+            self._set_scaling(y, weight)
         kept = getattr(self, "_buffer", None) if not first_call else (X[:0], y[:0], None, 0)
         if kept is not None and kept[0].shape[0] + X.shape[0] <= self._warm_up_size():
             buffer = (np.concatenate([kept[0], X]), np.concatenate([kept[1], y]),
@@ -335,6 +362,7 @@ class BayesianCPTensor(TensorEstimator):
             if kept[0].shape[0] > kept[3]:
                 self._refit(kept, noise_prior, fixed_shape)
             self._buffer = None
+        y = self._standardized(y)
         auto = self.n_inner_iter == "auto"
         sweeps, simultaneous = (streaming_sweeps(X, first_call, self.likelihood, self.method, weight)
                                 if auto else (self.n_inner_iter, False))
@@ -355,9 +383,12 @@ class BayesianCPTensor(TensorEstimator):
         return self.warm_up_entries
 
     def _refit(self, buffer, noise_prior, fixed_shape):
-        """``fit`` on the buffered entries (X, y, weight, ·); the buffer is kept as refitted."""
+        """``fit`` on the buffered entries (X, y in y's units, weight, ·), ``y_offset_`` and
+        ``y_scale_`` included; the buffer is kept as refitted."""
         X, y, weight, _ = buffer
-        self._start(X, y, noise_prior, self._resolve_shape(X, fixed_shape, None), self.max_iter, weight=weight)
+        self._set_scaling(y, weight)
+        self._start(X, self._standardized(y), noise_prior, self._resolve_shape(X, fixed_shape, None), self.max_iter,
+                    weight=weight)
         self._buffer = (X, y, weight, X.shape[0])
         return self
 
@@ -397,7 +428,7 @@ class BayesianCPTensor(TensorEstimator):
         self._posterior = result.posterior
         self.shape_ = tuple(shape)
         self._new_object_prior = (self.prior_variance, self.bias_prior_variance)
-        self.__dict__.update(cp_attributes(result))
+        self.__dict__.update(cp_attributes(result, self.y_offset_, self.y_scale_))
         return self
 
     def _latent_moments(self, X):

@@ -266,9 +266,9 @@ def test_partial_fit_updates_lambda_after_every_batch_from_all_rows():
             np.testing.assert_allclose(est.factor_covariances_[0][untouched], expected, rtol=1e-10)
     # an unseen object is predicted from the prior N(0, E[Λ]⁻¹)
     grown = BayesianCPTensor(rank=6, ard=True, random_state=0).partial_fit(X[:500], y[:500])
-    mean, var = grown._latent_moments(np.array([[grown.shape_[0] + 1, 0, 0]]))
+    mean, var = grown._latent_moments(np.array([[grown.shape_[0] + 1, 0, 0]]))  # of the standardized y
     second = [grown.factor_covariances_[k][0].diagonal() + grown.factors_[k][0] ** 2 for k in (1, 2)]
-    expected = np.sum(second[0] * second[1] / grown.component_precision_) + grown.intercept_var_
+    expected = np.sum(second[0] * second[1] / grown.component_precision_) + grown.intercept_var_ / grown.y_scale_ ** 2
     assert var[0] == pytest.approx(expected, rel=1e-10)
 
 

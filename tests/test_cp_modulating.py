@@ -220,12 +220,13 @@ def test_estimator_fits_entry_schedule_and_predicts_unseen_modulating_rows_from_
     # a time bin beyond the fitted ones has prior N(1, v·I): the user × movie term at t = 1
     Xq = np.array([[0, 0, 4], [3, 2, 5]])
     post = group._posterior
-    expected = (np.sum(group.factors_[0][Xq[:, 0]] * group.factors_[1][Xq[:, 1]], axis=1) + group.intercept_
-                + group.biases_[0][Xq[:, 0]] + group.biases_[1][Xq[:, 1]])
+    # (the CP term of the standardized targets times y_scale_; the offsets in y's units)
+    cp_term = np.sum(group.factors_[0][Xq[:, 0]] * group.factors_[1][Xq[:, 1]], axis=1)
+    expected = group.y_scale_ * cp_term + group.intercept_ + group.biases_[0][Xq[:, 0]] + group.biases_[1][Xq[:, 1]]
     np.testing.assert_allclose(group.predict(Xq), expected, rtol=1e-12)
     assert post.shape == shape  # prediction grew a copy only
     mean, _ = predict_cp(post, X)
-    np.testing.assert_allclose(group.predict(X), mean)
+    np.testing.assert_allclose(group.predict(X), group.y_offset_ + group.y_scale_ * mean)
 
 
 @pytest.mark.parametrize("modes, message", [((3,), "distinct modes"), ((2, 2), "distinct modes"),

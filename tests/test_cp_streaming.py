@@ -74,7 +74,7 @@ def test_one_pass_stream_without_offsets_approaches_batch_fit():
     entry absorbed while its partners sit at zero adds precision and no shift): RMSE 1.135 against
     0.752 for ``fit``.  The default buffer refits the first 3,200 entries (after batch 16 of 200;
     6,400 are never reached), which are alive, and one pass of ADF on the rest ends within 5 % of
-    ``fit`` (0.777)."""
+    ``fit`` (0.773)."""
     X, y, X_test, y_test = _main_effects()
     fit = _rmse(BayesianCPTensor(rank=2, random_state=0).fit(X, y), X_test, y_test)
     plain = _stream(BayesianCPTensor(rank=2, warm_up_entries=0, random_state=0), X, y)
@@ -97,11 +97,13 @@ def test_one_pass_stream_with_mode_bias_approaches_batch_fit():
 @ignore_convergence
 def test_fit_on_an_initial_sample_then_partial_fit_keeps_learning():
     """`fit` on half the entries (alive: 0.80), then the other half streamed once: the stream
-    keeps improving on its start (0.78) and ends within 6 % of `fit` on all entries (0.75)."""
+    keeps improving on its start (0.78) and ends within 6 % of `fit` on all entries (0.75).  The
+    start is the best of two (``n_init=2``): one start can stop in a poorer local optimum (the
+    first of random_state=0 at 0.90, with a lower ELBO; of six seeds, one such on either scale of y)."""
     X, y, X_test, y_test = _main_effects()
     fit = BayesianCPTensor(rank=2, random_state=0).fit(X, y)
     half = y.size // 2
-    est = BayesianCPTensor(rank=2, random_state=0).fit(X[:half], y[:half])
+    est = BayesianCPTensor(rank=2, random_state=0, n_init=2).fit(X[:half], y[:half])
     start = _rmse(est, X_test, y_test)
     _stream(est, X, y, start=half)
     assert est.n_iter_ == 1  # later batches: one sweep each ("auto")

@@ -141,6 +141,7 @@ def test_sbdt_fit_on_one_chunk_is_numpy_fit(on_cluster, likelihood):
         np.testing.assert_array_equal(spread.classes_, local.classes_)
     else:
         assert spread.noise_precision_ == local.noise_precision_
+        assert (spread.y_offset_, spread.y_scale_) == (local.y_offset_, local.y_scale_)
 
 
 @pytest.mark.parametrize("likelihood, shuffle",

@@ -96,9 +96,9 @@ def test_gaussian_prediction_api():
     X, y, _ = additive_tensor(n=1200, seed=2)
     est = StreamingDeepTensor(rank=3, hidden_layer_sizes=(10,), random_state=0).fit(X[:1000], y[:1000])
     mean, std = est.predict(X[1000:], return_std=True)
-    alpha, beta = deep.predict_moments(est._posterior, X[1000:])
-    np.testing.assert_allclose(mean, alpha, rtol=1e-12)
-    np.testing.assert_allclose(std, np.sqrt(beta + 1 / est.noise_precision_), rtol=1e-12)
+    alpha, beta = deep.predict_moments(est._posterior, X[1000:])  # of the standardized targets
+    np.testing.assert_allclose(mean, est.y_offset_ + est.y_scale_ * alpha, rtol=1e-12)
+    np.testing.assert_allclose(std, np.sqrt(est.y_scale_ ** 2 * beta + 1 / est.noise_precision_), rtol=1e-12)
     np.testing.assert_array_equal(est.predict(X[1000:]), mean)
     assert est.score(X[1000:], y[1000:]) == pytest.approx(r2_score(y[1000:], mean), rel=1e-12)
     w = np.linspace(0.5, 2, 200)
@@ -135,9 +135,9 @@ def test_unseen_objects_are_predicted_from_the_prior():
         ws = deep.Workspace(post.copy())  # the per-entry delta method of the ADF loop
         ws.x_both[0] = np.concatenate([p[0] for p in parts])
         ws.x_both[1] = np.concatenate([p[1] for p in parts])
-        alpha, beta = ws.delta_method()
-        assert mean[i] == pytest.approx(alpha, rel=1e-12)
-        assert std[i] == pytest.approx(np.sqrt(beta + 1 / est.noise_precision_), rel=1e-12)
+        alpha, beta = ws.delta_method()  # of the standardized targets
+        assert mean[i] == pytest.approx(est.y_offset_ + est.y_scale_ * alpha, rel=1e-12)
+        assert std[i] == pytest.approx(np.sqrt(est.y_scale_ ** 2 * beta + 1 / est.noise_precision_), rel=1e-12)
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,11 +146,14 @@ def test_unseen_objects_are_predicted_from_the_prior():
 
 @pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
 def test_partial_fit_over_batches_equals_fit(likelihood):
+    """With y as it is (``normalize_y=False``; the default standardizes a stream by its first
+    batch and a fit by all its entries: tests/test_tensor_scaling.py)."""
     X, y, f = additive_tensor(n=250, seed=4)
     classes = None
     if likelihood == "probit":
         y, classes = (f > 0).astype(int), [0, 1]
-    kw = dict(rank=2, hidden_layer_sizes=(6, 4), likelihood=likelihood, batch_size=64, shuffle=False, random_state=3)
+    kw = dict(rank=2, hidden_layer_sizes=(6, 4), likelihood=likelihood, batch_size=64, shuffle=False, random_state=3,
+              normalize_y=False)
     batch = StreamingDeepTensor(**kw).fit(X, y)
     stream = StreamingDeepTensor(**kw)
     for start in range(0, 250, 64):
@@ -207,8 +210,9 @@ def test_one_pass_stream_learns_the_tensor(likelihood):
 def test_undamped_spike_and_slab_refinement_collapses_a_relu_network():
     """Why ``damping`` defaults to 0.03: the paper's undamped EP refinement (``damping=1``)
     removes the random initial weight means after the first batch, whose data barely inform
-    any single weight; a Gaussian ReLU network then stays at the all-zero fixed point (here for
-    two initialisations out of two; in the documentation's table for three of four)."""
+    any single weight; a Gaussian ReLU network then can stay at the all-zero fixed point (here
+    for three initialisations of six — R² 0.96, 0.90, 0, 0, 0.46, 0 — while damped all reach
+    0.99; on the raw targets, normalize_y=False, for five of six)."""
     X, y, _ = additive_tensor(n=6000, seed=7)
 
     def one_pass(**kw):
@@ -217,9 +221,9 @@ def test_undamped_spike_and_slab_refinement_collapses_a_relu_network():
             est.partial_fit(X[start:start + 256], y[start:start + 256])
         return est.score(X[5000:], y[5000:])
 
-    undamped = [one_pass(damping=1.0, random_state=seed) for seed in (1, 2)]
+    undamped = [one_pass(damping=1.0, random_state=seed) for seed in range(6)]
     damped = one_pass(random_state=1)
-    assert max(undamped) < 0.1 and damped > 0.95, (undamped, damped)
+    assert sum(r < 0.1 for r in undamped) >= 3 and damped > 0.95, (undamped, damped)
 
 
 # --------------------------------------------------------------------------------------------

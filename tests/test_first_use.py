@@ -163,11 +163,11 @@ def test_verbose_names_the_objective_and_the_elapsed_time(capsys):
 # --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_demonstration_rows_are_deterministic_and_carry_their_warnings():
-    """Two runs of the classifier rows on crabs give the same figures (the KJIT operator is
+    """Two runs of the classifier rows on Pima give the same figures (the KJIT operator is
     seeded), and a fit's warnings travel with its row instead of being hidden."""
     from skcep.__main__ import classifier_rows
 
-    first, second = (list(classifier_rows(names=("crabs",))) for _ in range(2))
+    first, second = (list(classifier_rows(names=("pima",))) for _ in range(2))
     figures = [[row[:6] + row[7:8] for row in run] for run in (first, second)]
     assert figures[0] == figures[1]
     assert all(isinstance(row[8], list) for row in first)

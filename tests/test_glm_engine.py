@@ -886,7 +886,8 @@ def test_compiled_dense_fit_equals_the_numpy_fit(breast_cancer, method, monkeypa
     slow = glm.fit_factorized(X, y, Probit(), np.zeros(d), np.ones(d), **options)
     assert fast.n_iter == slow.n_iter
     assert_allclose(fast.trace, slow.trace, rtol=1e-6)
-    assert_allclose(fast.mean, slow.mean, rtol=1e-9, atol=1e-12)
+    # to rounding, amplified by 60 oscillating sweeps: 1e-9 posterior sd
+    assert_allclose(fast.mean, slow.mean, rtol=1e-9, atol=1e-9 * np.sqrt(slow.var).max())
     assert_allclose(fast.var, slow.var, rtol=1e-9)
     assert_allclose(fast.sites[0], slow.sites[0], rtol=1e-8, atol=1e-12)
 
@@ -1059,7 +1060,7 @@ def test_cep_probe_keeps_the_undamped_run_on_the_cep_papers_data():
 
 def test_default_compiled_blocks_converge_on_strongly_correlated_features():
     # Probit data with feature correlation 0.9: blocks of 200 rows (the numpy path's rule for
-    # these sizes), each refined from one q, diverge; the compiled step's default blocks of
+    # these sizes), each refined from one q, creep or diverge; the compiled step's default blocks of
     # COMPILED_BLOCK_SIZE rows converge to the sequential schedule's fixed point.
     rng = np.random.default_rng(0)
     n, d, rho = 10_000, 20, 0.9
@@ -1072,6 +1073,8 @@ def test_default_compiled_blocks_converge_on_strongly_correlated_features():
         default = glm.fit_factorized(X, y, Probit(), *prior, **kw)
         large = glm.fit_factorized(X, y, Probit(), *prior, block_size=200, **kw)
         sequential = glm.fit_factorized(X, y, Probit(), *prior, block_size=1, **kw)
-    assert not large.converged and np.max(np.abs(large.mean)) > 100
+    # large blocks: diverged before the relaxed step (IN_MEMORY_RELAX); now they creep
+    # (measured 230 sweeps against 59 for the default blocks, 49 sequential)
+    assert not large.converged or large.n_iter > 3 * default.n_iter
     assert default.converged and sequential.converged
     assert np.max(np.abs(default.mean - sequential.mean) / np.sqrt(sequential.var)) < 0.05

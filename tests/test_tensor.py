@@ -372,15 +372,18 @@ def test_unseen_objects_are_predicted_from_the_prior():
     assert est.shape_ == (5, 4, 3)  # predicting does not grow the model
     # prior mean of the new embedding is 0, so the CP term vanishes: only the intercept is left
     np.testing.assert_allclose(mean_new, est.intercept_, rtol=1e-12)
-    # Var f = v Σ_r Π_{k≠0} E[(u^k_r)²] + Var b, plus the noise 1/E[τ]
+    # Var f = v Σ_r Π_{k≠0} E[(u^k_r)²] + Var b, plus the noise 1/E[τ]; the CP term of the
+    # standardized targets (normalize_y) is y_scale_ times that of y, intercept and noise in y's units
     second = [est.factor_covariances_[k][:, np.arange(2), np.arange(2)] + est.factors_[k] ** 2 for k in (1, 2)]
-    var_f = 0.6 * np.sum(second[0][unseen[:, 1]] * second[1][unseen[:, 2]], axis=1) + est.intercept_var_
+    var_cp = 0.6 * np.sum(second[0][unseen[:, 1]] * second[1][unseen[:, 2]], axis=1)
+    var_f = est.y_scale_ ** 2 * var_cp + est.intercept_var_
     np.testing.assert_allclose(std_new, np.sqrt(var_f + 1.0 / est.noise_precision_), rtol=1e-10)
     assert np.all(std_new > std_seen)
     # an unseen object in every mode: prior mean and variance v³ Σ_r 1 of the CP term
     mean, std = est.predict(np.array([[10, 10, 10]]), return_std=True)
     assert mean[0] == pytest.approx(est.intercept_, rel=1e-12)
-    assert std[0] == pytest.approx(np.sqrt(2 * 0.6**3 + est.intercept_var_ + 1 / est.noise_precision_), rel=1e-10)
+    assert std[0] == pytest.approx(np.sqrt(est.y_scale_ ** 2 * 2 * 0.6**3 + est.intercept_var_
+                                           + 1 / est.noise_precision_), rel=1e-10)
 
 
 @ignore_convergence
@@ -404,13 +407,15 @@ def test_partial_fit_is_assumed_density_filtering():
 
     prior = CPPosterior([as_prior(g) for g in post.factors], [as_prior(g) for g in post.offsets],
                         list(post.offset_modes), post.noise, post.noise)
-    expected = fit_cp(prior, X[second], y[second], method="cep", max_iter=7, tol=1e-4).posterior
+    # the engine fits the targets standardized by the first batch's mean and sd (normalize_y)
+    z = (y[second] - stream.y_offset_) / stream.y_scale_
+    expected = fit_cp(prior, X[second], z, method="cep", max_iter=7, tol=1e-4).posterior
     stream.partial_fit(X[second], y[second])
     for a, g in zip(stream.factors_, expected.factors):
         np.testing.assert_allclose(a, g.mean, rtol=1e-9, atol=1e-12)
     for a, g in zip(stream.factor_covariances_, expected.factors):
         np.testing.assert_allclose(a, g.cov, rtol=1e-9, atol=1e-12)
-    assert stream.noise_precision_ == pytest.approx(expected.noise_precision, rel=1e-9)
+    assert stream.noise_precision_ == pytest.approx(expected.noise_precision / stream.y_scale_ ** 2, rel=1e-9)
     # the noise posterior keeps accumulating: shape a0 + n_total/2
     assert stream._posterior.noise[0] == pytest.approx(1e-3 + 0.5 * 50, rel=1e-12)
 
@@ -433,7 +438,8 @@ def test_auto_rule_gives_later_probit_cep_batches_one_simultaneous_sweep(likelih
     X2 = np.r_[X[12:], [[6, 0, 0], [6, 1, 1]]]  # object 6 of mode 0 is new: random working means
     y2 = np.r_[y[12:], [1.0, 0.0]]
     post, n_seen, rng = copy.deepcopy((est._posterior, est._n_seen, est._rng))
-    expected, _ = absorb_batch(post, X2, y2, n_seen, shape=(7, 5, 4), prior_variance=1.0, init_scale=0.5, rng=rng,
+    z2 = (y2 - est.y_offset_) / est.y_scale_  # as the engine sees them (normalize_y; probit: 0 and 1)
+    expected, _ = absorb_batch(post, X2, z2, n_seen, shape=(7, 5, 4), prior_variance=1.0, init_scale=0.5, rng=rng,
                                mode_offset_variance=1.0, likelihood=likelihood, method=method, schedule=schedule,
                                max_iter=1, tol=1e-4, simultaneous=simultaneous)
     est.partial_fit(X2, y2)
@@ -507,17 +513,18 @@ def test_n_init_keeps_the_start_with_the_highest_elbo():
 
 @pytest.mark.xfail(strict=True, reason="ADF limitation (streaming never revisits a batch): a first batch of 400 "
                    "entries (13 % of a rank-2 20×15×10 tensor) has poor local optima even for a batch "
-                   "fit — 6 of 8 random starts end with test RMSE ≥ 0.6 — and a one-pass stream never "
-                   "revisits it")
+                   "fit — 6 of 8 random starts end with test RMSE ≥ 0.5 — and a one-pass stream never "
+                   "revisits it (of random_state 0–3, 2 and 3 end at 0.47 and 0.42)")
 def test_one_pass_stream_of_small_batches_with_ten_sweeps_each_approaches_batch_fit():
     X, y, X_test, y_test = _stream_problem()
-    stream = BayesianCPTensor(rank=2, n_init=3, random_state=0, n_inner_iter=10,  # the default until 0.1
-                              warm_up_entries=0)  # no buffer (the default refits the first batches)
     perm = np.random.default_rng(1).permutation(y.size)
-    for start in range(0, y.size, 400):
-        sel = perm[start:start + 400]
-        stream.partial_fit(X[sel], y[sel])
-    assert _rmse(stream, X_test, y_test) < 0.1
+    for seed in range(4):
+        stream = BayesianCPTensor(rank=2, n_init=3, random_state=seed, n_inner_iter=10,  # the default until 0.1
+                                  warm_up_entries=0)  # no buffer (the default refits the first batches)
+        for start in range(0, y.size, 400):
+            sel = perm[start:start + 400]
+            stream.partial_fit(X[sel], y[sel])
+        assert _rmse(stream, X_test, y_test) < 0.1, seed
 
 
 @pytest.mark.slow
@@ -525,8 +532,8 @@ def test_one_pass_stream_of_small_batches_with_ten_sweeps_each_approaches_batch_
 def test_warm_up_buffer_lets_every_shuffle_reach_the_batch_fit():
     """The default buffer (``warm_up_entries="auto"``: all 2,400 entries fit in it) refits after 1, 2
     and 4 batches of 400: every one of six shuffles ends within 10 % of the batch fit's test RMSE,
-    with ten sweeps per batch too, where without it ("auto") one shuffle ends at 0.53 and ten
-    sweeps per batch at 0.5 or more (the expected failure above)."""
+    with ten sweeps per batch too, where without it one shuffle ends at 0.53 ("auto") or 0.52 (ten
+    sweeps per batch; the expected failure above)."""
     X, y, X_test, y_test = _stream_problem()
     batch = _rmse(quiet_fit(BayesianCPTensor(rank=2, random_state=0), X, y), X_test, y_test)
     for order in range(1, 7):

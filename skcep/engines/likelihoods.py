@@ -75,9 +75,11 @@ def log_phi_derivatives(u, order=2, value=True):
         closed.append(-r * d * a + r * (2.0 * d + r - 3.0 * r * d * d - r * r * d))
     if not any_tail:
         return out + closed[:order]
-    ut = np.where(tail, u, _TAIL)
+    ut = u[tail]  # the series only where they apply (often a few of many entries)
     for k in range(1, order + 1):
-        out.append(np.where(tail, _series(ut, k), closed[k - 1]))
+        part = np.array(closed[k - 1], dtype=float)
+        part[tail] = _series(ut, k)
+        out.append(part)
     return out
 
 
