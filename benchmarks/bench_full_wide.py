@@ -81,7 +81,6 @@ def timed(f, *args, **kwargs):
 
 
 @contextlib.contextmanager
-@contextlib.contextmanager
 def weight_space_only():
     """``fit_full`` and the evidence in weight space whatever the shape (the dispatch to the
     predictor space, :func:`~skcep.engines.full_dual.dual_applies`, switched off)."""

@@ -51,6 +51,17 @@ def is_dask_collection(obj):
     return check(obj)
 
 
+def computed(*objects):
+    """The objects with every Dask collection among them computed, in one pass (a score's
+    labels and predictions, whose chunk sizes may be unknown after a boolean mask); the others
+    as they are."""
+    if not any(is_dask_collection(obj) for obj in objects):
+        return objects
+    import dask  # noqa: PLC0415
+
+    return dask.compute(*objects)
+
+
 def require_dask():
     """Import what Dask input needs, or raise an ImportError naming the extra."""
     try:

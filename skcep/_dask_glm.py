@@ -20,6 +20,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
 from ._dask import DaskPartitions, fit_without_rows, is_dask_collection, row_blocks, rows
+from ._validation import check_fit_range
 from .engines.evidence import (
     factorized_site_terms,
     fit_with_evidence,
@@ -44,9 +45,13 @@ __all__ = ["DaskRows", "fit_classifier"]
 
 
 def _design_chunk(X, fit_intercept, block_size):
-    """One chunk's design (checked: finite numbers), with a column of ones for the intercept;
-    a factorized fit also cuts it into the engine's row blocks."""
+    """One chunk's design (checked: finite numbers within the range a fit supports), with a
+    column of ones for the intercept; a factorized fit also cuts it into the engine's row
+    blocks."""
+    from .linear_model import _check_fit_range  # noqa: PLC0415 (linear_model imports this module)
+
     X = check_array(X, accept_sparse="csr", dtype=np.float64)
+    _check_fit_range(X, None)
     if fit_intercept:
         ones = np.ones((X.shape[0], 1))
         X = sp.hstack([X, sp.csr_matrix(ones)], format="csr") if sp.issparse(X) else np.hstack([X, ones])
@@ -64,13 +69,15 @@ def _weighted_rows(labels, sample_weight, classes, per_class):
 
 
 def _weight_summary(labels, sample_weight, classes):
-    """One chunk's summed weight per class, smallest weight and whether all are finite."""
+    """One chunk's summed weight per class, smallest and largest weight and whether all are
+    finite."""
     weight = np.asarray(sample_weight, dtype=float)
     if weight.ndim != 1 or weight.shape[0] != np.shape(labels)[0]:
         raise ValueError(f"sample_weight must be 1-D with one weight per row; got shape {weight.shape}.")
     totals = np.bincount(np.searchsorted(classes, np.asarray(labels)), weights=weight,
                          minlength=classes.size)
-    return totals, weight.min(initial=np.inf), bool(np.all(np.isfinite(weight)))
+    return (totals, weight.min(initial=np.inf), weight.max(initial=-np.inf),
+            bool(np.all(np.isfinite(weight))))
 
 
 def _signs(labels, positive):
@@ -210,11 +217,13 @@ def _weighted_labels(estimator, X, y, classes, sample_weight):
         w_blocks = row_blocks(sample_weight)
         summaries = dask.compute(*[dask.delayed(_weight_summary)(yb, wb, classes)
                                    for yb, wb in zip(y_blocks, w_blocks)])
-        totals = np.sum([t for t, _, _ in summaries], axis=0)
-        if not all(finite for _, _, finite in summaries):
+        totals = np.sum([t for t, _, _, _ in summaries], axis=0)
+        if not all(finite for _, _, _, finite in summaries):
             raise ValueError("Input sample_weight contains NaN or infinity.")
-        if min(low for _, low, _ in summaries) < 0:
+        if min(low for _, low, _, _ in summaries) < 0:
             raise ValueError("Negative values in data passed to `sample_weight`.")
+        check_fit_range(type(estimator).__name__,
+                        weight=np.array([high for _, _, high, _ in summaries]))
         if not np.any(totals > 0):
             raise ValueError("Sample weights must contain at least one non-zero number.")
     per_class = None
@@ -222,7 +231,7 @@ def _weighted_labels(estimator, X, y, classes, sample_weight):
         if sample_weight is None:
             counts = dask.compute(*[dask.delayed(_weight_summary)(yb, np.ones(n), classes)
                                     for yb, n in zip(y_blocks, y.chunks[0])])
-            totals = np.sum([t for t, _, _ in counts], axis=0)
+            totals = np.sum([t for t, _, _, _ in counts], axis=0)
         per_class = estimator._per_class_weight(classes, totals)
         totals = totals * per_class
     if np.count_nonzero(totals > 0) < 2:

@@ -16,6 +16,7 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import _check_sample_weight
 
 from ._base import SkcepMixin, predict_method
+from ._dask import computed
 from ._validation import MAX_FIT_VALUE, OBSERVED_ENTRIES, check_finite, check_fit_range, validate_data
 from .engines.cp import effective_rank
 from .engines.likelihoods import Probit
@@ -376,10 +377,12 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         return self._latent_moments(X)[0]
 
     def score(self, X, y, sample_weight=None):
-        """R² of the predicted means (Gaussian) or accuracy (probit)."""
+        """R² of the predicted means (Gaussian) or accuracy (probit); on Dask collections the
+        labels and predictions are computed first."""
+        y, predicted, sample_weight = computed(y, self.predict(X), sample_weight)
         if self.likelihood == "probit":
-            return accuracy_score(y, self.predict(X), sample_weight=sample_weight)
-        return r2_score(y, self.predict(X), sample_weight=sample_weight)
+            return accuracy_score(y, predicted, sample_weight=sample_weight)
+        return r2_score(y, predicted, sample_weight=sample_weight)
 
 
 def _check_positive_ints(value, name, allow_empty=False):

@@ -12,12 +12,14 @@ from numbers import Integral, Real
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.metrics import accuracy_score
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
 from ._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method
+from ._dask import computed
 from ._dask_glm import DaskRows, fit_classifier
 from ._docstrings import FIT_DOC, LOGISTIC_DOC, PARTIAL_FIT_DOC, PROBIT_DOC
 from ._validation import MAX_FIT_VALUE, MAX_FIT_WEIGHT, validate_data
@@ -325,6 +327,12 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         """Most probable class under the posterior predictive."""
         log_proba = self.predict_log_proba(X)  # checks that the model is fitted
         return self.classes_[np.argmax(log_proba, axis=1)]
+
+    def score(self, X, y, sample_weight=None):
+        """Mean accuracy of :meth:`predict`; on Dask collections the labels and predictions
+        are computed first (their chunk sizes may be unknown, e.g. after a boolean mask)."""
+        y, predicted, sample_weight = computed(y, self.predict(X), sample_weight)
+        return accuracy_score(y, predicted, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -385,3 +385,42 @@ def test_full_covariance_dask_fit_is_bit_reproducible(on_cluster, monkeypatch):
     np.testing.assert_array_equal(moved.coef_, free.coef_)
     np.testing.assert_array_equal(moved.coef_cov_, free.coef_cov_)
     np.testing.assert_array_equal(moved.intercept_, free.intercept_)
+
+
+# --------------------------------------------------------------------------------------------
+# scores on masked collections, and the range a Dask fit supports
+# --------------------------------------------------------------------------------------------
+def test_score_on_boolean_masked_collections_equals_numpy(on_cluster):
+    """``score(X[mask], y[mask])`` with chunk sizes unknown: scikit-learn's score took ``len``
+    of the masked labels and failed; now the accuracy (R² for a Gaussian tensor) of the numpy
+    estimator on the kept rows."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(N, 3))
+    y = (X[:, 0] + 0.5 * rng.normal(size=N) > 0).astype(int)
+    clf = CEPProbitClassifier(method="ep", prior_variance=1.0).fit(X, y)
+    Xd, yd = da.from_array(X, chunks=(CHUNK, -1)), da.from_array(y, chunks=CHUNK)
+    mask = da.from_array(KEEP, chunks=CHUNK)
+    assert clf.score(Xd[mask], yd[mask]) == clf.score(X[KEEP], y[KEEP])
+    ids = np.column_stack([rng.integers(0, 20, N), rng.integers(0, 15, N)])
+    target = rng.normal(size=N)
+    cp = BayesianCPTensor(rank=2, random_state=0, max_iter=20).fit(ids, target)
+    idd, td = da.from_array(ids, chunks=(CHUNK, -1)), da.from_array(target, chunks=CHUNK)
+    assert cp.score(idd[mask], td[mask]) == cp.score(ids[KEEP], target[KEEP])
+
+
+def test_dask_fit_rejects_values_and_weights_beyond_the_supported_range(on_cluster):
+    """|x| > 1e50 or a weight > 1e12 in a Dask fit: the numpy fit's ValueError naming the
+    limit (the Dask fit used to run and return a posterior)."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(400, 3))
+    y = (X[:, 0] > 0).astype(int)
+    big = X.copy()
+    big[5, 1] = 1e100
+    yd = da.from_array(y, chunks=100)
+    clf = CEPProbitClassifier(method="ep", prior_variance=1.0)
+    with pytest.raises(ValueError, match="1e\\+50"):
+        clf.fit(da.from_array(big, chunks=(100, -1)), yd)
+    weight = np.ones(400)
+    weight[7] = 1e15
+    with pytest.raises(ValueError, match="1e\\+12"):
+        clf.fit(da.from_array(X, chunks=(100, -1)), yd, sample_weight=da.from_array(weight, chunks=100))
