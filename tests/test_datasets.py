@@ -318,3 +318,38 @@ def test_doctests():
     result = doctest.testmod(skcep.datasets, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+@pytest.mark.parametrize("fold", [1, 2, 3, 4, 5])
+def test_cep_tensor_folds(fold):
+    """The CEP paper's Fig. 3 folds: sizes, 0-based indices within the shape, Enron's balanced
+    training folds, and train and test entries disjoint (but one entry of Enron fold 3, as the
+    authors' files have it)."""
+    alog, enron = datasets.load_alog(fold), datasets.load_enron(fold)
+    assert alog.X_train.shape == (10538, 3) and alog.X_test.shape == (2634, 3)
+    assert enron.X_train.shape == (1010, 3) and enron.X_test.shape[0] in (8366, 8367)
+    for data in (alog, enron):
+        for X in (data.X_train, data.X_test):
+            assert X.dtype == np.int64 and X.min() >= 0
+            assert np.all(X.max(axis=0) < data.shape)
+        train = {tuple(row) for row in data.X_train}
+        shared = train & {tuple(row) for row in data.X_test}
+        assert len(shared) == int(data.name == "enron" and fold == 3)
+    assert alog.y_train.dtype == np.float64 and np.all(alog.y_train > 0)
+    assert set(np.unique(enron.y_train)) == {0, 1} and enron.y_train.sum() == 505
+    assert 0.01 < enron.y_test.mean() < 0.02
+
+
+def test_cep_tensor_figures_are_the_papers_means():
+    figures = datasets.load_cep_tensor_figures()
+    means = figures.groupby(["dataset", "method", "rank"])["value"].mean().round(3)
+    assert means.loc["enron", "cep"].tolist() == [0.855, 0.877, 0.874, 0.874]
+    assert means.loc["enron", "vmp"].tolist() == [0.720, 0.733, 0.733, 0.718]
+    assert means.loc["alog", "cep"].tolist() == [0.919, 0.879, 0.830, 0.820]
+    assert set(figures["fold"]) == {1, 2, 3, 4, 5}
+
+
+@pytest.mark.parametrize("fold", [0, 6, 1.0, True, "1"])
+def test_cep_tensor_bad_fold(fold):
+    with pytest.raises(ValueError, match="fold"):
+        datasets.load_alog(fold)
