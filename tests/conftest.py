@@ -32,6 +32,16 @@ def on_cluster(dask_client):
             yield dask_client
 
 
+def pytest_configure(config):
+    """Compile skcep's numba kernels once, in the process that starts the xdist workers (or
+    runs the tests itself): the workers and the tests that start Python subprocesses then load
+    them from numba's on-disk cache instead of each compiling them on a fresh machine."""
+    if not hasattr(config, "workerinput"):
+        from skcep import compile_kernels
+
+        compile_kernels()
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests on the Dask cluster start worker processes and ship data to them: ``slow``."""
     for item in items:

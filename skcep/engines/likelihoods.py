@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 from numpy.polynomial.hermite import hermgauss
-from scipy.special import erfcx, expit, log_expit, log_ndtr, logsumexp, ndtr
+from scipy.special import erfcx, expit, log_expit, log_ndtr, ndtr
 
 __all__ = ["Probit", "Logistic", "Gaussian", "log_phi_derivatives", "mills_ratio"]
 
@@ -194,7 +194,7 @@ class Logistic:
         u = z[..., None] + np.sqrt(2.0 * s)[..., None] * self._t
         log_p = self._log_w + log_expit(u)
         if order == 0:
-            return [logsumexp(log_p, axis=-1)]
+            return [_log_sum_exp(log_p)[0]]
         sig, one_m = expit(u), expit(-u)
         ratios = [one_m, one_m * (1.0 - 2.0 * sig)]
         if order >= 3:
@@ -209,7 +209,7 @@ class Logistic:
         g = log_phi_derivatives(v, min(order, 1))
         log_p = self._log_w_eps + g[0]
         if order == 0:
-            return [logsumexp(log_p, axis=-1)]
+            return [_log_sum_exp(log_p)[0]]
         r = g[1]
         ratios = [r, -v * r, (v * v - 1.0) * r, (3.0 - v * v) * v * r]
         return _log_z_and_cumulants(log_p, ratios[:order], k)
@@ -232,11 +232,22 @@ class Logistic:
         return tuple(out)
 
 
+def _log_sum_exp(log_p):
+    """log Σ_j e^{log_p_j} over the last axis and the normalised weights e^{log_p_j}/Σ, shifted
+    by the largest term (every log_p here is finite: quadrature weights times likelihoods).
+    ``scipy.special.logsumexp`` computes the same, but its array-API dispatch costs more than
+    the sum on the few nodes per entry of a quadrature, and the weights would need a second
+    exponential."""
+    top = np.max(log_p, axis=-1, keepdims=True)
+    e = np.exp(log_p - top)
+    total = np.sum(e, axis=-1, keepdims=True)
+    return (top + np.log(total))[..., 0], e / total
+
+
 def _log_z_and_cumulants(log_p, ratios, scale):
     """log Σ_j e^{log_p_j} and the cumulants of the ``ratios`` (lik⁽ᵏ⁾/lik at the nodes,
     times ``scale``ᵏ) under the normalised weights."""
-    log_z = logsumexp(log_p, axis=-1)
-    p = np.exp(log_p - log_z[..., None])
+    log_z, p = _log_sum_exp(log_p)
     raw = [np.sum(p * ratio, axis=-1) * scale**j for j, ratio in enumerate(ratios, start=1)]
     return [log_z] + _cumulants(raw)
 
