@@ -82,16 +82,14 @@ def timed(f, *args, **kwargs):
 
 @contextlib.contextmanager
 def weight_space_only():
-    """``fit_full`` and the evidence in weight space whatever the shape (the dispatch to the
+    """The fits and the evidence in weight space whatever the shape (the dispatch to the
     predictor space, :func:`~skcep.engines.full_dual.dual_applies`, switched off)."""
-    import skcep.engines.full_dual as full_dual
-
-    saved = full_dual.dual_applies, evidence.dual_applies
-    full_dual.dual_applies = evidence.dual_applies = lambda *args, **kwargs: False
+    saved = evidence.dual_applies
+    evidence.dual_applies = lambda *args, **kwargs: False
     try:
         yield
     finally:
-        full_dual.dual_applies, evidence.dual_applies = saved
+        evidence.dual_applies = saved
 
 
 def measure(n, d):

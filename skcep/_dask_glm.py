@@ -20,7 +20,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
 from ._dask import DaskPartitions, fit_without_rows, is_dask_collection, row_blocks, rows
-from ._validation import check_fit_range
+from ._validation import FEATURE_RANGE_ADVICE, check_fit_range
 from .engines.evidence import (
     factorized_site_terms,
     fit_with_evidence,
@@ -48,10 +48,8 @@ def _design_chunk(X, fit_intercept, block_size):
     """One chunk's design (checked: finite numbers within the range a fit supports), with a
     column of ones for the intercept; a factorized fit also cuts it into the engine's row
     blocks."""
-    from .linear_model import _check_fit_range  # noqa: PLC0415 (linear_model imports this module)
-
     X = check_array(X, accept_sparse="csr", dtype=np.float64)
-    _check_fit_range(X, None)
+    check_fit_range("the classifier", X, name="X", advice=FEATURE_RANGE_ADVICE)
     if fit_intercept:
         ones = np.ones((X.shape[0], 1))
         X = sp.hstack([X, sp.csr_matrix(ones)], format="csr") if sp.issparse(X) else np.hstack([X, ones])

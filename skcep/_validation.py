@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from sklearn.utils.validation import validate_data as _sklearn_validate_data
 
 __all__ = ["COMPLETE_ROWS", "MAX_FIT_VALUE", "MAX_FIT_WEIGHT", "MESSAGE_ROWS", "OBSERVED_ENTRIES",
-           "check_finite", "check_fit_range", "check_sparse_structure", "validate_data"]
+           "check_finite", "check_fit_range", "FEATURE_RANGE_ADVICE", "check_sparse_structure", "validate_data"]
 
 #: |x| a fit takes (features; tensor targets; message parameters and statistics): EP sites hold
 #: precisions ~ x², the full q their sums, regressions sums of squares — all far inside double precision.
@@ -125,18 +125,32 @@ def check_sparse_structure(X, estimator_name="The estimator"):
             f"scipy.sparse.csr_matrix((data, indices, indptr), shape=(n_rows, n_features)).")
 
 
-def check_fit_range(estimator_name, values=None, weight=None, name="y", advice=""):
-    """Raise a ValueError naming the limit if |``values``| (targets, or message parameters)
-    exceeds ``MAX_FIT_VALUE`` or a weight exceeds ``MAX_FIT_WEIGHT``: the range a fit supports
-    (squares and sums of squares of the values, and a weight's count of copies, stay in double
-    precision), checked before it starts.  ``advice``: what to do about large values."""
-    if values is not None and np.size(values) and (largest := float(np.max(np.abs(values)))) > MAX_FIT_VALUE:
-        at = np.unravel_index(int(np.argmax(np.abs(values))), np.shape(values))
+# The end of the message of a feature beyond the range a fit supports: EP's site precisions (~ x²
+# over the prior variance) are factorised by full-covariance EP and leave double precision.
+FEATURE_RANGE_ADVICE = (" EP's site precisions (~ x²) must stay in double precision: standardise the features, "
+                        "e.g. sklearn.preprocessing.StandardScaler in a Pipeline (the prior N(0, λ) on each "
+                        "weight also assumes features of comparable scale).")
+
+
+def check_fit_range(estimator_name, values=None, weight=None, name="y", advice="", weight_name="sample_weight"):
+    """Raise a ValueError naming the limit if |``values``| (targets, features — dense or sparse —
+    or message parameters) exceeds ``MAX_FIT_VALUE`` or a weight exceeds ``MAX_FIT_WEIGHT``: the
+    range a fit supports (squares and sums of squares of the values, and a weight's count of
+    copies, stay in double precision), checked before it starts.  ``advice``: what to do about
+    large values; ``weight_name``: what the weights are called in the message."""
+    stored = values.data if sp.issparse(values) else values
+    if stored is not None and np.size(stored) and (largest := float(np.max(np.abs(stored)))) > MAX_FIT_VALUE:
+        if sp.issparse(values):
+            coo = values.tocoo()
+            top = int(np.argmax(np.abs(coo.data)))
+            at = (int(coo.row[top]), int(coo.col[top]))
+        else:
+            at = np.unravel_index(int(np.argmax(np.abs(values))), np.shape(values))
         where = f"row {at[0]}" + (f", column {at[1]}" if len(at) == 2 else "")
         raise ValueError(f"{name} has a value of {largest:.3g} ({where}); {estimator_name} takes values up "
                          f"to {MAX_FIT_VALUE:.0e} in absolute value.{advice}")
     if weight is not None and np.size(weight) and (heaviest := float(np.max(weight))) > MAX_FIT_WEIGHT:
         raise ValueError(
-            f"sample_weight reaches {heaviest:.3g}; a weight counts copies of an entry, and "
+            f"{weight_name} reaches {heaviest:.3g}; a weight counts copies of an entry, and "
             f"{estimator_name} takes weights up to {MAX_FIT_WEIGHT:.0e}. Divide the weights by a "
             "common factor if only their ratios matter (that rescales the data's evidence).")

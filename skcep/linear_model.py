@@ -22,7 +22,7 @@ from ._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method
 from ._dask import computed
 from ._dask_glm import DaskRows, fit_classifier
 from ._docstrings import FIT_DOC, LOGISTIC_DOC, PARTIAL_FIT_DOC, PROBIT_DOC
-from ._validation import MAX_FIT_VALUE, MAX_FIT_WEIGHT, validate_data
+from ._validation import FEATURE_RANGE_ADVICE, check_fit_range, validate_data
 from .engines.chunks import map_chunks
 from .engines.factors import LogisticFactor, OperatorSite
 from .engines.evidence import fit_glm
@@ -36,27 +36,6 @@ _MAX_FULL_BYTES = 2**31  # a d×d covariance larger than 2 GiB is refused with a
 
 
 _SCALE_ABOVE = 2.0**200  # a row with a larger entry can overflow xᵀΣx (x² v beyond 1e308)
-
-
-def _check_fit_range(X, weight):
-    """The range a fit supports, checked before it starts: |x| ≤ ``MAX_FIT_VALUE`` (an EP site's
-    precision is ~ x² / variance, and full-covariance EP factorises sums of them: beyond 1e75
-    or so they leave double precision and the fit degenerates to a zero posterior) and sample
-    weights ≤ ``MAX_FIT_WEIGHT``.  Predictions take any finite row (:func:`_row_scales`)."""
-    values = X.data if sp.issparse(X) else X
-    if values.size and (largest := float(np.max(np.abs(values)))) > MAX_FIT_VALUE:
-        column = (X.indices[np.argmax(np.abs(X.data))] if sp.issparse(X)
-                  else np.unravel_index(np.argmax(np.abs(X)), X.shape)[1])
-        raise ValueError(
-            f"X has a value of {largest:.3g} (column {column}); fits take |x| ≤ "
-            f"{MAX_FIT_VALUE:.0e}, where EP's site precisions (~ x²) stay in double precision. "
-            "Standardise the features, e.g. sklearn.preprocessing.StandardScaler in a Pipeline "
-            "(the prior N(0, λ) on each weight also assumes features of comparable scale).")
-    if weight is not None and weight.size and (heaviest := float(weight.max())) > MAX_FIT_WEIGHT:
-        raise ValueError(
-            f"sample_weight × class_weight reaches {heaviest:.3g}; a weight counts copies of a "
-            f"row, and fits take weights up to {MAX_FIT_WEIGHT:.0e}. Divide the weights by a "
-            "common factor if only their ratios matter (that rescales the data's evidence).")
 
 
 def _row_scales(A):
@@ -121,7 +100,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             raise ValueError("The samples with a positive weight (sample_weight × class_weight) "
                              f"must come from at least 2 classes; got {present.tolist()!r}.")
         self._check_options(X.shape[1])
-        _check_fit_range(X, weight)
+        check_fit_range(type(self).__name__, X, weight, name="X", advice=FEATURE_RANGE_ADVICE,
+                        weight_name="sample_weight × class_weight")
         posterior = self._fit_posteriors(X, y, classes, prior=None, sample_weight=weight)
         self.classes_ = classes
         self._set_posterior(posterior)
@@ -140,7 +120,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"y contains labels {unknown!r} that are not in classes {self.classes_!r}.")
         weight = self._row_weights(X, y, self.classes_, sample_weight, partial=True)
         self._check_options(X.shape[1])
-        _check_fit_range(X, weight)
+        check_fit_range(type(self).__name__, X, weight, name="X", advice=FEATURE_RANGE_ADVICE,
+                        weight_name="sample_weight × class_weight")
         posterior = self._fit_posteriors(X, y, self.classes_, prior=None if first else self._posterior,
                                          sample_weight=weight)
         self._set_posterior(posterior)

@@ -410,13 +410,11 @@ def test_returns_what_fit_full_returns():
 # ============================================================================================
 @contextlib.contextmanager
 def _weight_space_only():
-    """fit_full and the evidence in weight space whatever the shape (the λ search's fixed-site
+    """The fits and the evidence in weight space whatever the shape (the λ search's fixed-site
     step then follows, the fits carrying no predictor-space objective)."""
-    from skcep.engines import evidence, full_dual
+    from skcep.engines import evidence
 
-    never = lambda *args, **kwargs: False  # noqa: E731
-    with mock.patch.object(full_dual, "dual_applies", never), \
-            mock.patch.object(evidence, "dual_applies", never):
+    with mock.patch.object(evidence, "dual_applies", lambda *args, **kwargs: False):
         yield []
 
 
@@ -434,7 +432,7 @@ def _counted_dual():
         return wrapper
 
     fixed = full_dual.fixed_site_evidence_dual
-    with mock.patch.object(full_dual, "fit_full_dual", counted("fit", full_dual.fit_full_dual)), \
+    with mock.patch.object(evidence, "fit_full_dual", counted("fit", full_dual.fit_full_dual)), \
             mock.patch.object(evidence, "log_evidence_dual",
                               counted("evidence", evidence.log_evidence_dual)), \
             mock.patch.object(full_dual, "fixed_site_evidence_dual",

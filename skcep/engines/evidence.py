@@ -58,8 +58,8 @@ from scipy.linalg import cho_factor, solve_triangular
 from scipy.optimize import linprog, minimize_scalar
 
 from ._glm_kernel import dense_cavity_terms
-from .full_dual import dual_applies, log_evidence_dual
-from .gaussian import cavity, cavity_natural, is_diagonal, precision_of
+from .full_dual import dual_applies, fit_full_dual, log_evidence_dual
+from .gaussian import cavity, cavity_natural, gaussian_log_normalizer, is_diagonal, precision_of, weighted_sum
 from .glm import (
     _Design,
     _site_shape,
@@ -103,11 +103,6 @@ RUNAWAY = 10.0  # posterior sd in one sweep after the first GRACE: a CEP fit has
 GRACE = 2
 
 
-def gaussian_log_normalizer(precision, shift):
-    """A₁(p, h) = ½ h²/p − ½ log p: log ∫ exp(−½ p w² + h w) dw up to ½ log 2π (elementwise)."""
-    return 0.5 * (shift * shift / precision - np.log(precision))
-
-
 def _full_log_normalizer(mean, cov):
     """A(P, b) of N(mean, cov) = ½ μᵀΣ⁻¹μ + ½ log|Σ| (up to (d/2) log 2π); −inf where the
     covariance is not numerically positive definite (a diverged fit)."""
@@ -117,13 +112,6 @@ def _full_log_normalizer(mean, cov):
         return -np.inf
     z = solve_triangular(chol[0], mean, lower=True)
     return 0.5 * float(z @ z) + float(np.sum(np.log(np.diag(chol[0]))))
-
-
-def _weighted_sum(terms, weight):
-    """Σ w·term, a zero weight adding exactly nothing (even where the term is not finite)."""
-    if weight is None:
-        return float(np.sum(terms))
-    return float(np.sum(np.where(weight > 0, weight * terms, 0.0)))
 
 
 def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, likelihood,
@@ -143,7 +131,7 @@ def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, like
         weight = np.empty(0) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=float)
         m_a, s_a = np.empty(design.X.shape[0]), np.empty(design.X.shape[0])
         change = dense_cavity_terms(design.X, weight, site_prec, site_shift, prec, shift, m_a, s_a)
-        return _weighted_sum(likelihood.derivatives(m_a, s_a, y, order=0)[0], sample_weight) + change
+        return weighted_sum(likelihood.derivatives(m_a, s_a, y, order=0)[0], sample_weight) + change
     total = 0.0
     for rows, block in design.blocks:
         sl = block.sites
@@ -159,7 +147,7 @@ def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, like
         s_a = block.row_sum(block.x2 * var_c)
         log_z = likelihood.derivatives(m_a, s_a, y[rows], order=0)[0]
         change = gaussian_log_normalizer(cav_prec, cav_shift) - gaussian_log_normalizer(q_prec, q_shift)
-        total += _weighted_sum(log_z, weight) + _weighted_sum(
+        total += weighted_sum(log_z, weight) + weighted_sum(
             change, None if weight is None else block.at_rows(weight))
     return total
 
@@ -187,7 +175,7 @@ def full_site_terms(X, y, site_prec, site_shift, mean, cov, *, likelihood, block
         mean_c, var_c, cav_prec, cav_shift, _ = cavity(1.0 / s, m / s, own_prec, own_shift)
         log_z = likelihood.derivatives(mean_c, var_c, y[rows], order=0)[0]
         change = gaussian_log_normalizer(cav_prec, cav_shift) - gaussian_log_normalizer(1.0 / s, m / s)
-        total += _weighted_sum(log_z, weight) + _weighted_sum(change, weight)
+        total += weighted_sum(log_z, weight) + weighted_sum(change, weight)
     return total
 
 
@@ -486,7 +474,8 @@ def maximize_evidence(fit_at, slope_of, step_of, log_variance, *, bounds=LOG_VAR
 
 def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likelihood,
             tune_weights=None, sample_weight=None, **options):
-    """One binary model on in-memory rows: :func:`~skcep.engines.glm.fit_full` or
+    """One binary model on in-memory rows: :func:`~skcep.engines.glm.fit_full` (with fewer rows than
+    features :func:`~skcep.engines.full_dual.fit_full_dual`, the same EP) or
     :func:`~skcep.engines.glm.fit_factorized` and its evidence (E1) in ``log_evidence``,
     through :func:`fit_with_evidence` (which chooses λ first when ``tune_weights`` is set).
     ``sample_weight`` (n,) or None: row weights, in the fits and in the evidence (E1w)."""
@@ -497,13 +486,15 @@ def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likeli
             X.sum_duplicates()
     if full and np.ndim(prior_spread) == 1:
         prior_spread = np.diag(prior_spread)
-    fit = fit_full if full else fit_factorized
 
     def fit_at(spread, lik, warm=None, resume=False, **kw):
         if warm is not None:
             kw.update(init_sites=warm.sites, **({} if full else dict(warmup_sweeps=0)))
             if resume:
                 kw["resume"] = warm.run
+        fit = fit_factorized
+        if full:  # n < d: the same EP in the predictor space (full_dual)
+            fit = fit_full_dual if dual_applies(X, kw.get("init_sites")) else fit_full
         post = fit(X, y, lik, prior_mean, spread, sample_weight=sample_weight, **kw)
         post.log_evidence = evidence_of(X, y, post, prior_mean, spread, evidence_likelihood,
                                         sample_weight)

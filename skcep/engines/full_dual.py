@@ -41,9 +41,8 @@ arithmetic, where float64 inverses of the d × d precision are off by up to 5e-8
 Sites must have τ̃ ≥ 0 (the sweeps never make a negative one: exact moment matching of these
 log-concave likelihoods never widens a cavity, and
 :func:`~skcep.engines.gaussian.site_from_marginal` floors at 0); :func:`dual_applies` says when
-this form is the one to use.  Nothing here knows about scikit-learn; the module imports
-:mod:`skcep.engines.glm` (so glm must import it lazily, inside a function) and
-:mod:`skcep.engines.evidence` only inside a function.
+this form is the one to use (:func:`~skcep.engines.evidence.fit_glm` asks it).  Nothing here
+knows about scikit-learn.
 """
 
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, eigh, solve_triangular
 
-from .gaussian import cavity, is_diagonal, precision_of
+from .gaussian import cavity, gaussian_log_normalizer, is_diagonal, precision_of, weighted_sum
 from .glm import GLMPosterior, SweepControl, full_block_size, full_site_update, site_copy
 
 __all__ = [
@@ -328,7 +327,6 @@ def log_evidence_dual(X, y, site_prec, site_shift, prior_mean, prior_cov, *, lik
     bracket log Z_i(m\\, s\\) + A₁(cavity of a_i) − A₁(marginal of a_i) from the predictor's
     marginals (m_a, diag Σ_a) — GPML eq. 3.65 with a prior mean.  ``sample_weight`` as there
     (E1w).  O(n² d + n³); −inf if not finite."""
-    from .evidence import _weighted_sum, gaussian_log_normalizer  # evidence imports this module
 
     post = PredictorPosterior(prior_predictor(X, prior_mean, prior_cov),
                               np.asarray(site_prec, dtype=float), np.asarray(site_shift, dtype=float))
@@ -341,7 +339,7 @@ def log_evidence_dual(X, y, site_prec, site_shift, prior_mean, prior_cov, *, lik
     mean_c, var_c, cav_prec, cav_shift, _ = cavity(1.0 / s, m / s, own_prec, own_shift)
     log_z = likelihood.derivatives(mean_c, var_c, np.asarray(y, dtype=float), order=0)[0]
     change = gaussian_log_normalizer(cav_prec, cav_shift) - gaussian_log_normalizer(1.0 / s, m / s)
-    total += _weighted_sum(log_z, sample_weight) + _weighted_sum(change, sample_weight)
+    total += weighted_sum(log_z, sample_weight) + weighted_sum(change, sample_weight)
     return total if np.isfinite(total) else -np.inf
 
 

@@ -25,6 +25,8 @@ __all__ = [
     "damped_update",
     "precision_of",
     "is_diagonal",
+    "gaussian_log_normalizer",
+    "weighted_sum",
 ]
 
 
@@ -122,3 +124,15 @@ def damped(old, proposed, step, ok=True):
 def damped_update(old, proposed, step, ok=True):
     """``old`` moved by :func:`damped` — the new value of a damped site parameter."""
     return old + damped(old, proposed, step, ok)
+
+
+def gaussian_log_normalizer(precision, shift):
+    """A₁(p, h) = ½ h²/p − ½ log p: log ∫ exp(−½ p w² + h w) dw up to ½ log 2π (elementwise)."""
+    return 0.5 * (shift * shift / precision - np.log(precision))
+
+
+def weighted_sum(terms, weight):
+    """Σ w·term, a zero weight adding exactly nothing (even where the term is not finite)."""
+    if weight is None:
+        return float(np.sum(terms))
+    return float(np.sum(np.where(weight > 0, weight * terms, 0.0)))

@@ -977,17 +977,10 @@ def fit_full(
     by default); other arguments (``sample_weight`` too) as in :func:`fit_factorized`.
     Returns a :class:`GLMPosterior` with ``cov`` and ``sites`` set.
 
-    With fewer rows than features (n < d) the same EP runs with its algebra on the n × n
-    covariance of the linear predictors (:func:`~skcep.engines.full_dual.fit_full_dual`):
-    O(n² d + ⌈n/b⌉ n³) a sweep and O(n d²) once for the covariance, instead of O(d³) a block.
+    With fewer rows than features (n < d) the same EP runs faster with its algebra on the n × n
+    covariance of the linear predictors: :func:`~skcep.engines.full_dual.fit_full_dual`, which
+    :func:`~skcep.engines.evidence.fit_glm` chooses then.
     """
-    from .full_dual import dual_applies, fit_full_dual  # full_dual imports this module
-
-    if dual_applies(X, init_sites):
-        return fit_full_dual(X, y, likelihood, prior_mean, prior_cov, damping=damping,
-                             max_iter=max_iter, tol=tol, block_size=block_size,
-                             init_sites=init_sites, callback=callback,
-                             sample_weight=sample_weight)
     n, d = X.shape
     block_size = block_size or full_block_size(n, d)
     if init_sites is None:
