@@ -410,6 +410,10 @@ def cp_attributes(result, offset=0.0, scale=1.0):
         biases_=[scale * g.mean[:, 0] for g in biases.values()],
         biases_var_=[scale ** 2 * g.cov[:, 0, 0] for g in biases.values()],
         noise_precision_=float(post.noise_precision) / scale ** 2, component_precision_=post.component_precision,
+        factor_prior_means_=None if post.mode_priors is None else [
+            None if p is None else p[0] for p in post.mode_priors],
+        factor_prior_precisions_=None if post.mode_priors is None else [
+            None if p is None else p[2] / p[3] for p in post.mode_priors],
         effective_rank_=effective_rank(post), elbo_=list(result.elbo), n_iter_=result.n_iter,
         converged_=bool(result.converged))
 

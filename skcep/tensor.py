@@ -5,11 +5,12 @@ from numbers import Integral, Real
 from textwrap import indent
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from ._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method
+from ._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method, warn
 from ._dask_cp import fit_tensor
 from ._tensor import TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes, link_mean
 from .engines.cp import (absorb_batch, elbo, fit_cp, grow_posterior, init_posterior, predict_cp,
@@ -17,6 +18,9 @@ from .engines.cp import (absorb_batch, elbo, fit_cp, grow_posterior, init_poster
 
 __all__ = ["BayesianCPTensor"]
 
+# prior_variance="auto": the hyperpriors (a0, b0, v) of every mode's prior N(μ_k, λ_k⁻¹ I),
+# λ_k ~ Gam(a0, b0) and μ_k ~ N(0, v I) (docs/tensor.md, "Priors learned from the data")
+MODE_PRIOR = (1e-3, 1e-3, 1.0)
 WARM_UP_GAUSSIAN = 50_000  # warm_up_entries="auto" for Gaussian entries (docs/tensor.md, "The warm-up buffer")
 
 _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
@@ -46,8 +50,15 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         CEP only.  "group": all sites of a mode updated together and merged per row (one pass
         over the entries per mode, O(n) memory).  "entry": sites updated block by block with EP
         bookkeeping (Wang & Zhe, Algorithm 1); fewer, costlier sweeps, O(n·rank²) memory.
-    prior_variance : float, default=1.0
-        Prior variance v of every embedding coordinate (``ard``: 1/E[λ] at the start).
+    prior_variance : float or "auto", default=1.0
+        Prior variance v of every embedding coordinate (``ard``: 1/E[λ] at the start).  "auto":
+        each mode's prior is learned from the data, the hierarchical prior of Bayesian PMF in
+        its mean-field form: row s of mode k has prior N(μ_k, λ_k⁻¹ I) with μ_k ~ N(0, I) and
+        λ_k ~ Gam(10⁻³, 10⁻³), q(μ_k) and q(λ_k) updated after every sweep
+        (``partial_fit``: after every batch) and reported in ``factor_prior_means_`` and
+        ``factor_prior_precisions_``.  The learned mean gives the components a common
+        direction, started positive, so that sparse tensors do not sit at the all-zero fixed
+        point of a zero-mean prior (see the user guide).  Not with ``ard``.
     ard : bool, default=False
         Automatic relevance determination (Zhao, Zhang & Cichocki, "Bayesian CP factorization
         of incomplete tensors with automatic rank determination", TPAMI 2015): component r has
@@ -146,6 +157,11 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         ``component_precision_`` and ``elbo_``) describe the standardized targets.
     component_precision_ : ndarray of shape (rank,) or None
         E[λ_r], the prior precision of component r (``ard``; else None).
+    factor_prior_means_ : list of ndarray of shape (rank,) or None
+        E[μ_k], the learned prior mean of every mode's embeddings (``prior_variance="auto"``;
+        None for a modulating mode; else None).
+    factor_prior_precisions_ : list of float or None
+        E[λ_k], their learned prior precision (likewise).
     effective_rank_ : int
         Components with power Π_k mean_s E[u^k_{sr}]² ≥ 1e-3 × the largest and > 1e-12.
     elbo_ : list of float
@@ -200,7 +216,7 @@ class BayesianCPTensor(TensorEstimator):
         "likelihood": [StrOptions({"gaussian", "probit"})],
         "method": [StrOptions({"cep", "vmp"})],
         "schedule": [StrOptions({"group", "entry"})],
-        "prior_variance": [Interval(Real, 0, None, closed="neither")],
+        "prior_variance": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
         "ard": ["boolean"],
         "ard_prior": [tuple, list],
         "modulating_modes": [tuple, list],
@@ -242,6 +258,10 @@ class BayesianCPTensor(TensorEstimator):
 
     def _check_params(self):
         noise_prior = _check_noise_prior(self.noise_prior)
+        if self.prior_variance == "auto" and self.ard:
+            raise ValueError("prior_variance='auto' learns each mode's prior mean and precision, ard=True each "
+                             "component's precision (zero mean, so that components can be pruned): choose one, "
+                             "e.g. ard=True with prior_variance=1.0.")
         _check_noise_prior(self.ard_prior, "ard_prior")
         if self.method == "vmp" and self.schedule != "group":
             raise ValueError("schedule='entry' is a CEP schedule; use method='cep' or schedule='group'.")
@@ -317,7 +337,20 @@ class BayesianCPTensor(TensorEstimator):
         self._start(X, self._standardized(y), noise_prior, shape, self.max_iter, weight=weight)
         if not self.converged_:
             self._warn_not_converged(self.max_iter)
+        self._warn_if_collapsed()
         return self
+
+    def _warn_if_collapsed(self):
+        """A ``ConvergenceWarning`` when every CP component is zero: the fit sits at the all-zero
+        fixed point, and predicts from the offsets alone (a constant without ``mode_bias``)."""
+        if self.effective_rank_ > 0:
+            return
+        advice = ("learn the priors from the data (prior_variance='auto'), whose common mean direction "
+                  "keeps the components from it, or" if self.prior_variance != "auto" else "")
+        warn(f"{type(self).__name__}: every CP component is zero — the fit sits at the all-zero fixed point "
+             "(on a sparse tensor a zero-mean prior holds every embedding there) and predicts from the "
+             f"offsets alone; {advice} try n_init > 1 or a larger init_scale.".replace(";  try", "; try"),
+             ConvergenceWarning)
 
     @fit_method
     def partial_fit(self, X, y, classes=None, sample_weight=None):
@@ -371,7 +404,7 @@ class BayesianCPTensor(TensorEstimator):
             return self._start(X, y, noise_prior, shape, sweeps, offset_init=offset, weight=weight)
         options = self._fit_options(sweeps)
         result, self._n_seen = absorb_batch(
-            self._posterior, X, y, self._n_seen, shape=shape, prior_variance=self.prior_variance,
+            self._posterior, X, y, self._n_seen, shape=shape, prior_variance=self._prior_start,
             init_scale=self.init_scale, rng=self._rng, mode_offset_variance=self.bias_prior_variance,
             weight=weight, **options, simultaneous=simultaneous and options["schedule"] == "group")
         return self._set_posterior(result, shape)
@@ -397,6 +430,11 @@ class BayesianCPTensor(TensorEstimator):
                     schedule=self.schedule if self.method == "cep" else "group", max_iter=max_iter,
                     tol=self.tol, damping=self.damping, n_jobs=self.n_jobs, callback=self._progress())
 
+    @property
+    def _prior_start(self):
+        """The embeddings' prior variance to start from: ``prior_variance``, or 1 when it is learned."""
+        return 1.0 if self.prior_variance == "auto" else self.prior_variance
+
     def _start(self, X, y, noise_prior, shape, max_iter, held=None, offset_init=0.0, weight=None):
         """Keep the best of ``n_init`` random starts by ELBO; ``held``: the entries on Dask workers;
         ``offset_init``: the starting mean of the global offset; ``weight``: the entry weights."""
@@ -407,15 +445,16 @@ class BayesianCPTensor(TensorEstimator):
         best, best_elbo = None, -np.inf
         for _ in range(self.n_init):
             post = init_posterior(
-                shape, self.rank, prior_variance=self.prior_variance, init_scale=self.init_scale, rng=rng,
+                shape, self.rank, prior_variance=self._prior_start, init_scale=self.init_scale, rng=rng,
                 global_offset=self.intercept_prior_variance if self.fit_intercept else None,
                 mode_offsets=self.bias_prior_variance if self.mode_bias else None,
                 noise_prior=noise_prior if gaussian else None,
                 noise_init=noise(y, noise_prior, weight) if gaussian else None,
                 component_prior=_check_noise_prior(self.ard_prior, "ard_prior") if self.ard else None,
-                component_floor=1.0 / self.prior_variance if not gaussian and self.method == "cep" else 0.0,
+                component_floor=1.0 / self._prior_start if not gaussian and self.method == "cep" else 0.0,
                 offset_init=offset_init, modulating_modes=self.modulating_modes,
-                modulation_variance=self.modulation_variance)
+                modulation_variance=self.modulation_variance,
+                mode_prior=MODE_PRIOR if self.prior_variance == "auto" else None)
             result = fit(post, X, y, rng=rng, weight=weight, **self._fit_options(max_iter))
             value = score(result.posterior, X, y, self.likelihood, self.n_jobs, weight) if self.n_init > 1 else 0.0
             if best is None or value > best_elbo:
@@ -427,7 +466,7 @@ class BayesianCPTensor(TensorEstimator):
     def _set_posterior(self, result, shape):
         self._posterior = result.posterior
         self.shape_ = tuple(shape)
-        self._new_object_prior = (self.prior_variance, self.bias_prior_variance)
+        self._new_object_prior = (self._prior_start, self.bias_prior_variance)
         self.__dict__.update(cp_attributes(result, self.y_offset_, self.y_scale_))
         return self
 
@@ -443,7 +482,7 @@ class BayesianCPTensor(TensorEstimator):
         if unseen.any():
             X = np.minimum(X, shape)
             prior_variance, offset_variance = getattr(
-                self, "_new_object_prior", (self.prior_variance, self.bias_prior_variance))
+                self, "_new_object_prior", (self._prior_start, self.bias_prior_variance))
             post = grow_posterior(post, tuple(shape + unseen), prior_variance=prior_variance,
                                   mode_offset_variance=offset_variance)
         return predict_cp(post, X, self.n_jobs)

@@ -87,6 +87,9 @@ Global steps:
 ``noise_update(noise_prior, n, sum_squared_error) -> (a, b)``
     q(τ) = Gam(a0 + n/2, b0 + ½ Σ_i E[(y_i − f_i)²]) (Li et al. §4.2; the merged CEP τ sites
     of §4.3).
+``mode_prior_update(post, refresh=False)``
+    Priors learned from the data: the mean-field hierarchical prior of Bayesian PMF per mode,
+    q(μ_k) and q(λ_k) of row priors N(μ_k, λ_k⁻¹ I), after the last group of a sweep.
 ``component_update(post, refresh=False)``
     Automatic relevance determination (Zhao, Zhang & Cichocki, TPAMI 2015): q(λ_r) =
     Gam(a0 + ½ Σ_k d_k, b0 + ½ Σ_k Σ_s E[(u^k_{sr})²]) from the factors' moments, after the
@@ -141,7 +144,7 @@ __all__ = [
     "starting_noise_precision", "noise_precision_for_variance", "posterior_sums", "take_rows", "put_rows",
     "mode_chunks", "gaussian_statistics", "probit_site_statistics", "probit_offset_sites",
     "offset_statistics", "entry_mean", "entry_second_moment", "augmented_target", "reduce_rows", "group_update",
-    "noise_update", "component_update", "effective_rank", "streaming_sweeps",
+    "noise_update", "component_update", "mode_prior_update", "effective_rank", "streaming_sweeps",
     "probit_site", "start_sweeps", "fit_cp", "absorb_batch", "predict_cp", "elbo",
 ]
 
@@ -262,6 +265,10 @@ class CPPosterior:
     factors' prior precisions then hold diag E[λ] (see :func:`component_update`), never below
     ``component_floor``.  The factors of the ``modulating_modes`` have the fixed prior
     N(1, ``modulation_variance``·I) (see :func:`init_posterior`); λ governs the other modes.
+    With priors learned from the data, ``mode_priors[k]`` is (m (R,), s, a, b): q(μ_k) = N(m, s·I)
+    and q(λ_k) = Gam(a, b) of mode k's prior N(μ_k, λ_k⁻¹ I) (None for a modulating mode), with
+    hyperpriors ``mode_prior_hyper`` = (a0, b0, v) (see :func:`mode_prior_update`); the factors'
+    prior natural parameters then hold E[λ_k] I and E[λ_k] m.
     """
 
     factors: list
@@ -274,6 +281,8 @@ class CPPosterior:
     component_floor: float = 0.0
     modulating_modes: tuple = ()
     modulation_variance: float = None
+    mode_priors: list = None
+    mode_prior_hyper: tuple = None
 
     @property
     def rank(self):
@@ -313,6 +322,8 @@ class CPPosterior:
             self.component_floor,
             self.modulating_modes,
             self.modulation_variance,
+            None if self.mode_priors is None else list(self.mode_priors),
+            self.mode_prior_hyper,
         )
 
     def as_prior(self):
@@ -327,6 +338,8 @@ class CPPosterior:
             self.component_floor,
             self.modulating_modes,
             self.modulation_variance,
+            None if self.mode_priors is None else list(self.mode_priors),
+            self.mode_prior_hyper,
         )
 
 
@@ -336,8 +349,8 @@ def take_rows(post, rows):
     A batch of entries touches only these rows; every other row keeps its posterior exactly
     (it has no site in the batch, and its KL term to itself as prior is zero), so streaming
     fits the sub-model at a cost that follows the batch, not the tensor.  The sub-model has no
-    q(λ): its rows' priors hold E[Λ] fixed (λ depends on every row; :func:`absorb_batch`
-    updates it after the batch).
+    q(λ) and no learned priors: its rows' priors hold them fixed (they depend on every row;
+    :func:`absorb_batch` updates them after the batch).
     """
     def take(g, r):
         return GaussianRows(g.mean[r], g.cov[r], g.prior_precision[r], g.prior_shift[r])
@@ -393,19 +406,28 @@ def _check_modulating(modes, variance, n_modes):
     return modes
 
 
-def _random_rows(n_rows, rank, variance, init_scale, rng):
-    """Prior rows whose q starts at random working means N(m, init_scale²·I), m ~ N(0, init_scale²);
-    with init_scale = 0 they start at the prior and need no generator."""
+def _random_rows(n_rows, rank, variance, init_scale, rng, prior_mean=0.0):
+    """Rows with prior N(prior_mean, variance·I) (prior_mean a scalar or (R,)) whose q starts at
+    random working means N(m, init_scale²·I), m ~ N(prior_mean, init_scale²); with init_scale = 0
+    they start at the prior and need no generator."""
+    start = np.broadcast_to(np.asarray(prior_mean, dtype=float), (n_rows, rank))
     if init_scale == 0:
-        return _prior_rows(n_rows, rank, variance)
+        return _prior_rows(n_rows, rank, variance, start.copy(), prior_mean=prior_mean)
     if rng is None:
         raise ValueError("random working means (init_scale > 0) need a random generator rng.")
-    return _prior_rows(n_rows, rank, variance, init_scale * rng.standard_normal((n_rows, rank)), init_scale**2)
+    return _prior_rows(n_rows, rank, variance, start + init_scale * rng.standard_normal((n_rows, rank)),
+                       init_scale**2, prior_mean=prior_mean)
+
+
+def _learned_prior(post, k):
+    """(mean (R,), variance) of the prior of a new row of mode k under learned priors: N(E μ_k, E[λ_k]⁻¹ I)."""
+    m, _, a, b = post.mode_priors[k]
+    return m, b / a
 
 
 def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_offset=None,
                    mode_offsets=None, noise_prior=None, noise_init=None, component_prior=None, component_floor=0.0,
-                   offset_init=0.0, modulating_modes=(), modulation_variance=None):
+                   offset_init=0.0, modulating_modes=(), modulation_variance=None, mode_prior=None):
     """Posterior to start from: embeddings N(m, init_scale²·I) with random m ~ N(0, init_scale²)
     drawn from ``rng`` under priors N(0, prior_variance·I).  All-zero means are a fixed point,
     and so, in practice, is a start at the prior covariance: partners that uncertain give every
@@ -417,6 +439,13 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
     q(λ_r) starts at shape a0 + ½ Σ_k d_k with mean 1/prior_variance, and E[λ_r] is kept at least
     ``component_floor``.  ``offset_init``: the starting mean of q(b) (its prior mean stays 0).
 
+    ``mode_prior`` (a0, b0, v) learns every other mode's prior from the data
+    (:func:`mode_prior_update`): row s of mode k has prior N(μ_k, λ_k⁻¹ I), μ_k ~ N(0, v I),
+    λ_k ~ Gam(a0, b0), with q(λ_k) starting at mean 1/prior_variance and q(μ_k) at c·1, c =
+    R^(−1/K') over the K' modes it governs, so that the main effect Σ_r Π_k μ_kr starts at 1: a
+    common positive direction that the zero-mean prior lacks, whose symmetric start sits at the
+    all-zero fixed point on sparse tensors.  The rows start at random means around it.
+
     ``modulating_modes``: modes whose embeddings have prior N(1, ``modulation_variance``·I)
     instead, q starting at that prior.  Such a mode modulates the others: at u^k = 1 the CP term
     is the CP term of the other modes, and row s of mode k scales component r by u^k_{sr}.  Its
@@ -424,10 +453,19 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
     eq. 27); λ of automatic relevance determination governs the other modes only.
     """
     modulating = _check_modulating(modulating_modes, modulation_variance, len(shape))
+    governed = len(shape) - len(modulating)
+    start = rank ** (-1.0 / governed) if mode_prior is not None else 0.0
     factors = [_modulating_rows(d, rank, modulation_variance) if k in modulating
-               else _random_rows(d, rank, prior_variance, init_scale, rng) for k, d in enumerate(shape)]
+               else _random_rows(d, rank, prior_variance, init_scale, rng, start) for k, d in enumerate(shape)]
     post = CPPosterior(factors, noise_prior=noise_prior, modulating_modes=modulating,
                        modulation_variance=float(modulation_variance) if modulating else None)
+    if mode_prior is not None:
+        a0, b0, v = (float(x) for x in mode_prior)
+        post.mode_prior_hyper = (a0, b0, v)
+        post.mode_priors = [None if k in modulating else
+                            (np.full(rank, start), 1.0 / (1.0 / v + d / prior_variance),
+                             a0 + 0.5 * d * rank, (a0 + 0.5 * d * rank) * prior_variance)
+                            for k, d in enumerate(shape)]
     if component_prior is not None:
         a = np.full(rank, float(component_prior[0]) + 0.5 * sum(shape[k] for k in post.ard_modes))
         post.components, post.component_prior = (a, a * prior_variance), tuple(map(float, component_prior))
@@ -467,8 +505,9 @@ def noise_precision_for_variance(variance, noise_prior):
 def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mode_offset_variance=None):
     """A copy of ``post`` with prior rows added so that mode k has ``shape[k]`` rows (working
     means as in :func:`init_posterior`; at the prior, without a generator, when init_scale = 0).
-    With q(λ) the new rows' prior is N(0, E[Λ]⁻¹), not ``prior_variance``; a modulating mode's
-    new rows have its prior N(1, modulation_variance·I) and start there."""
+    With q(λ) the new rows' prior is N(0, E[Λ]⁻¹), and with learned priors N(E μ_k, E[λ_k]⁻¹ I),
+    not ``prior_variance``; a modulating mode's new rows have its prior N(1, modulation_variance·I)
+    and start there."""
     post = post.copy()
     if post.components is not None:
         prior_variance = 1.0 / post.component_precision
@@ -476,8 +515,13 @@ def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mod
         extra = d - post.factors[k].n_rows
         if extra <= 0:
             continue
-        new = (_modulating_rows(extra, post.rank, post.modulation_variance) if k in post.modulating_modes
-               else _random_rows(extra, post.rank, prior_variance, init_scale, rng))
+        if k in post.modulating_modes:
+            new = _modulating_rows(extra, post.rank, post.modulation_variance)
+        elif post.mode_priors is not None:
+            mean, variance = _learned_prior(post, k)
+            new = _random_rows(extra, post.rank, variance, init_scale, rng, mean)
+        else:
+            new = _random_rows(extra, post.rank, prior_variance, init_scale, rng)
         post.factors[k] = _concat_rows(post.factors[k], new)
         for j, mode in enumerate(post.offset_modes):
             if mode == k:
@@ -830,6 +874,45 @@ def component_update(post, refresh=False):
     return change
 
 
+def mode_prior_update(post, refresh=False):
+    """Priors learned from the data, a global step: the hierarchical prior of Bayesian PMF
+    (Salakhutdinov & Mnih, ICML 2008) in its mean-field form, per mode k (the modulating modes
+    keep their fixed prior).  Row s of mode k has prior u^k_s ~ N(μ_k, λ_k⁻¹ I) with
+    μ_k ~ N(0, v I) and λ_k ~ Gam(a0, b0) (``post.mode_prior_hyper`` = (a0, b0, v)); given q of
+    the d rows, the VMP updates are, in turn,
+
+        q(μ_k) = N(m, s I),  1/s = 1/v + d E[λ_k],  m = s E[λ_k] Σ_s E[u_s],
+        q(λ_k) = Gam(a0 + d R/2, b0 + ½ Σ_s (tr Cov u_s + ‖E u_s − m‖²) + ½ d R s).
+
+    Every row's prior then moves by the change of E[λ_k] I (precision) and of E[λ_k] m (shift);
+    ``refresh`` moves q(u_s) by the same amount (EP bookkeeping, as :func:`component_update`).
+    Without it, q(u) is left as it is: a coordinate step on q(μ, λ) alone, so the VMP ELBO
+    cannot decrease.  Returns the changes [(k, ΔE[λ_k], Δ(E[λ_k] m))] of the priors' natural
+    parameters."""
+    a0, b0, v = post.mode_prior_hyper
+    changes = []
+    for k, f in enumerate(post.factors):
+        if post.mode_priors[k] is None:
+            continue
+        m, s, a, b = post.mode_priors[k]
+        d, rank = f.mean.shape
+        lam_old, shift_old = a / b, (a / b) * m
+        total = f.mean.sum(axis=0)
+        s = 1.0 / (1.0 / v + d * lam_old)
+        m = s * lam_old * total
+        spread = float(np.einsum("sii->", f.cov) + np.sum((f.mean - m) ** 2)) + d * rank * s
+        a, b = a0 + 0.5 * d * rank, b0 + 0.5 * spread
+        post.mode_priors[k] = (m, s, a, b)
+        d_prec, d_shift = a / b - lam_old, (a / b) * m - shift_old
+        changes.append((k, d_prec, d_shift))
+        if refresh:
+            precision, shift = f.natural()
+            f.set_natural(precision + d_prec * np.eye(rank), shift + d_shift)
+        f.prior_precision = f.prior_precision + d_prec * np.eye(rank)  # new arrays: the KL caches
+        f.prior_shift = f.prior_shift + d_shift
+    return changes
+
+
 # --------------------------------------------------------------------------------------------
 # moments of f at the entries
 
@@ -938,6 +1021,25 @@ def _component_kl(post):
     return float(0.5 * n_rows * gap.sum() + np.sum(_noise_kl(a, b, a0, b0)))
 
 
+def _mode_prior_kl(post):
+    """The learned priors' part of −ELBO: per mode, E_q[KL(q(u) ‖ N(μ, λ⁻¹I))] − KL(q(u) ‖ the
+    rows' prior N(E μ, E[λ]⁻¹ I)) = ½ d R (log E[λ] − E[log λ]) + ½ d R E[λ] s, plus
+    KL(q(λ) ‖ Gam(a0, b0)) and KL(q(μ) ‖ N(0, v I)); 0 without learned priors."""
+    if post.mode_priors is None:
+        return 0.0
+    a0, b0, v = post.mode_prior_hyper
+    total = 0.0
+    for f, prior in zip(post.factors, post.mode_priors):
+        if prior is None:
+            continue
+        m, s, a, b = prior
+        d, rank = f.mean.shape
+        total += 0.5 * d * rank * (np.log(a) - digamma(a) + (a / b) * s)
+        total += float(_noise_kl(a, b, a0, b0))
+        total += 0.5 * (rank * s / v + float(m @ m) / v - rank - rank * np.log(s / v))
+    return float(total)
+
+
 class EntrySums(NamedTuple):
     """Sums over a set of entries of the moments of f under q, which add across partitions
     (with entry weights, every sum weighted: ``n`` is then Σ w):
@@ -1021,7 +1123,7 @@ class SweepTotals:
         module function :func:`elbo`; the sums hold what it needs)."""
         post, s = self.post, self.sums
         kl = sum(f.kl_to_prior() for f in post.factors) + sum(g.kl_to_prior() for g in post.offsets)
-        kl += _component_kl(post)
+        kl += _component_kl(post) + _mode_prior_kl(post)
         if (likelihood or self.likelihood) == "probit":
             return float(s.log_lik - 0.5 * self.total_variance() - kl)
         a, b = post.noise
@@ -1261,6 +1363,8 @@ class _GroupSweeps:
             post.noise = noise_update(post.noise_prior, stats.sums.n, stats.sum_squared_error())
         if post.components is not None:
             component_update(post)
+        if post.mode_priors is not None:
+            mode_prior_update(post)
         return stats
 
 
@@ -1359,6 +1463,12 @@ class _EntrySweeps:
                 f = post.factors[k]
                 self.natural[k][0] = self.natural[k][0] + delta
                 f.set_natural(*self.natural[k], slice(None))  # in place: self.moments holds f.mean
+                self.moments.refresh(k, f, slice(None))
+        if post.mode_priors is not None:  # likewise for the learned priors
+            for k, d_prec, d_shift in mode_prior_update(post):
+                f = post.factors[k]
+                self.natural[k] = [self.natural[k][0] + d_prec * np.eye(post.rank), self.natural[k][1] + d_shift]
+                f.set_natural(*self.natural[k], slice(None))
                 self.moments.refresh(k, f, slice(None))
         sums, self.previous = posterior_sums(post, self.index, y, self.likelihood, self.n_jobs, self.previous,
                                              self.weight)
@@ -1536,7 +1646,8 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
     ``fit_options`` go to :func:`fit_cp`.  With q(λ) (automatic
     relevance determination) λ is held during the batch (the sub-model sees a part of the rows
     only) and updated once after it from every row, moving every row's prior and q
-    (:func:`component_update` with ``refresh``).  ``weight``: the batch's entry weights (None: 1).
+    (:func:`component_update` with ``refresh``); so are learned priors (:func:`mode_prior_update`).
+    ``weight``: the batch's entry weights (None: 1).
 
     Returns the :class:`CPFitResult` with the whole new posterior, and the updated ``n_seen``.
     """
@@ -1549,11 +1660,14 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
     for k, (f, c, r) in enumerate(zip(sub.factors, n_seen, rows)):
         unseen = np.flatnonzero(c[r] == 0)
         if unseen.size and init_scale > 0 and k not in post.modulating_modes:  # those start at 1
-            start = _random_rows(unseen.size, rank, prior_variance, init_scale, rng)
+            mean, variance = (0.0, prior_variance) if post.mode_priors is None else _learned_prior(post, k)
+            start = _random_rows(unseen.size, rank, variance, init_scale, rng, mean)
             f.mean[unseen], f.cov[unseen] = start.mean, start.cov
     result = fit_cp(sub, local, y, rng=rng, weight=weight, **fit_options)
     put_rows(full, rows, result.posterior)
     if full.components is not None:
         component_update(full, refresh=True)
+    if full.mode_priors is not None:
+        mode_prior_update(full, refresh=True)
     n_seen = [c + np.bincount(index[:, k], minlength=c.size) for k, c in enumerate(n_seen)]
     return replace(result, posterior=full), n_seen
