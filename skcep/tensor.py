@@ -21,13 +21,15 @@ __all__ = ["BayesianCPTensor"]
 # prior_variance="auto": the hyperpriors (a0, b0, v) of every mode's prior N(μ_k, λ_k⁻¹ I),
 # λ_k ~ Gam(a0, b0) and μ_k ~ N(0, v I) (docs/tensor.md, "Priors learned from the data")
 MODE_PRIOR = (1e-3, 1e-3, 1.0)
+HOLD_PRIORS = 3  # sweeps of a fit (or of a batch) before the learned priors start moving
 WARM_UP_GAUSSIAN = 50_000  # warm_up_entries="auto" for Gaussian entries (docs/tensor.md, "The warm-up buffer")
 
 _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
 
     Entry i = (i_1, …, i_K) is ``f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k}``
     with ``y_i ~ N(f_i, 1/τ)`` (``likelihood="gaussian"``) or ``P(y_i = 1) = Φ(f_i)``
-    (``"probit"``), priors N(0, prior_variance·I) on the embeddings u^k_s ∈ R^rank
+    (``"probit"``), priors N(μ_k, λ_k⁻¹ I) learned from the data (``prior_variance="auto"``) or
+    N(0, prior_variance·I) on the embeddings u^k_s ∈ R^rank
     (N(1, modulation_variance·I) for the ``modulating_modes``) and
     τ ~ Gam(a0, b0) (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.1
     eqs. 12–13; Li, Fang, Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.1 eq. 26),
@@ -58,7 +60,8 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         (``partial_fit``: after every batch) and reported in ``factor_prior_means_`` and
         ``factor_prior_precisions_``.  The learned mean gives the components a common
         direction, started positive, so that sparse tensors do not sit at the all-zero fixed
-        point of a zero-mean prior (see the user guide).  Not with ``ard``.
+        point of a zero-mean prior (see the user guide).  With ``ard`` the learned prior is ARD's:
+        zero mean (so that components can be pruned), per-component precisions starting at 1.
     ard : bool, default=False
         Automatic relevance determination (Zhao, Zhang & Cichocki, "Bayesian CP factorization
         of incomplete tensors with automatic rank determination", TPAMI 2015): component r has
@@ -258,10 +261,6 @@ class BayesianCPTensor(TensorEstimator):
 
     def _check_params(self):
         noise_prior = _check_noise_prior(self.noise_prior)
-        if self.prior_variance == "auto" and self.ard:
-            raise ValueError("prior_variance='auto' learns each mode's prior mean and precision, ard=True each "
-                             "component's precision (zero mean, so that components can be pruned): choose one, "
-                             "e.g. ard=True with prior_variance=1.0.")
         _check_noise_prior(self.ard_prior, "ard_prior")
         if self.method == "vmp" and self.schedule != "group":
             raise ValueError("schedule='entry' is a CEP schedule; use method='cep' or schedule='group'.")
@@ -428,7 +427,8 @@ class BayesianCPTensor(TensorEstimator):
     def _fit_options(self, max_iter):
         return dict(likelihood=self.likelihood, method=self.method,
                     schedule=self.schedule if self.method == "cep" else "group", max_iter=max_iter,
-                    tol=self.tol, damping=self.damping, n_jobs=self.n_jobs, callback=self._progress())
+                    tol=self.tol, damping=self.damping, n_jobs=self.n_jobs, callback=self._progress(),
+                    hold_priors=HOLD_PRIORS)
 
     @property
     def _prior_start(self):
@@ -454,7 +454,7 @@ class BayesianCPTensor(TensorEstimator):
                 component_floor=1.0 / self._prior_start if not gaussian and self.method == "cep" else 0.0,
                 offset_init=offset_init, modulating_modes=self.modulating_modes,
                 modulation_variance=self.modulation_variance,
-                mode_prior=MODE_PRIOR if self.prior_variance == "auto" else None)
+                mode_prior=MODE_PRIOR if self.prior_variance == "auto" and not self.ard else None)
             result = fit(post, X, y, rng=rng, weight=weight, **self._fit_options(max_iter))
             value = score(result.posterior, X, y, self.likelihood, self.n_jobs, weight) if self.n_init > 1 else 0.0
             if best is None or value > best_elbo:

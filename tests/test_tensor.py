@@ -393,7 +393,7 @@ def test_partial_fit_is_assumed_density_filtering():
     X, y, _ = make_tensor((5, 4, 3), 2, 50, seed=7, offset=0.5)
     first, second = slice(0, 30), slice(30, 50)
     assert all(len(set(X[first, k])) == d for k, d in enumerate((5, 4, 3)))  # no new objects later
-    kw = dict(rank=2, random_state=0, n_inner_iter=7, tol=1e-4, mode_bias=True)
+    kw = dict(rank=2, prior_variance=1.0, random_state=0, n_inner_iter=7, tol=1e-4, mode_bias=True)  # fixed: ADF alone
     stream = BayesianCPTensor(warm_up_entries=0, **kw).partial_fit(X[first], y[first])  # no refits: plain ADF
     batch = BayesianCPTensor(max_iter=7, **kw).fit(X[first], y[first])
     for a, b in zip(stream.factors_, batch.factors_):

@@ -444,7 +444,9 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
     λ_k ~ Gam(a0, b0), with q(λ_k) starting at mean 1/prior_variance and q(μ_k) at c·1, c =
     R^(−1/K') over the K' modes it governs, so that the main effect Σ_r Π_k μ_kr starts at 1: a
     common positive direction that the zero-mean prior lacks, whose symmetric start sits at the
-    all-zero fixed point on sparse tensors.  The rows start at random means around it.
+    all-zero fixed point on sparse tensors.  The rows start at random means around 0 as with a
+    fixed prior: the prior mean pulls them, the data decide how far (a start at the prior mean
+    would bind a short fit, e.g. a stream's first batch, to that direction).
 
     ``modulating_modes``: modes whose embeddings have prior N(1, ``modulation_variance``·I)
     instead, q starting at that prior.  Such a mode modulates the others: at u^k = 1 the CP term
@@ -456,7 +458,10 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
     governed = len(shape) - len(modulating)
     start = rank ** (-1.0 / governed) if mode_prior is not None else 0.0
     factors = [_modulating_rows(d, rank, modulation_variance) if k in modulating
-               else _random_rows(d, rank, prior_variance, init_scale, rng, start) for k, d in enumerate(shape)]
+               else _random_rows(d, rank, prior_variance, init_scale, rng) for k, d in enumerate(shape)]
+    for k, f in enumerate(factors):
+        if k not in modulating and start:  # the prior's mean only: the rows start around 0 as ever
+            f.prior_shift = np.full(f.mean.shape, start / prior_variance)
     post = CPPosterior(factors, noise_prior=noise_prior, modulating_modes=modulating,
                        modulation_variance=float(modulation_variance) if modulating else None)
     if mode_prior is not None:
@@ -1321,8 +1326,9 @@ class _GroupSweeps:
         pending.clear()
         return changes
 
-    def sweep(self, update_noise=True):
-        """One sweep over every group, then q(τ); returns the sweep's :class:`SweepTotals`.
+    def sweep(self, update_noise=True, update_priors=True):
+        """One sweep over every group, then q(τ); returns the sweep's :class:`SweepTotals`
+        (``update_priors``: then the learned priors).
 
         In turn, each group updated before the next one's statistics (Gauss–Seidel); with
         ``simultaneous``, every group's statistics from the q before the sweep, then all
@@ -1363,7 +1369,7 @@ class _GroupSweeps:
             post.noise = noise_update(post.noise_prior, stats.sums.n, stats.sum_squared_error())
         if post.components is not None:
             component_update(post)
-        if post.mode_priors is not None:
+        if post.mode_priors is not None and update_priors:
             mode_prior_update(post)
         return stats
 
@@ -1453,7 +1459,7 @@ class _EntrySweeps:
         self.likelihood = likelihood
         self.previous = _cp_mean(post, index, n_jobs) + _offset_moments(post, index)[0]
 
-    def sweep(self, update_noise=True):
+    def sweep(self, update_noise=True, update_priors=True):
         for b0 in range(0, self.order.size, self.block_size):
             self.block(np.sort(self.order[b0:b0 + self.block_size]))
         post, y = self.posterior, self.y
@@ -1464,7 +1470,7 @@ class _EntrySweeps:
                 self.natural[k][0] = self.natural[k][0] + delta
                 f.set_natural(*self.natural[k], slice(None))  # in place: self.moments holds f.mean
                 self.moments.refresh(k, f, slice(None))
-        if post.mode_priors is not None:  # likewise for the learned priors
+        if post.mode_priors is not None and update_priors:  # likewise for the learned priors
             for k, d_prec, d_shift in mode_prior_update(post):
                 f = post.factors[k]
                 self.natural[k] = [self.natural[k][0] + d_prec * np.eye(post.rank), self.natural[k][1] + d_shift]
@@ -1594,7 +1600,7 @@ class CPFitResult:
 
 def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", max_iter=100,
            tol=1e-4, damping=1.0, block_size=None, rng=None, n_jobs=None, callback=None, track_elbo=True,
-           hold_noise=0, chunk_size=CHUNK_SIZE, partitions=None, weight=None,
+           hold_noise=0, hold_priors=0, chunk_size=CHUNK_SIZE, partitions=None, weight=None,
            simultaneous=False):
     """Fit q on the entries (index, y), starting from and with the priors of ``post``.
 
@@ -1607,7 +1613,9 @@ def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="gro
     of a posterior mean in posterior standard deviations and the ELBO (None unless
     ``track_elbo``).  q(τ) is held at its starting value for the first ``hold_noise`` sweeps:
     early residuals of a random start would make E[τ] small and shrink every embedding to the
-    zero fixed point.  ``partitions``: the entries held elsewhere, ``simultaneous``: Jacobi sweeps
+    zero fixed point.  Learned priors (:func:`mode_prior_update`) are held at their start for the
+    first ``hold_priors`` sweeps: a precision learned from rows still near their random start
+    would be large, and would pin them there.  ``partitions``: the entries held elsewhere, ``simultaneous``: Jacobi sweeps
     (see :func:`start_sweeps`).  ``weight`` (n,): entry weights w ≥ 0, each entry's likelihood to
     the power w (None: all 1).
     Returns a :class:`CPFitResult` holding a new posterior (``post`` is not modified).
@@ -1618,15 +1626,15 @@ def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="gro
     post = sweeps.posterior
     trace, converged, n_iter = [], False, 0
     for n_iter in range(1, max_iter + 1):
-        update_noise = n_iter > hold_noise
+        update_noise, update_priors = n_iter > hold_noise, n_iter > hold_priors
         before = None if callback is None else [g.mean.copy() for g in post.groups]
-        stats = sweeps.sweep(update_noise)
+        stats = sweeps.sweep(update_noise, update_priors)
         objective = stats.elbo() if track_elbo else None
         if track_elbo:
             trace.append(objective)
         if callback is not None:
             callback(n_iter, _largest_change(before, post.groups), objective)
-        if stats.relative_change() < tol and update_noise:
+        if stats.relative_change() < tol and update_noise and update_priors:
             converged = True
             break
     return CPFitResult(post, n_iter, converged, trace, sweeps.n_skipped)
