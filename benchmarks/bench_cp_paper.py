@@ -1,8 +1,9 @@
 """The CEP paper's Fig. 3a / 3c on its own tensor folds: Alog (RMSE) and Enron (AUC).
 
-Command (writes ``benchmarks/results/cp_paper.md``)::
+Commands (write ``benchmarks/results/cp_paper.md`` and ``cp_paper_streams.md``)::
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_cp_paper.py [--quick]
+    OPENBLAS_NUM_THREADS=1 python benchmarks/bench_cp_paper.py --streams
 
 Protocol.  ``skcep.datasets.load_alog(fold)`` and ``load_enron(fold)``, folds 1–5, ranks 3, 5,
 8 and 10, as in Wang & Zhe's Fig. 3.  Every ``BayesianCPTensor`` fit sets only ``rank``,
@@ -22,8 +23,15 @@ learned from the data (``prior_variance="auto"``).  Beside them:
   priors N(m₀, I) with random m₀ ~ N(0, I), no offset), re-implemented in
   ``baselines.cep_authors_gaussian``, on these folds.
 
+Fig. 5's set-up on the same folds (section "One pass of ``partial_fit``"): the training entries
+of each fold, shuffled (seed 0), streamed once through ``partial_fit`` in batches of 100 to
+10,000 — assumed density filtering with CEP (ADF-CEP, the default) against streaming VMP
+(``method="vmp"``, the POST baseline of the paper), at rank 8 with the fixed and the learned
+priors, everything else at its defaults — beside the batch fit of the table above.
+
 Time per fit is wall-clock seconds of ``fit`` (one BLAS thread).  ``--quick``: fold 1, ranks 3
-and 8, 60 sweeps; printed, not written.
+and 8, 60 sweeps; printed, not written.  ``--streams``: only the streams and the batch fits
+beside them, written to ``results/cp_paper_streams.md``.
 """
 import os
 
@@ -107,6 +115,27 @@ def fit_authors(data, rank, max_iter):
     return score(data, lambda X: cp_predict(factors, X)), time.perf_counter() - start, n_iter
 
 
+STREAM_BATCHES = (100, 1000, 10_000)
+STREAM_RANK = 8
+
+
+def stream_skcep(data, batch, **params):
+    """One pass of ``partial_fit`` over the fold's shuffled training entries."""
+    probit = data.name == "enron"
+    est = BayesianCPTensor(rank=STREAM_RANK, likelihood="probit" if probit else "gaussian", shape=data.shape,
+                           random_state=0, **params)
+    order = np.random.default_rng(0).permutation(data.y_train.size)
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for first in range(0, order.size, batch):
+            rows = order[first:first + batch]
+            est.partial_fit(data.X_train[rows], data.y_train[rows], **({"classes": [0, 1]} if probit else {}))
+    seconds = time.perf_counter() - start
+    predict = (lambda X: est.predict_proba(X)[:, 1]) if probit else est.predict
+    return score(data, predict), seconds
+
+
 def cell(values, digits=3):
     v = np.asarray(values, dtype=float)
     return f"{v.mean():.{digits}f}" + (f" ± {v.std(ddof=1):.{digits}f}" if v.size > 1 else "")
@@ -115,10 +144,16 @@ def cell(values, digits=3):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--streams", action="store_true",
+                        help="only the one-pass streams and their batch fits (writes cp_paper_streams.md)")
     args = parser.parse_args()
     ranks, folds, max_iter = ((3, 8), (1,), 60) if args.quick else (RANKS, FOLDS, 500)
+    variants = VARIANTS
+    if args.streams:
+        ranks, variants = (STREAM_RANK,), {k: v for k, v in VARIANTS.items() if k != "CEP entry"}
     figures = load_cep_tensor_figures()
-    out = [f"# The CEP paper's Fig. 3 on its own tensor folds", "", f"`{command()}`", "", library_state(), "",
+    title = "Fig. 5's set-up" if args.streams else "Fig. 3"
+    out = [f"# The CEP paper's {title} on its own tensor folds", "", f"`{command()}`", "", library_state(), "",
            *machine_lines(), ""]
     summary = {}
     for name, loader, metric in (("enron", load_enron, "AUC (higher is better)"),
@@ -133,16 +168,18 @@ def main():
                 print(name, label, rank, fold, results[label, rank][-1], flush=True)
 
         for rank in ranks:
-            for variant, params in VARIANTS.items():
+            for variant, params in variants.items():
                 if variant == "CEP entry" and rank not in ENTRY_RANKS:
                     continue
                 for prior_label, prior in PRIORS.items():
                     run(f"skcep {variant}, {prior_label}", rank, fit_skcep, max_iter=max_iter,
                         prior_variance=prior, **params)
+            if args.streams:
+                continue
             run("CP-WOPT (L-BFGS)", rank, fit_wopt, max_iter=max_iter)
             if name == "alog" and rank in AUTHORS_RANKS:
                 run("the authors' CEP loop, re-implemented", rank, fit_authors, max_iter=max_iter)
-        for fold in folds:
+        for fold in folds if not args.streams else ():
             results.setdefault(("bias model (one-hot indices)", None), []).append(fit_bias_model(loader(fold)))
         labels = list(dict.fromkeys(label for label, _ in results))
         header = ["method"] + [f"rank {r}" for r in ranks] + ["s / fit (rank 8)" if 8 in ranks else "s / fit",
@@ -159,11 +196,29 @@ def main():
                 continue
             rows.append([f"the authors' {label} (their result files)"]
                         + [cell(sub[sub["rank"] == r].value) for r in ranks] + ["—", "—"])
-        out += [f"## {name.capitalize()}: test {metric}, mean ± sd over folds {', '.join(map(str, folds))}", "",
-                md_table(header, rows), ""]
+        if not args.streams:
+            out += [f"## {name.capitalize()}: test {metric}, mean ± sd over folds {', '.join(map(str, folds))}", "",
+                    md_table(header, rows), ""]
         summary[name] = results
+    out += [f"## One pass of `partial_fit` (Fig. 5's set-up), rank {STREAM_RANK}", "",
+            "Test AUC (Enron) / RMSE (Alog), mean ± sd over the folds, and seconds per pass; "
+            "ADF-CEP is the default `method=\"cep\"`, streaming VMP `method=\"vmp\"`.", ""]
+    stream_rows = []
+    for name, loader in (("enron", load_enron), ("alog", load_alog)):
+        for method in ("cep", "vmp"):
+            for prior_label, prior in PRIORS.items():
+                row = [f"{name.capitalize()}, {'ADF-CEP' if method == 'cep' else 'streaming VMP'}, {prior_label}"]
+                for batch in STREAM_BATCHES:
+                    runs = [stream_skcep(loader(fold), batch, method=method, prior_variance=prior) for fold in folds]
+                    print(name, method, prior_label, batch, runs, flush=True)
+                    row.append(f"{cell([r[0] for r in runs])} ({np.mean([r[1] for r in runs]):.1f} s)")
+                batch_fit = summary[name].get((f"skcep {'CEP group' if method == 'cep' else 'VMP'}, {prior_label}",
+                                                STREAM_RANK))
+                row.append(cell([r[0] for r in batch_fit]) if batch_fit else "—")
+                stream_rows.append(row)
+    out += [md_table(["stream"] + [f"batches of {b:,}" for b in STREAM_BATCHES] + ["the batch fit"], stream_rows), ""]
     out += ["## Warnings raised by the skcep fits", "", *warning_lines(WARNINGS_SEEN), ""]
-    write_report(out, "cp_paper.md", args.quick)
+    write_report(out, "cp_paper_streams.md" if args.streams else "cp_paper.md", args.quick)
 
 
 if __name__ == "__main__":

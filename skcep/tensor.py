@@ -378,6 +378,12 @@ class BayesianCPTensor(TensorEstimator):
         -------
         self : BayesianCPTensor
         """
+        self._absorb(X, y, classes, sample_weight)
+        self._warn_if_collapsed()
+        return self
+
+    def _absorb(self, X, y, classes, sample_weight):
+        """The work of ``partial_fit``."""
         first_call = not hasattr(self, "_posterior")
         noise_prior, fixed_shape = self._check_params()
         X, y, weight, shape = self._prepare(X, y, first_call, fixed_shape, classes, sample_weight)

@@ -204,3 +204,53 @@ def test_classifier_wrapper_scores_like_the_functions():
     assert_allclose(clf.posterior_.mean, post.mean)
     m, s = A @ post.mean, (A * A) @ post.var
     assert_allclose(clf.predict_log_proba(X)[:, 1], log_ndtr(m / np.sqrt(1 + s)))
+
+
+# ------------------------------------------------------------------------------------------
+# the tensor baselines of bench_cp_paper.py
+
+
+def _planted_tensor(shape=(8, 7, 6), rank=2, seed=0):
+    rng = np.random.default_rng(seed)
+    U = [rng.standard_normal((d, rank)) for d in shape]
+    X = np.array(np.unravel_index(np.arange(np.prod(shape)), shape)).T
+    return X, baselines.cp_predict(U, X), U
+
+
+def test_cp_predict_is_the_sum_of_the_rank_one_terms():
+    X, y, U = _planted_tensor()
+    full = np.einsum("ir,jr,kr->ijk", *U)
+    assert_allclose(y, full[X[:, 0], X[:, 1], X[:, 2]], rtol=1e-12)
+
+
+def test_cp_wopt_fits_a_fully_observed_low_rank_tensor_and_is_stationary():
+    """The L-BFGS point estimate of a noiseless, fully observed rank-2 tensor reproduces it,
+    and its objective is stationary there (central differences in every coordinate)."""
+    X, y, _ = _planted_tensor()
+    factors, _ = baselines.cp_wopt(X, y, (8, 7, 6), 2, l2=1e-6, max_iter=2000, rng=np.random.default_rng(1))
+    assert np.sqrt(np.mean((baselines.cp_predict(factors, X) - y) ** 2)) < 1e-2 * y.std()
+    theta = np.concatenate([f.ravel() for f in factors])
+    cuts = np.cumsum([f.size for f in factors])[:-1]
+
+    def objective(t):
+        parts = [p.reshape(f.shape) for p, f in zip(np.split(t, cuts), factors)]
+        r = baselines.cp_predict(parts, X) - y
+        return 0.5 * r @ r + 0.5e-6 * t @ t
+
+    h = 1e-6
+    grad = [(objective(theta + h * e) - objective(theta - h * e)) / (2 * h) for e in np.eye(theta.size)[:20]]
+    assert np.max(np.abs(grad)) < 1e-3 * np.sqrt(objective(theta) + 1)
+
+
+def test_the_authors_cep_loop_fits_a_planted_tensor():
+    """The authors' continuous CEP loop (re-implemented) on half the entries of a noisy rank-2
+    tensor predicts the other half far better than their mean."""
+    X, y, _ = _planted_tensor(shape=(12, 10, 8), seed=3)
+    rng = np.random.default_rng(4)
+    y = y + 0.1 * rng.standard_normal(y.size)
+    train = rng.random(y.size) < 0.5
+    factors, sweeps = baselines.cep_authors_gaussian(X[train], y[train], (12, 10, 8), 2, max_iter=300,
+                                                     rng=np.random.default_rng(0))
+    rmse = np.sqrt(np.mean((baselines.cp_predict(factors, X[~train]) - y[~train]) ** 2))
+    assert rmse < 0.3 * y[~train].std(), rmse
+    assert 1 < sweeps <= 300

@@ -278,3 +278,18 @@ def test_a_collapsed_fit_is_never_silent():
         warnings.simplefilter("error", ConvergenceWarning)
         est.set_params(prior_variance="auto").fit(data.X_train, data.y_train)
     assert est.effective_rank_ > 0
+
+
+def test_a_collapsed_stream_is_never_silent():
+    """partial_fit warns as fit does: a batch absorbed into the collapsed VMP posterior of Enron
+    fold 1 leaves every component at zero, and says so."""
+    data = load_enron(1)
+    est = BayesianCPTensor(rank=8, likelihood="probit", method="vmp", prior_variance=1.0, shape=data.shape,
+                           random_state=0, max_iter=300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(data.X_train[:900], data.y_train[:900])
+    assert est.effective_rank_ == 0
+    with pytest.warns(ConvergenceWarning, match="all-zero fixed point"):
+        est.partial_fit(data.X_train[900:], data.y_train[900:])
+    assert est.effective_rank_ == 0
