@@ -345,11 +345,10 @@ class BayesianCPTensor(TensorEstimator):
         if self.effective_rank_ > 0:
             return
         advice = ("learn the priors from the data (prior_variance='auto'), whose common mean direction "
-                  "keeps the components from it, or" if self.prior_variance != "auto" else "")
+                  "keeps the components from it, or " if self.prior_variance != "auto" else "")
         warn(f"{type(self).__name__}: every CP component is zero — the fit sits at the all-zero fixed point "
              "(on a sparse tensor a zero-mean prior holds every embedding there) and predicts from the "
-             f"offsets alone; {advice} try n_init > 1 or a larger init_scale.".replace(";  try", "; try"),
-             ConvergenceWarning)
+             f"offsets alone; {advice}try n_init > 1 or a larger init_scale.", ConvergenceWarning)
 
     @fit_method
     def partial_fit(self, X, y, classes=None, sample_weight=None):
