@@ -456,7 +456,7 @@ class BayesianCPTensor(TensorEstimator):
                 noise_prior=noise_prior if gaussian else None,
                 noise_init=noise(y, noise_prior, weight) if gaussian else None,
                 component_prior=_check_noise_prior(self.ard_prior, "ard_prior") if self.ard else None,
-                component_floor=1.0 / self._prior_start if not gaussian and self.method == "cep" else 0.0,
+                precision_floor=1.0 / self._prior_start if not gaussian and self.method == "cep" else 0.0,
                 offset_init=offset_init, modulating_modes=self.modulating_modes,
                 modulation_variance=self.modulation_variance,
                 mode_prior=MODE_PRIOR if self.prior_variance == "auto" and not self.ard else None)

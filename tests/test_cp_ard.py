@@ -47,7 +47,7 @@ def ard_posterior(shape, rank, seed, *, gaussian=True, y=None, offsets=True, flo
                           global_offset=10.0 if offsets else None, mode_offsets=0.5 if offsets else None,
                           noise_prior=(1e-3, 1e-3) if gaussian else None,
                           noise_init=10.0 / np.var(y) if gaussian else None, component_prior=(A0, B0),
-                          component_floor=floor)
+                          precision_floor=floor)
 
 
 def vmp_fit_with_monotone_elbo(post0, X, y, likelihood, max_iter):

@@ -263,7 +263,7 @@ class CPPosterior:
     relevance determination, ``components`` is (shape (R,), rate (R,)) of q(λ_r), the precision
     of component r shared by every mode, and ``component_prior`` its Gamma prior (a0, b0); the
     factors' prior precisions then hold diag E[λ] (see :func:`component_update`), never below
-    ``component_floor``.  The factors of the ``modulating_modes`` have the fixed prior
+    ``precision_floor`` (as are the learned E[λ_k] below).  The factors of the ``modulating_modes`` have the fixed prior
     N(1, ``modulation_variance``·I) (see :func:`init_posterior`); λ governs the other modes.
     With priors learned from the data, ``mode_priors[k]`` is (m (R,), s, a, b): q(μ_k) = N(m, s·I)
     and q(λ_k) = Gam(a, b) of mode k's prior N(μ_k, λ_k⁻¹ I) (None for a modulating mode), with
@@ -278,7 +278,7 @@ class CPPosterior:
     noise_prior: tuple = None
     components: tuple = None
     component_prior: tuple = None
-    component_floor: float = 0.0
+    precision_floor: float = 0.0
     modulating_modes: tuple = ()
     modulation_variance: float = None
     mode_priors: list = None
@@ -319,7 +319,7 @@ class CPPosterior:
             self.noise_prior,
             self.components,
             self.component_prior,
-            self.component_floor,
+            self.precision_floor,
             self.modulating_modes,
             self.modulation_variance,
             None if self.mode_priors is None else list(self.mode_priors),
@@ -335,7 +335,7 @@ class CPPosterior:
             self.noise,
             self.components,
             self.component_prior,
-            self.component_floor,
+            self.precision_floor,
             self.modulating_modes,
             self.modulation_variance,
             None if self.mode_priors is None else list(self.mode_priors),
@@ -426,7 +426,7 @@ def _learned_prior(post, k):
 
 
 def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_offset=None,
-                   mode_offsets=None, noise_prior=None, noise_init=None, component_prior=None, component_floor=0.0,
+                   mode_offsets=None, noise_prior=None, noise_init=None, component_prior=None, precision_floor=0.0,
                    offset_init=0.0, modulating_modes=(), modulation_variance=None, mode_prior=None):
     """Posterior to start from: embeddings N(m, init_scale²·I) with random m ~ N(0, init_scale²)
     drawn from ``rng`` under priors N(0, prior_variance·I).  All-zero means are a fixed point,
@@ -436,8 +436,8 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
     ``global_offset`` / ``mode_offsets`` are prior variances (None: no such offset);
     ``noise_prior`` (a0, b0) is None for probit; ``noise_init`` the starting E[τ] (None: the
     prior mean a0/b0).  ``component_prior`` (a0, b0) turns on automatic relevance determination:
-    q(λ_r) starts at shape a0 + ½ Σ_k d_k with mean 1/prior_variance, and E[λ_r] is kept at least
-    ``component_floor``.  ``offset_init``: the starting mean of q(b) (its prior mean stays 0).
+    q(λ_r) starts at shape a0 + ½ Σ_k d_k with mean 1/prior_variance.  Learned precisions (E[λ_r],
+    E[λ_k]) are kept at least ``precision_floor``.  ``offset_init``: the starting mean of q(b) (its prior mean stays 0).
 
     ``mode_prior`` (a0, b0, v) learns every other mode's prior from the data
     (:func:`mode_prior_update`): row s of mode k has prior N(μ_k, λ_k⁻¹ I), μ_k ~ N(0, v I),
@@ -474,7 +474,7 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
     if component_prior is not None:
         a = np.full(rank, float(component_prior[0]) + 0.5 * sum(shape[k] for k in post.ard_modes))
         post.components, post.component_prior = (a, a * prior_variance), tuple(map(float, component_prior))
-        post.component_floor = float(component_floor)
+    post.precision_floor = float(precision_floor)
     if global_offset is not None:
         post.offsets.append(_prior_rows(1, 1, global_offset, np.full((1, 1), float(offset_init))))
         post.offset_modes.append(None)
@@ -846,6 +846,13 @@ def noise_update(noise_prior, n, sum_squared_error):
     return a0 + 0.5 * n, b0 + 0.5 * sum_squared_error
 
 
+def _capped_rate(post, shape, rate):
+    """The rate of a learned precision's q = Gam(shape, rate), capped so that its mean stays at
+    least ``post.precision_floor`` (probit CEP: its sites are not a bound optimizer, and on
+    separable entries a falling precision and growing factors would feed each other without end)."""
+    return np.minimum(rate, shape / post.precision_floor) if post.precision_floor else rate
+
+
 def component_update(post, refresh=False):
     """Automatic relevance determination, a global step (Zhao, Zhang & Cichocki, "Bayesian CP
     factorization of incomplete tensors with automatic rank determination", TPAMI 2015, §3):
@@ -853,9 +860,7 @@ def component_update(post, refresh=False):
     of every factor; then every factor row's prior precision moves by diag(E[λ] − E[λ]_old).
     The sums run over ``post.ard_modes``: modulating modes keep their fixed prior N(1, v·I).
 
-    With ``post.component_floor`` > 0 the rate is capped so that E[λ_r] stays at least the floor
-    (probit CEP: its sites are not a bound optimizer, and on separable entries a falling λ and
-    growing factors would feed each other without end).
+    E[λ_r] stays at least ``post.precision_floor`` (:func:`_capped_rate`).
 
     ``refresh``: also move q(u_s) = prior_s × sites by the same amount (EP bookkeeping: the
     entry schedule, and streaming, whose q serves as the next prior).  Without it q(u) is left
@@ -867,7 +872,7 @@ def component_update(post, refresh=False):
     factors = [post.factors[k] for k in post.ard_modes]
     square = sum(np.einsum("sii->i", f.cov) + np.einsum("si,si->i", f.mean, f.mean) for f in factors)
     a = np.full(post.rank, a0 + 0.5 * sum(f.n_rows for f in factors))
-    post.components = (a, np.minimum(b0 + 0.5 * square, a / post.component_floor if post.component_floor else np.inf))
+    post.components = (a, _capped_rate(post, a, b0 + 0.5 * square))
     change = post.component_precision - old
     if not np.any(change):
         return change
@@ -887,7 +892,9 @@ def mode_prior_update(post, refresh=False):
     the d rows, the VMP updates are, in turn,
 
         q(μ_k) = N(m, s I),  1/s = 1/v + d E[λ_k],  m = s E[λ_k] Σ_s E[u_s],
-        q(λ_k) = Gam(a0 + d R/2, b0 + ½ Σ_s (tr Cov u_s + ‖E u_s − m‖²) + ½ d R s).
+        q(λ_k) = Gam(a0 + d R/2, b0 + ½ Σ_s (tr Cov u_s + ‖E u_s − m‖²) + ½ d R s),
+
+    the rate capped by ``post.precision_floor`` (:func:`_capped_rate`).
 
     Every row's prior then moves by the change of E[λ_k] I (precision) and of E[λ_k] m (shift);
     ``refresh`` moves q(u_s) by the same amount (EP bookkeeping, as :func:`component_update`).
@@ -906,7 +913,8 @@ def mode_prior_update(post, refresh=False):
         s = 1.0 / (1.0 / v + d * lam_old)
         m = s * lam_old * total
         spread = float(np.einsum("sii->", f.cov) + np.sum((f.mean - m) ** 2)) + d * rank * s
-        a, b = a0 + 0.5 * d * rank, b0 + 0.5 * spread
+        a = a0 + 0.5 * d * rank
+        b = _capped_rate(post, a, b0 + 0.5 * spread)
         post.mode_priors[k] = (m, s, a, b)
         d_prec, d_shift = a / b - lam_old, (a / b) * m - shift_old
         changes.append((k, d_prec, d_shift))
