@@ -21,6 +21,7 @@ __all__ = ["BayesianCPTensor"]
 # prior_variance="auto": the hyperpriors (a0, b0, v) of every mode's prior N(μ_k, λ_k⁻¹ I),
 # λ_k ~ Gam(a0, b0) and μ_k ~ N(0, v I) (docs/tensor.md, "Priors learned from the data")
 MODE_PRIOR = (1e-3, 1e-3, 1.0)
+OFFSET_PRIOR = (1e-3, 1e-3)  # bias_prior_variance="auto": β_k ~ Gam(a0, b0), the offsets' prior precision
 HOLD_PRIORS = 3  # sweeps of a fit (or of a batch) before the learned priors start moving
 WARM_UP_GAUSSIAN = 50_000  # warm_up_entries="auto" for Gaussian entries (docs/tensor.md, "The warm-up buffer")
 
@@ -96,8 +97,12 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         Prior variance of the global offset.
     mode_bias : bool, default=False
         Infer a per-object offset c^k_s ~ N(0, bias_prior_variance) in every mode.
-    bias_prior_variance : float, default=1.0
-        Prior variance of the per-object offsets.
+    bias_prior_variance : float or "auto", default=1.0
+        Prior variance of the per-object offsets.  "auto": learned from the data, per mode, as
+        ``prior_variance="auto"`` learns the embeddings' (the hierarchical prior of Bayesian
+        PMF): c^k_s ~ N(0, β_k⁻¹) with β_k ~ Gam(10⁻³, 10⁻³), q(β_k) starting at mean 1 and
+        updated after every sweep (``partial_fit``: after every batch), E[β_k] reported in
+        ``bias_prior_precisions_``.
     max_iter : int, default=100
         Maximum number of sweeps in ``fit``.
     tol : float, default=1e-4
@@ -165,6 +170,9 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         None for a modulating mode; else None).
     factor_prior_precisions_ : list of float or None
         E[λ_k], their learned prior precision (likewise).
+    bias_prior_precisions_ : list of float or None
+        E[β_k], the learned prior precision of every mode's offsets, in y's units
+        (``mode_bias`` with ``bias_prior_variance="auto"``; else None).
     effective_rank_ : int
         Components with power Π_k mean_s E[u^k_{sr}]² ≥ 1e-3 × the largest and > 1e-12.
     elbo_ : list of float
@@ -229,7 +237,7 @@ class BayesianCPTensor(TensorEstimator):
         "fit_intercept": ["boolean"],
         "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
         "mode_bias": ["boolean"],
-        "bias_prior_variance": [Interval(Real, 0, None, closed="neither")],
+        "bias_prior_variance": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left")],
         "damping": [Interval(Real, 0, 1, closed="right")],
@@ -409,7 +417,7 @@ class BayesianCPTensor(TensorEstimator):
         options = self._fit_options(sweeps)
         result, self._n_seen = absorb_batch(
             self._posterior, X, y, self._n_seen, shape=shape, prior_variance=self._prior_start,
-            init_scale=self.init_scale, rng=self._rng, mode_offset_variance=self.bias_prior_variance,
+            init_scale=self.init_scale, rng=self._rng, mode_offset_variance=self._bias_start,
             weight=weight, **options, simultaneous=simultaneous and options["schedule"] == "group")
         return self._set_posterior(result, shape)
 
@@ -440,6 +448,11 @@ class BayesianCPTensor(TensorEstimator):
         """The embeddings' prior variance to start from: ``prior_variance``, or 1 when it is learned."""
         return 1.0 if self.prior_variance == "auto" else self.prior_variance
 
+    @property
+    def _bias_start(self):
+        """The offsets' prior variance to start from: ``bias_prior_variance``, or 1 when it is learned."""
+        return 1.0 if self.bias_prior_variance == "auto" else self.bias_prior_variance
+
     def _start(self, X, y, noise_prior, shape, max_iter, held=None, offset_init=0.0, weight=None):
         """Keep the best of ``n_init`` random starts by ELBO; ``held``: the entries on Dask workers;
         ``offset_init``: the starting mean of the global offset; ``weight``: the entry weights."""
@@ -452,14 +465,15 @@ class BayesianCPTensor(TensorEstimator):
             post = init_posterior(
                 shape, self.rank, prior_variance=self._prior_start, init_scale=self.init_scale, rng=rng,
                 global_offset=self.intercept_prior_variance if self.fit_intercept else None,
-                mode_offsets=self.bias_prior_variance if self.mode_bias else None,
+                mode_offsets=self._bias_start if self.mode_bias else None,
                 noise_prior=noise_prior if gaussian else None,
                 noise_init=noise(y, noise_prior, weight) if gaussian else None,
                 component_prior=_check_noise_prior(self.ard_prior, "ard_prior") if self.ard else None,
                 precision_floor=1.0 / self._prior_start if not gaussian and self.method == "cep" else 0.0,
                 offset_init=offset_init, modulating_modes=self.modulating_modes,
                 modulation_variance=self.modulation_variance,
-                mode_prior=MODE_PRIOR if self.prior_variance == "auto" and not self.ard else None)
+                mode_prior=MODE_PRIOR if self.prior_variance == "auto" and not self.ard else None,
+                offset_prior=OFFSET_PRIOR if self.bias_prior_variance == "auto" else None)
             result = fit(post, X, y, rng=rng, weight=weight, **self._fit_options(max_iter))
             value = score(result.posterior, X, y, self.likelihood, self.n_jobs, weight) if self.n_init > 1 else 0.0
             if best is None or value > best_elbo:
@@ -471,7 +485,7 @@ class BayesianCPTensor(TensorEstimator):
     def _set_posterior(self, result, shape):
         self._posterior = result.posterior
         self.shape_ = tuple(shape)
-        self._new_object_prior = (self._prior_start, self.bias_prior_variance)
+        self._new_object_prior = (self._prior_start, self._bias_start)
         self.__dict__.update(cp_attributes(result, self.y_offset_, self.y_scale_))
         return self
 
@@ -487,7 +501,7 @@ class BayesianCPTensor(TensorEstimator):
         if unseen.any():
             X = np.minimum(X, shape)
             prior_variance, offset_variance = getattr(
-                self, "_new_object_prior", (self._prior_start, self.bias_prior_variance))
+                self, "_new_object_prior", (self._prior_start, self._bias_start))
             post = grow_posterior(post, tuple(shape + unseen), prior_variance=prior_variance,
                                   mode_offset_variance=offset_variance)
         return predict_cp(post, X, self.n_jobs)

@@ -21,7 +21,8 @@ from sklearn.metrics import roc_auc_score
 
 from skcep import BayesianCPTensor
 from skcep.datasets import load_enron
-from skcep.engines.cp import elbo, fit_cp, init_posterior, mode_prior_update, start_sweeps
+from skcep.engines.cp import (elbo, fit_cp, grow_posterior, init_posterior, mode_prior_update, offset_prior_update,
+                              start_sweeps)
 from test_cp_ard import TwoPartitions, planted, vmp_fit_with_monotone_elbo
 
 A0, B0, V = 1e-3, 1e-3, 1.0
@@ -335,3 +336,149 @@ def test_a_collapsed_stream_is_never_silent():
     with pytest.warns(ConvergenceWarning, match="all-zero fixed point"):
         est.partial_fit(data.X_train[900:], data.y_train[900:])
     assert est.effective_rank_ == 0
+
+
+# --------------------------------------------------------------------------------------------
+# the offsets' precisions learned from the data (bias_prior_variance="auto")
+
+
+def offset_posterior(shape, rank, seed, *, y, gaussian=True, mode_prior=None):
+    return init_posterior(shape, rank, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(seed),
+                          global_offset=10.0, mode_offsets=1.0, noise_prior=(1e-3, 1e-3) if gaussian else None,
+                          noise_init=10.0 / np.var(y) if gaussian else None, mode_prior=mode_prior,
+                          offset_prior=(A0, B0))
+
+
+def with_offsets_shifted(X, y, seed=0, scale=1.5):
+    """y plus a random offset per object of mode 0: offsets worth learning."""
+    rng = np.random.default_rng(seed)
+    return y + scale * rng.standard_normal(X[:, 0].max() + 1)[X[:, 0]]
+
+
+def with_offset_prior(post, j, a, b):
+    post = post.copy()
+    post.offset_priors[j] = (a, b)
+    g = post.offsets[j]
+    g.prior_precision = np.full(g.cov.shape, a / b)
+    return post
+
+
+def learned_groups(post):
+    return [(j, g, p) for j, (g, p) in enumerate(zip(post.offsets, post.offset_priors)) if p is not None]
+
+
+def test_offset_prior_update_is_the_closed_form_and_maximises_the_elbo():
+    X, y, shape = small_problem(5)
+    y = with_offsets_shifted(X, y)
+    post = fit_cp(offset_posterior(shape, 2, 6, y=y), X, y, method="vmp", max_iter=5, tol=0.0).posterior
+    assert post.offset_priors[0] is None  # the global offset keeps its fixed prior
+    before = list(post.offset_priors)
+    changes = offset_prior_update(post)
+    assert [j for j, _ in changes] == [1, 2, 3]
+    for j, g, (a, b) in learned_groups(post):
+        d = g.n_rows
+        square = sum(g.cov[r, 0, 0] + g.mean[r, 0] ** 2 for r in range(d))  # by explicit loops
+        assert a == pytest.approx(A0 + 0.5 * d, rel=1e-15)
+        assert b == pytest.approx(B0 + 0.5 * square, rel=1e-12)
+        np.testing.assert_allclose(g.prior_precision, np.full(g.cov.shape, a / b), rtol=1e-12)
+        assert dict(changes)[j] == pytest.approx(a / b - before[j][0] / before[j][1], rel=1e-12)
+    # q(β_j) maximises the ELBO given everything else (finite differences in a and b)
+    j, _, (a, b) = learned_groups(post)[0]
+    best = elbo(post, X, y, "gaussian")
+    for moved in ((a * 1.001, b), (a * 0.999, b), (a, b * 1.001), (a, b * 0.999)):
+        assert elbo(with_offset_prior(post, j, *moved), X, y, "gaussian") < best
+
+
+def test_offset_prior_elbo_terms_match_quadrature():
+    """Beyond the offsets' KL to N(0, E[β]⁻¹): ½ d (log E[β] − E[log β]) + KL(q(β) ‖ p(β)), by
+    quadrature over q(β)."""
+    shape = (5, 4, 3)
+    y = np.arange(3.0)
+    post = offset_posterior(shape, 2, 0, y=y)
+    for j, g, (a, b) in learned_groups(post):  # away from the start, each group differently
+        post.offset_priors[j] = (a * (1 + 0.3 * j), b * (1 + 0.5 * j))
+        g.prior_precision = np.full(g.cov.shape, post.offset_priors[j][0] / post.offset_priors[j][1])
+    fixed = post.copy()
+    fixed.offset_priors = None
+    X, yy = np.array([[0, 0, 0], [1, 1, 1]]), np.array([0.3, -0.2])
+    engine = elbo(fixed, X, yy, "gaussian") - elbo(post, X, yy, "gaussian")
+    expected = 0.0
+    for j, g, (a, b) in learned_groups(post):
+        q, p = gamma_dist(a, scale=1 / b), gamma_dist(A0, scale=1 / B0)
+        lo, hi = q.ppf(1e-14), q.ppf(1 - 1e-14)
+        e_log = quad(lambda t: q.pdf(t) * np.log(t), lo, hi, epsabs=1e-13, epsrel=1e-12)[0]
+        kl = quad(lambda t: q.pdf(t) * (q.logpdf(t) - p.logpdf(t)), lo, hi, epsabs=1e-13, epsrel=1e-12,
+                  limit=200)[0]
+        expected += 0.5 * g.n_rows * (np.log(a / b) - e_log) + kl
+    assert engine == pytest.approx(expected, rel=1e-7)
+
+
+@pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
+def test_vmp_elbo_with_learned_offset_precisions_never_decreases(likelihood):
+    X, y, shape = small_problem(3)
+    y = with_offsets_shifted(X, y)
+    if likelihood == "probit":
+        y = (y > np.median(y)).astype(float)
+    post0 = offset_posterior(shape, 3, 4, y=y, gaussian=likelihood == "gaussian", mode_prior=HYPER)
+    result = vmp_fit_with_monotone_elbo(post0, X, y, likelihood, max_iter=60)
+    moved = [abs(a / b - 1.0) for _, _, (a, b) in learned_groups(result.posterior)]
+    assert max(moved) > 0.1
+
+
+def test_group_cep_equals_vmp_with_learned_offset_precisions():
+    X, y, _ = planted(n=800, seed=7)
+    y = with_offsets_shifted(X, y)
+    post0 = offset_posterior((30, 25, 20), 3, 8, y=y)
+    runs = [fit_cp(post0, X, y, method=m, max_iter=15, tol=0.0) for m in ("vmp", "cep")]
+    for g, h in zip(runs[0].posterior.groups, runs[1].posterior.groups):
+        np.testing.assert_allclose(g.mean, h.mean, rtol=1e-12, atol=1e-13)
+    for p, q in zip(runs[0].posterior.offset_priors[1:], runs[1].posterior.offset_priors[1:]):
+        assert p[1] == pytest.approx(q[1], rel=1e-12)
+    np.testing.assert_allclose(runs[0].elbo, runs[1].elbo, rtol=1e-12)
+
+
+@pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
+def test_learned_offset_precisions_over_partitions_and_in_the_entry_schedule(likelihood):
+    """A global step over partitions (the Dask fit) reproduces the in-memory fit; the entry
+    schedule keeps each offset row's q = prior × its sites (EP bookkeeping)."""
+    X, y, _ = planted(n=900, seed=9)
+    y = with_offsets_shifted(X, y)
+    if likelihood == "probit":
+        y = (y > np.median(y)).astype(float)
+    post0 = offset_posterior((30, 25, 20), 3, 10, y=y, gaussian=likelihood == "gaussian")
+    options = dict(likelihood=likelihood, method="cep", max_iter=8, tol=0.0)
+    ref = fit_cp(post0, X, y, **options)
+    got = fit_cp(post0, None, None, partitions=lambda **o: TwoPartitions(X, y, **o), **options)
+    for g, h in zip(got.posterior.groups, ref.posterior.groups):
+        np.testing.assert_allclose(g.mean, h.mean, rtol=1e-8, atol=1e-10)
+    assert any(abs(a / b - 1.0) > 1e-3 for _, _, (a, b) in learned_groups(ref.posterior))
+    sweeps = start_sweeps(post0, X, y, likelihood=likelihood, method="cep", schedule="entry",
+                          rng=np.random.default_rng(0))
+    for _ in range(3):
+        sweeps.sweep()
+        post = sweeps.posterior
+        assert any(abs(a / b - 1.0) > 1e-3 for _, _, (a, b) in learned_groups(post))
+        for j, g, (a, b) in learned_groups(post):
+            rows = X[:, post.offset_modes[j]]
+            precision = a / b + np.bincount(rows, sweeps.off_prec[j], minlength=g.n_rows)
+            shift = np.bincount(rows, sweeps.off_shift[j], minlength=g.n_rows)
+            got_precision, got_shift = g.natural()
+            np.testing.assert_allclose(got_precision[:, 0, 0], precision, rtol=1e-9)
+            np.testing.assert_allclose(got_shift[:, 0], shift, rtol=1e-9, atol=1e-10)
+
+
+def test_partial_fit_learns_the_offset_precisions_and_new_objects_start_from_them():
+    X, y, _ = planted(n=1500, seed=12)
+    y = with_offsets_shifted(X, y, scale=2.0)
+    est = BayesianCPTensor(rank=3, mode_bias=True, bias_prior_variance="auto", warm_up_entries=0, random_state=0)
+    first = est.partial_fit(X[:500], y[:500]).bias_prior_precisions_
+    est.partial_fit(X[500:], y[500:])
+    assert est.bias_prior_precisions_ != first
+    post = est._posterior
+    grown = grow_posterior(post, (31, 26, 21), prior_variance=1.0, mode_offset_variance=1.0)
+    for j, g, (a, b) in learned_groups(grown):  # an object never seen: the learned prior N(0, E[β]⁻¹)
+        assert g.prior_precision[-1, 0, 0] == pytest.approx(a / b, rel=1e-12)
+        assert g.mean[-1, 0] == 0.0
+    # mode 0's offsets are worth learning (sd 2 in y's units), the others' shrink
+    assert est.bias_prior_precisions_[0] < 1.0 < min(est.bias_prior_precisions_[1:])
+    assert BayesianCPTensor(mode_bias=True).fit(X, y).bias_prior_precisions_ is None

@@ -90,6 +90,9 @@ Global steps:
 ``mode_prior_update(post, refresh=False)``
     Priors learned from the data: the mean-field hierarchical prior of Bayesian PMF per mode,
     q(μ_k) and q(λ_k) of row priors N(μ_k, λ_k⁻¹ I), after the last group of a sweep.
+``offset_prior_update(post, refresh=False)``
+    Likewise for the offsets' precisions: q(β_j) of the offset rows' prior N(0, β_j⁻¹).
+    ``learned_prior_update`` runs both, each when it is on.
 ``component_update(post, refresh=False)``
     Automatic relevance determination (Zhao, Zhang & Cichocki, TPAMI 2015): q(λ_r) =
     Gam(a0 + ½ Σ_k d_k, b0 + ½ Σ_k Σ_s E[(u^k_{sr})²]) from the factors' moments, after the
@@ -144,7 +147,8 @@ __all__ = [
     "starting_noise_precision", "noise_precision_for_variance", "posterior_sums", "take_rows", "put_rows",
     "mode_chunks", "gaussian_statistics", "probit_site_statistics", "probit_offset_sites",
     "offset_statistics", "entry_mean", "entry_second_moment", "augmented_target", "reduce_rows", "group_update",
-    "noise_update", "component_update", "mode_prior_update", "effective_rank", "streaming_sweeps",
+    "noise_update", "component_update", "mode_prior_update", "offset_prior_update", "learned_prior_update",
+    "effective_rank", "streaming_sweeps",
     "probit_site", "start_sweeps", "fit_cp", "absorb_batch", "predict_cp", "elbo",
 ]
 
@@ -268,7 +272,10 @@ class CPPosterior:
     With priors learned from the data, ``mode_priors[k]`` is (m (R,), s, a, b): q(μ_k) = N(m, s·I)
     and q(λ_k) = Gam(a, b) of mode k's prior N(μ_k, λ_k⁻¹ I) (None for a modulating mode), with
     hyperpriors ``mode_prior_hyper`` = (a0, b0, v) (see :func:`mode_prior_update`); the factors'
-    prior natural parameters then hold E[λ_k] I and E[λ_k] m.
+    prior natural parameters then hold E[λ_k] I and E[λ_k] m.  With the offsets' precisions
+    learned, ``offset_priors[j]`` is (a, b) of q(β_j) = Gam(a, b), the precision of offset group
+    j's prior N(0, β_j⁻¹) (None for the global offset), with hyperprior Gam(``offset_prior_hyper``)
+    (see :func:`offset_prior_update`).
     """
 
     factors: list
@@ -283,6 +290,8 @@ class CPPosterior:
     modulation_variance: float = None
     mode_priors: list = None
     mode_prior_hyper: tuple = None
+    offset_priors: list = None
+    offset_prior_hyper: tuple = None
 
     @property
     def rank(self):
@@ -311,36 +320,19 @@ class CPPosterior:
         return [k for k in range(len(self.factors)) if k not in self.modulating_modes]
 
     def copy(self):
-        return CPPosterior(
-            [f.copy() for f in self.factors],
-            [g.copy() for g in self.offsets],
-            list(self.offset_modes),
-            self.noise,
-            self.noise_prior,
-            self.components,
-            self.component_prior,
-            self.precision_floor,
-            self.modulating_modes,
-            self.modulation_variance,
-            None if self.mode_priors is None else list(self.mode_priors),
-            self.mode_prior_hyper,
-        )
+        return replace(self, factors=[f.copy() for f in self.factors], offsets=[g.copy() for g in self.offsets],
+                       offset_modes=list(self.offset_modes), mode_priors=_copied(self.mode_priors),
+                       offset_priors=_copied(self.offset_priors))
 
     def as_prior(self):
-        return CPPosterior(
-            [f.as_prior() for f in self.factors],
-            [g.as_prior() for g in self.offsets],
-            list(self.offset_modes),
-            self.noise,
-            self.noise,
-            self.components,
-            self.component_prior,
-            self.precision_floor,
-            self.modulating_modes,
-            self.modulation_variance,
-            None if self.mode_priors is None else list(self.mode_priors),
-            self.mode_prior_hyper,
-        )
+        return replace(self, factors=[f.as_prior() for f in self.factors],
+                       offsets=[g.as_prior() for g in self.offsets], offset_modes=list(self.offset_modes),
+                       noise_prior=self.noise, mode_priors=_copied(self.mode_priors),
+                       offset_priors=_copied(self.offset_priors))
+
+
+def _copied(states):
+    return None if states is None else list(states)
 
 
 def take_rows(post, rows):
@@ -419,6 +411,12 @@ def _random_rows(n_rows, rank, variance, init_scale, rng, prior_mean=0.0):
                        init_scale**2, prior_mean=prior_mean)
 
 
+def _learned_offset_variance(post, j):
+    """The prior variance E[β_j]⁻¹ of a new row of offset group j under a learned precision."""
+    a, b = post.offset_priors[j]
+    return b / a
+
+
 def _learned_prior(post, k):
     """(mean (R,), variance) of the prior of a new row of mode k under learned priors: N(E μ_k, E[λ_k]⁻¹ I)."""
     m, _, a, b = post.mode_priors[k]
@@ -427,7 +425,8 @@ def _learned_prior(post, k):
 
 def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_offset=None,
                    mode_offsets=None, noise_prior=None, noise_init=None, component_prior=None, precision_floor=0.0,
-                   offset_init=0.0, modulating_modes=(), modulation_variance=None, mode_prior=None):
+                   offset_init=0.0, modulating_modes=(), modulation_variance=None, mode_prior=None,
+                   offset_prior=None):
     """Posterior to start from: embeddings N(m, init_scale²·I) with random m ~ N(0, init_scale²)
     drawn from ``rng`` under priors N(0, prior_variance·I).  All-zero means are a fixed point,
     and so, in practice, is a start at the prior covariance: partners that uncertain give every
@@ -447,6 +446,10 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
     all-zero fixed point on sparse tensors.  The rows start at random means around 0 as with a
     fixed prior: the prior mean pulls them, the data decide how far (a start at the prior mean
     would bind a short fit, e.g. a stream's first batch, to that direction).
+
+    ``offset_prior`` (a0, b0) learns the precision β_j of every mode's offsets (with
+    ``mode_offsets``; :func:`offset_prior_update`): prior N(0, β_j⁻¹), β_j ~ Gam(a0, b0), q(β_j)
+    starting at mean 1/``mode_offsets``.
 
     ``modulating_modes``: modes whose embeddings have prior N(1, ``modulation_variance``·I)
     instead, q starting at that prior.  Such a mode modulates the others: at u^k = 1 the CP term
@@ -482,6 +485,11 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
         for k, d in enumerate(shape):
             post.offsets.append(_prior_rows(d, 1, mode_offsets))
             post.offset_modes.append(k)
+        if offset_prior is not None:
+            a0, b0 = (float(x) for x in offset_prior)
+            post.offset_prior_hyper = (a0, b0)
+            post.offset_priors = [None if k is None else (a0 + 0.5 * g.n_rows, (a0 + 0.5 * g.n_rows) * mode_offsets)
+                                  for k, g in zip(post.offset_modes, post.offsets)]
     if noise_prior is not None:
         a0, b0 = noise_prior
         tau = a0 / b0 if noise_init is None else noise_init
@@ -530,7 +538,8 @@ def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mod
         post.factors[k] = _concat_rows(post.factors[k], new)
         for j, mode in enumerate(post.offset_modes):
             if mode == k:
-                post.offsets[j] = _concat_rows(post.offsets[j], _prior_rows(extra, 1, mode_offset_variance))
+                variance = mode_offset_variance if post.offset_priors is None else _learned_offset_variance(post, j)
+                post.offsets[j] = _concat_rows(post.offsets[j], _prior_rows(extra, 1, variance))
     return post
 
 
@@ -918,12 +927,53 @@ def mode_prior_update(post, refresh=False):
         post.mode_priors[k] = (m, s, a, b)
         d_prec, d_shift = a / b - lam_old, (a / b) * m - shift_old
         changes.append((k, d_prec, d_shift))
-        if refresh:
-            precision, shift = f.natural()
-            f.set_natural(precision + d_prec * np.eye(rank), shift + d_shift)
-        f.prior_precision = f.prior_precision + d_prec * np.eye(rank)  # new arrays: the KL caches
-        f.prior_shift = f.prior_shift + d_shift
+        _move_prior(f, d_prec, d_shift, refresh)
     return changes
+
+
+def offset_prior_update(post, refresh=False):
+    """The offsets' precisions learned from the data, a global step (as :func:`mode_prior_update`
+    with the mean held at 0: the global offset carries the mean).  Offset group j (one scalar
+    c_s per object of its mode, d of them) has prior c_s ~ N(0, β_j⁻¹), β_j ~ Gam(a0, b0)
+    (``post.offset_prior_hyper``); given q(c), the VMP update is
+
+        q(β_j) = Gam(a0 + d/2, b0 + ½ Σ_s (Var c_s + E[c_s]²)),
+
+    the rate capped by ``post.precision_floor``.  Every row's prior precision then moves by the
+    change of E[β_j] (``refresh``: q(c_s) too, EP bookkeeping).  Returns [(j, ΔE[β_j])]."""
+    a0, b0 = post.offset_prior_hyper
+    changes = []
+    for j, g in enumerate(post.offsets):
+        if post.offset_priors[j] is None:
+            continue
+        a_old, b_old = post.offset_priors[j]
+        a = a0 + 0.5 * g.n_rows
+        b = _capped_rate(post, a, b0 + 0.5 * float(np.sum(g.cov) + np.sum(g.mean**2)))
+        post.offset_priors[j] = (a, b)
+        d_prec = a / b - a_old / b_old
+        changes.append((j, d_prec))
+        _move_prior(g, d_prec, 0.0, refresh)
+    return changes
+
+
+def learned_prior_update(post, refresh=False):
+    """Both global steps of the priors learned from the data, those of the embeddings
+    (:func:`mode_prior_update`) and of the offsets (:func:`offset_prior_update`), each when it
+    is on.  Returns their changes, ([(k, Δprec, Δshift)], [(j, Δprec)])."""
+    modes = mode_prior_update(post, refresh) if post.mode_priors is not None else []
+    offsets = offset_prior_update(post, refresh) if post.offset_priors is not None else []
+    return modes, offsets
+
+
+def _move_prior(f, d_prec, d_shift, refresh):
+    """Move every row's prior of group f by the scalar precision change d_prec (times I) and the
+    shift change d_shift; ``refresh`` moves q(u_s) = prior × sites by the same amount."""
+    eye = d_prec * np.eye(f.mean.shape[1])
+    if refresh:
+        precision, shift = f.natural()
+        f.set_natural(precision + eye, shift + d_shift)
+    f.prior_precision = f.prior_precision + eye  # new arrays: the KL caches the old ones
+    f.prior_shift = f.prior_shift + d_shift
 
 
 # --------------------------------------------------------------------------------------------
@@ -1053,6 +1103,20 @@ def _mode_prior_kl(post):
     return float(total)
 
 
+def _offset_prior_kl(post):
+    """The learned offset precisions' part of −ELBO: per offset group, ½ d (log E[β] − E[log β])
+    (the expected log prior against the rows' prior N(0, E[β]⁻¹)) plus KL(q(β) ‖ Gam(a0, b0))."""
+    if post.offset_priors is None:
+        return 0.0
+    a0, b0 = post.offset_prior_hyper
+    total = 0.0
+    for g, prior in zip(post.offsets, post.offset_priors):
+        if prior is not None:
+            a, b = prior
+            total += 0.5 * g.n_rows * (np.log(a) - digamma(a)) + float(_noise_kl(a, b, a0, b0))
+    return float(total)
+
+
 class EntrySums(NamedTuple):
     """Sums over a set of entries of the moments of f under q, which add across partitions
     (with entry weights, every sum weighted: ``n`` is then Σ w):
@@ -1136,7 +1200,7 @@ class SweepTotals:
         module function :func:`elbo`; the sums hold what it needs)."""
         post, s = self.post, self.sums
         kl = sum(f.kl_to_prior() for f in post.factors) + sum(g.kl_to_prior() for g in post.offsets)
-        kl += _component_kl(post) + _mode_prior_kl(post)
+        kl += _component_kl(post) + _mode_prior_kl(post) + _offset_prior_kl(post)
         if (likelihood or self.likelihood) == "probit":
             return float(s.log_lik - 0.5 * self.total_variance() - kl)
         a, b = post.noise
@@ -1377,8 +1441,8 @@ class _GroupSweeps:
             post.noise = noise_update(post.noise_prior, stats.sums.n, stats.sum_squared_error())
         if post.components is not None:
             component_update(post)
-        if post.mode_priors is not None and update_priors:
-            mode_prior_update(post)
+        if update_priors:
+            learned_prior_update(post)
         return stats
 
 
@@ -1478,12 +1542,16 @@ class _EntrySweeps:
                 self.natural[k][0] = self.natural[k][0] + delta
                 f.set_natural(*self.natural[k], slice(None))  # in place: self.moments holds f.mean
                 self.moments.refresh(k, f, slice(None))
-        if post.mode_priors is not None and update_priors:  # likewise for the learned priors
-            for k, d_prec, d_shift in mode_prior_update(post):
+        if update_priors:  # likewise for the learned priors
+            modes, offsets = learned_prior_update(post)
+            for k, d_prec, d_shift in modes:
                 f = post.factors[k]
                 self.natural[k] = [self.natural[k][0] + d_prec * np.eye(post.rank), self.natural[k][1] + d_shift]
                 f.set_natural(*self.natural[k], slice(None))
                 self.moments.refresh(k, f, slice(None))
+            for j, d_prec in offsets:
+                self.offset_natural[j][0] = self.offset_natural[j][0] + d_prec
+                post.offsets[j].set_natural(*self.offset_natural[j], slice(None))
         sums, self.previous = posterior_sums(post, self.index, y, self.likelihood, self.n_jobs, self.previous,
                                              self.weight)
         stats = SweepTotals.combine([sums], post, self.likelihood)
@@ -1683,7 +1751,6 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
     put_rows(full, rows, result.posterior)
     if full.components is not None:
         component_update(full, refresh=True)
-    if full.mode_priors is not None:
-        mode_prior_update(full, refresh=True)
+    learned_prior_update(full, refresh=True)
     n_seen = [c + np.bincount(index[:, k], minlength=c.size) for k, c in enumerate(n_seen)]
     return replace(result, posterior=full), n_seen
