@@ -1,16 +1,21 @@
-"""BayesianCPTensor's prior at defaults: learned from the data ("auto") against the fixed N(0, I).
+"""BayesianCPTensor at defaults: the priors learned from the data ("auto") against the fixed ones.
 
-Command (writes ``benchmarks/results/cp_defaults.md``, about 3 minutes)::
+Command (writes ``benchmarks/results/cp_defaults.md``, about 5 minutes)::
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_cp_defaults.py [--quick]
 
 Every fit is ``BayesianCPTensor`` at its defaults (``max_iter=100``, ``random_state=0``) with only
-``rank``, ``likelihood``, ``method`` and ``shape`` set, once with ``prior_variance=1.0`` (the
-fixed prior, the default) and once with ``prior_variance="auto"`` (priors learned from the data,
-the candidate default: it becomes the default when it is no worse on every set).  Sets:
+``rank``, ``likelihood``, ``method``, ``mode_bias`` and ``shape`` set, once with the fixed priors
+(``prior_variance=1.0``, ``bias_prior_variance=1.0``: the defaults) and once with the priors
+learned from the data (``prior_variance="auto"``, ``bias_prior_variance="auto"``; the latter only
+acts with ``mode_bias=True``), the candidate default: it becomes the default when it is no
+worse on every set.  Sets:
 
 * the CEP paper's tensor folds (``load_enron``, ``load_alog``; folds 1–5): probit Enron (test
   AUC) with CEP and VMP, Gaussian Alog (test RMSE);
+* MovieLens-small (``load_movielens``; the 90/10 split ``movielens_split(0)`` of
+  ``bench_cp_movielens.py``) with per-object offsets (``mode_bias=True``): ratings (test RMSE) of
+  (user, movie) and (user, movie, time bin), and the binary tensor (rating ≥ 4, test AUC);
 * planted tensors whose factors have mean 0 (no main effect) or mean 0.5, 3 seeds each, 70 % of
   the drawn entries for training: Gaussian entries with noise sd 0.1 (test RMSE), probit labels
   split at the median (noise-free, hence separable; test AUC).  These are where a learned,
@@ -32,9 +37,11 @@ from sklearn.metrics import mean_squared_error, roc_auc_score  # noqa: E402
 
 from _common import command, library_state, machine_lines, md_table, pm, warning_lines, write_report  # noqa: E402
 from skcep import BayesianCPTensor  # noqa: E402
-from skcep.datasets import load_alog, load_enron  # noqa: E402
+from bench_cp_movielens import movielens_split  # noqa: E402
+from skcep.datasets import load_alog, load_enron, load_movielens  # noqa: E402
 
-PRIORS = {"fixed N(0, I) (default)": 1.0, "learned ('auto')": "auto"}
+PRIORS = {"fixed (default)": dict(prior_variance=1.0, bias_prior_variance=1.0),
+          "learned ('auto')": dict(prior_variance="auto", bias_prior_variance="auto")}
 WARNINGS_SEEN = {}
 
 
@@ -55,9 +62,9 @@ def fold_sets(loader, folds):
     return [(d.X_train, d.y_train, d.X_test, d.y_test, d.shape) for d in map(loader, folds)]
 
 
-def fit_score(data, prior_variance, **params):
+def fit_score(data, priors, **params):
     X, y, X_test, y_test, shape = data
-    est = BayesianCPTensor(prior_variance=prior_variance, shape=shape, random_state=0, **params)
+    est = BayesianCPTensor(shape=shape, random_state=0, **priors, **params)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.perf_counter()
@@ -73,8 +80,15 @@ def fit_score(data, prior_variance, **params):
     return value, seconds, est.n_iter_
 
 
+def movielens(binary, modes):
+    data = load_movielens(binary=binary)
+    X, train, test = data.X[:, :modes], *movielens_split(0)
+    return [(X[train], data.y[train], X[test], data.y[test], tuple(X.max(axis=0) + 1))]
+
+
 def cases(folds, seeds):
     enron, alog = fold_sets(load_enron, folds), fold_sets(load_alog, folds)
+    ratings2, ratings3, binary3 = movielens(False, 2), movielens(False, 3), movielens(True, 3)
     sparse = dict(shape=(60, 50, 40), rank=3)
 
     def draws(n, probit, mean=0.0, shape=sparse["shape"], rank=sparse["rank"]):
@@ -88,6 +102,11 @@ def cases(folds, seeds):
         ("Enron (AUC)", enron, dict(rank=8, likelihood="probit", method="vmp")),
         ("Alog (RMSE)", alog, dict(rank=3)),
         ("Alog (RMSE)", alog, dict(rank=8)),
+        ("MovieLens ratings, user × movie (RMSE)", ratings2, dict(rank=8, mode_bias=True)),
+        ("MovieLens ratings, user × movie × time (RMSE)", ratings3, dict(rank=8, mode_bias=True)),
+        ("MovieLens binary, user × movie × time (AUC)", binary3, dict(rank=3, likelihood="probit", mode_bias=True)),
+        ("MovieLens binary, user × movie × time (AUC)", binary3,
+         dict(rank=8, likelihood="probit", method="vmp", mode_bias=True)),
         ("planted 60×50×40 rank 3, mean 0, Gaussian (RMSE)", gauss0, dict(rank=3)),
         ("planted 60×50×40 rank 3, mean 0, Gaussian (RMSE)", gauss0, dict(rank=8)),
         ("planted 60×50×40 rank 3, mean 0, probit (AUC)", probit0, dict(rank=3, likelihood="probit")),
@@ -110,13 +129,15 @@ def main():
             got = [fit_score(data, prior, **params) for data in sets]
             cells.append((pm([v for v, _, _ in got]), f"{np.mean([n for _, _, n in got]):.0f}",
                           f"{np.mean([t for _, t, _ in got]):.2f}"))
-        setting = f"rank {params['rank']}, {params.get('method', 'cep').upper()}"
+        setting = f"rank {params['rank']}, {params.get('method', 'cep').upper()}" + (
+            ", mode_bias" if params.get("mode_bias") else "")
         rows.append([name, setting] + [c for triple in cells for c in triple])
         print(rows[-1], flush=True)
     header = ["data", "fit"] + [f"{label}: {col}" for label in PRIORS for col in ("score", "sweeps", "s / fit")]
-    out = ["# BayesianCPTensor at defaults: priors learned from the data against the fixed N(0, I)", "",
+    out = ["# BayesianCPTensor at defaults: priors learned from the data against the fixed priors", "",
            f"`{command()}`", "", library_state(), "", *machine_lines(), "",
-           f"Folds {', '.join(map(str, folds))} of the CEP paper's sets; planted seeds {', '.join(map(str, seeds))}. "
+           f"Folds {', '.join(map(str, folds))} of the CEP paper's sets; MovieLens split 0; planted seeds "
+           f"{', '.join(map(str, seeds))}. "
            "Mean ± sd over folds or seeds; every fit at the estimator's defaults (`max_iter=100`) with only the "
            "columns' settings changed. AUC: higher is better; RMSE: lower is better (planted noise sd 0.1).", "",
            md_table(header, rows), "", "Warnings raised by the fits:", "", *warning_lines(WARNINGS_SEEN)]
