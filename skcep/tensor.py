@@ -118,8 +118,9 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         Largest number of sweeps over each batch in ``partial_fit`` (fewer when ``tol`` is met).
         "auto": a later batch gets one sweep (probit CEP, group schedule: every group updated
         at once from the posterior before the batch, as assumed density filtering); a first batch
-        one sweep in turn, up to 10 if it holds at least two entries per object it touches, and
-        its global offset starts at the batch's mean (probit: Φ⁻¹ of its rate of ones).  An
+        one sweep in turn, up to 10 if it holds at least two entries per object it touches
+        (always 10 for CEP with ``prior_variance="auto"``), and its global offset starts at the
+        batch's mean (probit: Φ⁻¹ of its rate of ones).  An
         integer: up to that many sweeps in turn for every batch.  See the user guide.
     n_init : int, default=1
         Random initialisations; the fit with the highest ELBO is kept (as in
@@ -409,7 +410,8 @@ class BayesianCPTensor(TensorEstimator):
             self._buffer = None
         y = self._standardized(y)
         auto = self.n_inner_iter == "auto"
-        sweeps, simultaneous = (streaming_sweeps(X, first_call, self.likelihood, self.method, weight)
+        learned = self.prior_variance == "auto" and not self.ard
+        sweeps, simultaneous = (streaming_sweeps(X, first_call, self.likelihood, self.method, weight, learned)
                                 if auto else (self.n_inner_iter, False))
         if first_call:  # "auto": the global offset starts at the batch's mean
             offset = link_mean(y, self.likelihood, weight) if auto else 0.0

@@ -1044,7 +1044,7 @@ def effective_rank(post, share=1e-3):
     return int(np.count_nonzero(power >= max(share * power.max(), 1e-12)))
 
 
-def streaming_sweeps(index, first, likelihood="gaussian", method="cep", weight=None):
+def streaming_sweeps(index, first, likelihood="gaussian", method="cep", weight=None, learned_priors=False):
     """The sweeps of a batch of ``partial_fit`` with ``n_inner_iter="auto"``: (number, simultaneous).
 
     A later batch gets one sweep.  For probit CEP it is simultaneous: every site of the batch
@@ -1061,10 +1061,16 @@ def streaming_sweeps(index, first, likelihood="gaussian", method="cep", weight=N
 
     The first batch has no posterior to start from, only random working means: one sweep in
     turn, up to 10 if it holds at least two entries per object it touches (its shared modes'
-    sites from random partners would otherwise stay wrong and confident).  An entry of
-    ``weight`` w counts w times."""
+    sites from random partners would otherwise stay wrong and confident).  With CEP and the
+    embeddings' priors learned (``learned_priors``) the first batch always gets 10: the zero
+    fixed point that more sweeps would drive sparse objects to is gone (Enron, rank 8, batches of
+    1,000: test AUC 0.641 → 0.952; binary MovieLens 0.786 → 0.788); VMP keeps the rule above
+    (Enron 0.228 → 0.925 but binary MovieLens 0.692 → 0.588).  An entry of ``weight`` w counts
+    w times."""
     if not first:
         return 1, likelihood == "probit" and method == "cep"
+    if learned_priors and method == "cep":
+        return 10, False
     touched = sum(np.unique(column).size for column in index.T)
     n = index.shape[0] if weight is None else weight.sum()  # an entry of weight w counts w times
     return (10 if n >= 2 * touched else 1), False
