@@ -410,8 +410,8 @@ class BayesianCPTensor(TensorEstimator):
             self._buffer = None
         y = self._standardized(y)
         auto = self.n_inner_iter == "auto"
-        learned = self.prior_variance == "auto" and not self.ard
-        sweeps, simultaneous = (streaming_sweeps(X, first_call, self.likelihood, self.method, weight, learned)
+        sweeps, simultaneous = (streaming_sweeps(X, first_call, self.likelihood, self.method, weight,
+                                                 self._learns_mode_priors)
                                 if auto else (self.n_inner_iter, False))
         if first_call:  # "auto": the global offset starts at the batch's mean
             offset = link_mean(y, self.likelihood, weight) if auto else 0.0
@@ -451,6 +451,12 @@ class BayesianCPTensor(TensorEstimator):
         return 1.0 if self.prior_variance == "auto" else self.prior_variance
 
     @property
+    def _learns_mode_priors(self):
+        """The embeddings' priors N(μ_k, λ_k⁻¹ I) are learned (``prior_variance="auto"``; with
+        ``ard`` the learned prior is ARD's)."""
+        return self.prior_variance == "auto" and not self.ard
+
+    @property
     def _bias_start(self):
         """The offsets' prior variance to start from: ``bias_prior_variance``, or 1 when it is learned."""
         return 1.0 if self.bias_prior_variance == "auto" else self.bias_prior_variance
@@ -474,7 +480,7 @@ class BayesianCPTensor(TensorEstimator):
                 precision_floor=1.0 / self._prior_start if not gaussian and self.method == "cep" else 0.0,
                 offset_init=offset_init, modulating_modes=self.modulating_modes,
                 modulation_variance=self.modulation_variance,
-                mode_prior=MODE_PRIOR if self.prior_variance == "auto" and not self.ard else None,
+                mode_prior=MODE_PRIOR if self._learns_mode_priors else None,
                 offset_prior=OFFSET_PRIOR if self.bias_prior_variance == "auto" else None)
             result = fit(post, X, y, rng=rng, weight=weight, **self._fit_options(max_iter))
             value = score(result.posterior, X, y, self.likelihood, self.n_jobs, weight) if self.n_init > 1 else 0.0

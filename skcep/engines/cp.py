@@ -1083,11 +1083,15 @@ def _component_kl(post):
     diag E[λ].)"""
     if post.components is None:
         return 0.0
-    a, b = post.components
-    a0, b0 = post.component_prior
-    gap = np.log(a) - digamma(a)  # log E[λ] − E[log λ]
     n_rows = sum(post.shape[k] for k in post.ard_modes)
-    return float(0.5 * n_rows * gap.sum() + np.sum(_noise_kl(a, b, a0, b0)))
+    return _learned_precision_kl(n_rows, *post.components, *post.component_prior)
+
+
+def _learned_precision_kl(n, a, b, a0, b0):
+    """The part of −ELBO of a precision λ ~ Gam(a0, b0) learned as q(λ) = Gam(a, b) and shared by
+    n Gaussian coordinates whose KL terms use E[λ]: ½ n (log E[λ] − E[log λ]) + KL(q(λ) ‖ p(λ)),
+    summed over the entries of array a, b."""
+    return float(np.sum(0.5 * n * (np.log(a) - digamma(a)) + _noise_kl(a, b, a0, b0)))
 
 
 def _mode_prior_kl(post):
@@ -1103,8 +1107,7 @@ def _mode_prior_kl(post):
             continue
         m, s, a, b = prior
         d, rank = f.mean.shape
-        total += 0.5 * d * rank * (np.log(a) - digamma(a) + (a / b) * s)
-        total += float(_noise_kl(a, b, a0, b0))
+        total += _learned_precision_kl(d * rank, a, b, a0, b0) + 0.5 * d * rank * (a / b) * s
         total += 0.5 * (rank * s / v + float(m @ m) / v - rank - rank * np.log(s / v))
     return float(total)
 
@@ -1114,13 +1117,8 @@ def _offset_prior_kl(post):
     (the expected log prior against the rows' prior N(0, E[β]⁻¹)) plus KL(q(β) ‖ Gam(a0, b0))."""
     if post.offset_priors is None:
         return 0.0
-    a0, b0 = post.offset_prior_hyper
-    total = 0.0
-    for g, prior in zip(post.offsets, post.offset_priors):
-        if prior is not None:
-            a, b = prior
-            total += 0.5 * g.n_rows * (np.log(a) - digamma(a)) + float(_noise_kl(a, b, a0, b0))
-    return float(total)
+    return sum(_learned_precision_kl(g.n_rows, *prior, *post.offset_prior_hyper)
+               for g, prior in zip(post.offsets, post.offset_priors) if prior is not None)
 
 
 class EntrySums(NamedTuple):
