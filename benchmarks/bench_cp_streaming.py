@@ -10,7 +10,9 @@ user × movie × 20-time-bin tensor, rank 8, the 90/10 split of
 ``bench_cp_movielens.movielens_split(0)``, two tasks on the same entries — *binary* (rating ≥ 4,
 ``likelihood="probit"``, test AUC of ``decision_function``) and *ratings* (``likelihood="gaussian"``,
 test RMSE of ``predict``) — and two models: the estimator's defaults (``mode_bias=False``) and
-``mode_bias=True``.  The training entries are shuffled (seed s, which also seeds the estimator)
+``mode_bias=True``, both with the fixed priors (``prior_variance=1.0``, ``bias_prior_variance=1.0``;
+the default learned priors are streamed in ``bench_cp_paper.py --streams`` and
+``bench_cp_defaults.py``).  The training entries are shuffled (seed s, which also seeds the estimator)
 and streamed once through ``partial_fit`` in batches of 100, 500, 1000, 5000 and 10000, with
 ``shape`` = the full shape, under two rules for the sweeps per batch: ``n_inner_iter=10`` (the
 default before ``"auto"``) and ``n_inner_iter="auto"`` (the default: a first batch gets one sweep in
@@ -227,7 +229,8 @@ def make(task, d, seed, params):
     params = dict(params)
     hold = params.pop("hold_tau", False)
     kw = dict(rank=RANK, likelihood="probit" if task == "binary" else "gaussian", shape=d.shape, random_state=seed,
-              warm_up_entries=0)  # no buffer unless a rule names one: the diagnostics study the plain stream
+              warm_up_entries=0, prior_variance=1.0, bias_prior_variance=1.0)  # the fixed priors: these
+    # diagnostics study the zero-mean prior's collapse (the learned priors: cp_defaults.md, cp_paper_streams.md)  # no buffer unless a rule names one: the diagnostics study the plain stream
     kw.update(params)
     est = BayesianCPTensor(**kw)
     if hold:

@@ -302,7 +302,7 @@ def cases(sz):
     X, y = cp_data(s["n"], s["shape"], s["rank"], SEED + 1)
     c["cp"] = dict(label="BayesianCPTensor VMP, Gaussian",
                    make=lambda s=s: BayesianCPTensor(rank=s["rank"], method="vmp", max_iter=s["sweeps"], tol=0.0,
-                                                     random_state=1),
+                                                     prior_variance=1.0, random_state=1),
                    X=X, y=y, compare=cmp_cp, data={},
                    size=f"{s['n']:,} entries of {'×'.join(map(str, s['shape']))}, R={s['rank']}, "
                         f"{s['sweeps']} sweeps")

@@ -53,7 +53,7 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         CEP only.  "group": all sites of a mode updated together and merged per row (one pass
         over the entries per mode, O(n) memory).  "entry": sites updated block by block with EP
         bookkeeping (Wang & Zhe, Algorithm 1); fewer, costlier sweeps, O(n·rank²) memory.
-    prior_variance : float or "auto", default=1.0
+    prior_variance : float or "auto", default="auto"
         Prior variance v of every embedding coordinate (``ard``: 1/E[λ] at the start).  "auto":
         each mode's prior is learned from the data, the hierarchical prior of Bayesian PMF in
         its mean-field form: row s of mode k has prior N(μ_k, λ_k⁻¹ I) with μ_k ~ N(0, I) and
@@ -97,7 +97,7 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         Prior variance of the global offset.
     mode_bias : bool, default=False
         Infer a per-object offset c^k_s ~ N(0, bias_prior_variance) in every mode.
-    bias_prior_variance : float or "auto", default=1.0
+    bias_prior_variance : float or "auto", default="auto"
         Prior variance of the per-object offsets.  "auto": learned from the data, per mode, as
         ``prior_variance="auto"`` learns the embeddings' (the hierarchical prior of Bayesian
         PMF): c^k_s ~ N(0, β_k⁻¹) with β_k ~ Gam(10⁻³, 10⁻³), q(β_k) starting at mean 1 and
@@ -251,10 +251,10 @@ class BayesianCPTensor(TensorEstimator):
         **COMMON_CONSTRAINTS,
     }
 
-    def __init__(self, rank=8, *, likelihood="gaussian", method="cep", schedule="group", prior_variance=1.0,
+    def __init__(self, rank=8, *, likelihood="gaussian", method="cep", schedule="group", prior_variance="auto",
                  ard=False, ard_prior=(1e-6, 1e-6), modulating_modes=(), modulation_variance=0.01,
                  noise_prior=(1e-3, 1e-3), normalize_y=True, fit_intercept=True,
-                 intercept_prior_variance=100.0, mode_bias=False, bias_prior_variance=1.0, max_iter=100, tol=1e-4,
+                 intercept_prior_variance=100.0, mode_bias=False, bias_prior_variance="auto", max_iter=100, tol=1e-4,
                  damping=1.0, init_scale=0.5, n_inner_iter="auto", n_init=1, warm_up_entries="auto",
                  shape=None, n_jobs=None, verbose=0, random_state=None):
         self.rank, self.likelihood, self.method, self.schedule = rank, likelihood, method, schedule

@@ -501,4 +501,4 @@ def test_partial_fit_learns_the_offset_precisions_and_new_objects_start_from_the
         assert g.mean[-1, 0] == 0.0
     # mode 0's offsets are worth learning (sd 2 in y's units), the others' shrink
     assert est.bias_prior_precisions_[0] < 1.0 < min(est.bias_prior_precisions_[1:])
-    assert BayesianCPTensor(mode_bias=True).fit(X, y).bias_prior_precisions_ is None
+    assert BayesianCPTensor(mode_bias=True, bias_prior_variance=1.0).fit(X, y).bias_prior_precisions_ is None
