@@ -8,7 +8,7 @@ from fractions import Fraction
 from numbers import Integral
 
 import numpy as np
-from scipy.special import ndtri
+from scipy.special import ndtr, ndtri
 from sklearn.base import BaseEstimator
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.metaestimators import available_if
@@ -223,8 +223,14 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
 
     def _expected_failed_checks(self):
         """The scikit-learn checks that feed continuous X, ignoring the categorical tag (tensor
-        indices must be integers), and, for probit, a probability that weighs uncertainty."""
+        indices must be integers), for probit, a probability that weighs uncertainty, and for
+        ordinal levels, level probabilities beside the expected level."""
         failures = {"check_sample_weight_equivalence_on_dense_data": _CONTINUOUS_X.format("random")}
+        if self.likelihood == "ordinal":
+            failures["check_regressors_no_decision_function"] = (
+                "ordered levels are predicted as their expected value, a regression scored by R², and "
+                "predict_proba gives the probability of every level (columns classes_): a regressor with "
+                "predict_proba, which the check forbids")
         if self.likelihood == "probit":
             failures["check_classifiers_one_label_sample_weights"] = _CONTINUOUS_X.format("uniform") + (
                 "; on integer indices the one class left is predicted, as the check asks")
@@ -240,7 +246,7 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         if isinstance(y, str) and y == "no_validation":
             X, y = validate_data(self, X, **kwargs), None
         else:
-            X, y = validate_data(self, X, y, y_numeric=self.likelihood == "gaussian", **kwargs)
+            X, y = validate_data(self, X, y, y_numeric=self.likelihood != "probit", **kwargs)
         X = as_index_codes(X, type(self).__name__, getattr(self, "feature_names_in_", None))
         if X.shape[1] < 2:  # scikit-learn's wording of a feature count: "1 feature(s)"
             raise ValueError(f"A tensor needs at least 2 modes (columns of X); X has {X.shape[1]} feature(s).")
@@ -278,12 +284,13 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         return (y - self.y_offset_) / self.y_scale_
 
     def _encode(self, y, first_call, classes=None):
-        """Gaussian: finite floats.  Probit: two labels, encoded as 0/1 (``classes_[1]`` → 1)."""
-        if self.likelihood == "gaussian":
+        """Gaussian: finite floats.  Probit: two labels, encoded as 0/1 (``classes_[1]`` → 1).
+        Ordinal: numeric levels, encoded as their index in the sorted ``classes_``."""
+        if self.likelihood != "probit":
             y = np.asarray(y, dtype=float)
             if not np.all(np.isfinite(y)):
                 raise ValueError("y contains NaN or infinity.")
-            return y
+            return y if self.likelihood == "gaussian" else self._encode_levels(y, first_call, classes)
         target_type = type_of_target(y, input_name="y", raise_unknown=True)
         if target_type not in ("binary", "multiclass"):
             raise ValueError(
@@ -312,6 +319,32 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             raise ValueError(f"y has labels {unknown.tolist()} not in classes_ {self.classes_.tolist()}.")
         return (y == self.classes_[1]).astype(float)
 
+    def _encode_levels(self, y, first_call, classes):
+        """Ordinal levels: ``classes_`` the sorted levels (of y, or ``classes`` on the first call
+        of a stream), y as their indices."""
+        if first_call:
+            levels = np.unique(y if classes is None else np.asarray(classes, dtype=float))
+            if levels.size < 2:
+                raise ValueError("likelihood='ordinal' needs at least two levels; got 1 class. Pass "
+                                 "classes= (every level) to partial_fit if the first batch holds only one.")
+            self.classes_ = levels
+        elif classes is not None and not np.array_equal(np.unique(classes), self.classes_):
+            raise ValueError(f"classes={np.unique(classes).tolist()!r} is not the same as on the first call to "
+                             f"partial_fit, {self.classes_.tolist()!r}; call fit to start again with other levels.")
+        codes = np.searchsorted(self.classes_, y)
+        unknown = np.unique(y[(codes >= self.classes_.size) | (self.classes_[np.minimum(codes, self.classes_.size - 1)]
+                                                                 != y)])
+        if unknown.size:
+            raise ValueError(f"y has levels {unknown.tolist()} not in classes_ {self.classes_.tolist()}; pass "
+                             "every level as classes= on the first call to partial_fit.")
+        return codes.astype(float)
+
+    def _level_probabilities(self, mean, var):
+        """P(y = level k) = Φ((θ_k − m)/c) − Φ((θ_{k−1} − m)/c), c = √(1 + Var f), (n, K)."""
+        cut = np.concatenate(([-np.inf], self.thresholds_, [np.inf]))
+        upper = ndtr((cut[None, 1:] - mean[:, None]) / np.sqrt(1.0 + var)[:, None])
+        return np.diff(np.concatenate([np.zeros((mean.size, 1)), upper], axis=1), axis=1)
+
     def _resolve_shape(self, X, fixed_shape, current, entries=True):
         """The tensor's shape: ``fixed_shape`` (X checked against it), or the largest index
         of X per mode + 1, grown from ``current``, refused if its factor state is too large
@@ -337,7 +370,9 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             Integer entry indices; indices never seen in training are predicted from the prior.
         return_std : bool, default=False
             Also return the predictive standard deviation (Gaussian: of y, noise included;
-            probit: of the latent f).  For StreamingDeepTensor the variance of f is the
+            probit: of the latent f; ordinal: of the level value under the level probabilities).
+            Ordinal entries predict the expected level value Σ_k P(level k)·level_k (the
+            RMSE-optimal choice), or the most probable level (``ordinal_prediction="mode"``).  For StreamingDeepTensor the variance of f is the
             delta method's β (Fang et al., "Streaming Bayesian Deep Tensor Factorization",
             ICML 2021, eq. 9).
 
@@ -350,22 +385,33 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         if self.likelihood == "probit":
             labels = self.classes_[(mean > 0).astype(int)]
             return (labels, np.sqrt(var)) if return_std else labels
+        if self.likelihood == "ordinal":
+            proba = self._level_probabilities(mean, var)
+            expected = proba @ self.classes_
+            pred = expected if self.ordinal_prediction == "mean" else self.classes_[np.argmax(proba, axis=1)]
+            if return_std:
+                return pred, np.sqrt(np.maximum(proba @ self.classes_**2 - expected**2, 0.0))
+            return pred
         mean = self.y_offset_ + self.y_scale_ * mean  # in y's units (normalize_y)
         if return_std:
             return mean, np.sqrt(self.y_scale_ ** 2 * var + 1.0 / self.noise_precision_)
         return mean
 
-    @available_if(lambda self: self.likelihood == "probit")
+    @available_if(lambda self: self.likelihood != "gaussian")
     @predict_method
     def predict_proba(self, X):
-        """Class probabilities Φ(E f / √(1 + Var f)) (probit only; for StreamingDeepTensor
-        E f and Var f are the delta method's α and β, Fang et al., ICML 2021, eq. 10).
+        """Class probabilities Φ(E f / √(1 + Var f)) (probit; for StreamingDeepTensor
+        E f and Var f are the delta method's α and β, Fang et al., ICML 2021, eq. 10), or the
+        level probabilities Φ((θ_k − E f)/√(1 + Var f)) − Φ((θ_{k−1} − E f)/√(1 + Var f))
+        (ordinal), columns in the order of ``classes_``.
 
         Returns
         -------
-        proba : ndarray of shape (n_entries, 2)
+        proba : ndarray of shape (n_entries, n_classes)
         """
         mean, var = self._latent_moments(X)
+        if self.likelihood == "ordinal":
+            return self._level_probabilities(mean, var)
         p = Probit().predict_proba(mean, var)
         return np.column_stack([1.0 - p, p])
 
@@ -409,6 +455,7 @@ def cp_attributes(result, offset=0.0, scale=1.0):
         intercept_var_=0.0 if b is None else scale ** 2 * float(b.cov[0, 0, 0]),
         biases_=[scale * g.mean[:, 0] for g in biases.values()],
         biases_var_=[scale ** 2 * g.cov[:, 0, 0] for g in biases.values()],
+        thresholds_=None if post.thresholds is None else np.array(post.thresholds),
         noise_precision_=float(post.noise_precision) / scale ** 2, component_precision_=post.component_precision,
         factor_prior_means_=None if post.mode_priors is None else [
             None if p is None else p[0] for p in post.mode_priors],
@@ -423,6 +470,8 @@ def cp_attributes(result, offset=0.0, scale=1.0):
 def link_mean(y, likelihood, weight=None):
     """The global offset that predicts the (``weight``-weighted) mean of y: mean(y), or Φ⁻¹ of
     the rate of ones."""
+    if likelihood == "ordinal":  # the cut points carry the level
+        return 0.0
     mean = np.mean(y) if weight is None else np.average(y, weights=weight)
     if likelihood == "gaussian":
         return float(mean)

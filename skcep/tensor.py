@@ -13,8 +13,8 @@ from sklearn.utils.validation import check_is_fitted
 from ._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method, warn
 from ._dask_cp import fit_tensor
 from ._tensor import TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes, link_mean
-from .engines.cp import (absorb_batch, elbo, fit_cp, grow_posterior, init_posterior, predict_cp,
-                         starting_noise_precision, streaming_sweeps)
+from .engines.cp import (absorb_batch, elbo, fit_cp, grow_posterior, init_posterior, initial_thresholds,
+                         predict_cp, starting_noise_precision, streaming_sweeps)
 
 __all__ = ["BayesianCPTensor"]
 
@@ -28,8 +28,8 @@ WARM_UP_GAUSSIAN = 50_000  # warm_up_entries="auto" for Gaussian entries (docs/t
 _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
 
     Entry i = (i_1, …, i_K) is ``f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k}``
-    with ``y_i ~ N(f_i, 1/τ)`` (``likelihood="gaussian"``) or ``P(y_i = 1) = Φ(f_i)``
-    (``"probit"``), priors N(μ_k, λ_k⁻¹ I) learned from the data (``prior_variance="auto"``) or
+    with ``y_i ~ N(f_i, 1/τ)`` (``likelihood="gaussian"``), ``P(y_i = 1) = Φ(f_i)``
+    (``"probit"``) or ``P(y_i = level k) = Φ(θ_k − f_i) − Φ(θ_{k−1} − f_i)`` (``"ordinal"``), priors N(μ_k, λ_k⁻¹ I) learned from the data (``prior_variance="auto"``) or
     N(0, prior_variance·I) on the embeddings u^k_s ∈ R^rank
     (N(1, modulation_variance·I) for the ``modulating_modes``) and
     τ ~ Gam(a0, b0) (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.1
@@ -41,9 +41,18 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
     ----------
     rank : int, default=8
         Number of CP components R.
-    likelihood : {"gaussian", "probit"}, default="gaussian"
-        Real entries with Gaussian noise (a regressor), or binary entries with a probit link
-        (a classifier).
+    likelihood : {"gaussian", "probit", "ordinal"}, default="gaussian"
+        Real entries with Gaussian noise (a regressor), binary entries with a probit link
+        (a classifier), or ordered levels such as star ratings (a regressor with level
+        probabilities): the ordered probit, whose cut points θ (``thresholds_``) are point
+        estimates refitted after every sweep to maximise Σ_i log P(y_i) under q's predictive
+        N(E f_i, Var f_i).  Ordinal entries have no global offset (the cut points carry the
+        level; ``fit_intercept`` is ignored), take CEP (rank-one sites from the truncated-normal
+        moments, as the probit's) or VMP (the augmented model), the group schedule, and
+        entries in memory.
+    ordinal_prediction : {"mean", "mode"}, default="mean"
+        What ``predict`` returns for ordinal entries: the expected level value
+        Σ_k P(level k)·level_k (the RMSE-optimal choice) or the most probable level.
     method : {"cep", "vmp"}, default="cep"
         Conditional EP or variational message passing.  For Gaussian entries group CEP gives
         exactly the VMP updates (Li et al., Theorem 1).  For probit entries CEP matches the
@@ -136,8 +145,9 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         density filtering.  A sparse early stream's posterior is collapsed and one pass never
         revisits what it absorbed then (the user guide); the buffer lets the first entries be
         revisited.  0: no buffer.  Memory O(warm_up_entries); cost at most 3 fits on that many.
-        "auto": WARM_UP_GAUSSIAN for Gaussian entries, 0 for probit (whose one-sweep stream
-        already meets the batch fit).
+        "auto": WARM_UP_GAUSSIAN for Gaussian and ordinal entries, 0 for probit (whose one-sweep
+        stream already meets the batch fit; an ordinal one does not: planted half-star levels in
+        batches of 200, test RMSE 0.766 against 0.704 for the batch fit, 0.70 with the buffer).
     shape : tuple of int or None, default=None
         Tensor shape.  None: inferred from the largest index seen, and grown by
         ``partial_fit``; given: indices beyond it are rejected.
@@ -186,8 +196,10 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         Whether the last call met ``tol``.
     shape_ : tuple of int
         Shape of the fitted tensor.
-    classes_ : ndarray of shape (2,)
-        The two labels (probit only).
+    thresholds_ : ndarray of shape (n_levels − 1,) or None
+        The cut points θ of the latent f between consecutive levels (ordinal; else None).
+    classes_ : ndarray of shape (2,) or (n_levels,)
+        The two labels (probit) or the sorted levels (ordinal); None-free for Gaussian entries.
     n_features_in_ : int
         Number of modes K.
 
@@ -225,7 +237,8 @@ class BayesianCPTensor(TensorEstimator):
 
     _parameter_constraints = {
         "rank": [Interval(Integral, 1, None, closed="left")],
-        "likelihood": [StrOptions({"gaussian", "probit"})],
+        "likelihood": [StrOptions({"gaussian", "probit", "ordinal"})],
+        "ordinal_prediction": [StrOptions({"mean", "mode"})],
         "method": [StrOptions({"cep", "vmp"})],
         "schedule": [StrOptions({"group", "entry"})],
         "prior_variance": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
@@ -251,13 +264,15 @@ class BayesianCPTensor(TensorEstimator):
         **COMMON_CONSTRAINTS,
     }
 
-    def __init__(self, rank=8, *, likelihood="gaussian", method="cep", schedule="group", prior_variance="auto",
+    def __init__(self, rank=8, *, likelihood="gaussian", ordinal_prediction="mean", method="cep", schedule="group",
+                 prior_variance="auto",
                  ard=False, ard_prior=(1e-6, 1e-6), modulating_modes=(), modulation_variance=0.01,
                  noise_prior=(1e-3, 1e-3), normalize_y=True, fit_intercept=True,
                  intercept_prior_variance=100.0, mode_bias=False, bias_prior_variance="auto", max_iter=100, tol=1e-4,
                  damping=1.0, init_scale=0.5, n_inner_iter="auto", n_init=1, warm_up_entries="auto",
                  shape=None, n_jobs=None, verbose=0, random_state=None):
         self.rank, self.likelihood, self.method, self.schedule = rank, likelihood, method, schedule
+        self.ordinal_prediction = ordinal_prediction
         self.prior_variance, self.ard, self.ard_prior, self.noise_prior = prior_variance, ard, ard_prior, noise_prior
         self.modulating_modes, self.modulation_variance = modulating_modes, modulation_variance
         self.normalize_y, self.fit_intercept = normalize_y, fit_intercept
@@ -273,6 +288,8 @@ class BayesianCPTensor(TensorEstimator):
         _check_noise_prior(self.ard_prior, "ard_prior")
         if self.method == "vmp" and self.schedule != "group":
             raise ValueError("schedule='entry' is a CEP schedule; use method='cep' or schedule='group'.")
+        if self.likelihood == "ordinal" and self.schedule != "group":
+            raise ValueError("likelihood='ordinal' takes the group schedule; use schedule='group'.")
         if not all(isinstance(k, Integral) for k in self.modulating_modes):
             raise ValueError(f"modulating_modes must hold mode numbers (integers); got {self.modulating_modes!r}.")
         if self.shape is not None and not all(isinstance(d, Integral) and d >= 1 for d in self.shape):
@@ -311,9 +328,9 @@ class BayesianCPTensor(TensorEstimator):
     @property
     def _convergence_advice(self):
         """The end of the ConvergenceWarning: ``damping`` steps the probit CEP sites only."""
-        if self.likelihood == "probit" and self.method == "cep":
+        if self.likelihood != "gaussian" and self.method == "cep":
             return "increase max_iter, loosen tol or, if the fit oscillates, lower damping"
-        if self.likelihood == "probit":
+        if self.likelihood != "gaussian":
             return "increase max_iter or loosen tol (VMP's updates take no damping)"
         return ("increase max_iter or loosen tol (the Gaussian updates are exact and take no damping); "
                 "a rank larger than the data support slows it: try a smaller rank or ard=True")
@@ -327,7 +344,8 @@ class BayesianCPTensor(TensorEstimator):
         X : array-like of shape (n_entries, n_modes)
             Integer entry indices, one column per mode.
         y : array-like of shape (n_entries,)
-            Entry values (real for "gaussian", |y| ≤ 1e50; two labels for "probit").
+            Entry values (real for "gaussian", |y| ≤ 1e50; two labels for "probit"; numeric levels
+            for "ordinal", e.g. half-star ratings).
         sample_weight : array-like of shape (n_entries,), default=None
             Non-negative entry weights up to 1e12: an entry of weight w enters as its likelihood
             to the power w, i.e. as w copies of itself (integer weights give repeated entries:
@@ -377,8 +395,9 @@ class BayesianCPTensor(TensorEstimator):
             Integer entry indices.
         y : array-like of shape (n_entries,)
             Entry values.
-        classes : array-like of shape (2,), default=None
-            Probit only: the two labels, needed on the first call if its batch holds only one.
+        classes : array-like of shape (2,) or (n_levels,), default=None
+            Probit: the two labels, needed on the first call if its batch holds only one.
+            Ordinal: every level, needed on the first call if its batch lacks one.
         sample_weight : array-like of shape (n_entries,), default=None
             Non-negative entry weights, as in ``fit`` (not with Dask collections: a TypeError).
 
@@ -424,9 +443,10 @@ class BayesianCPTensor(TensorEstimator):
         return self._set_posterior(result, shape)
 
     def _warm_up_size(self):
-        """``warm_up_entries`` resolved: "auto" is WARM_UP_GAUSSIAN for Gaussian entries, 0 for probit."""
+        """``warm_up_entries`` resolved: "auto" is WARM_UP_GAUSSIAN for Gaussian and ordinal entries,
+        0 for probit."""
         if self.warm_up_entries == "auto":
-            return WARM_UP_GAUSSIAN if self.likelihood == "gaussian" else 0
+            return 0 if self.likelihood == "probit" else WARM_UP_GAUSSIAN
         return self.warm_up_entries
 
     def _refit(self, buffer, noise_prior, fixed_shape):
@@ -465,14 +485,14 @@ class BayesianCPTensor(TensorEstimator):
         """Keep the best of ``n_init`` random starts by ELBO; ``held``: the entries on Dask workers;
         ``offset_init``: the starting mean of the global offset; ``weight``: the entry weights."""
         rng = check_random_state(self.random_state)
-        gaussian = self.likelihood == "gaussian"
+        gaussian, ordinal = self.likelihood == "gaussian", self.likelihood == "ordinal"
         fit, score, noise = ((held.fit_cp, held.elbo, held.starting_noise_precision) if held
                              else (fit_cp, elbo, starting_noise_precision))
         best, best_elbo = None, -np.inf
         for _ in range(self.n_init):
             post = init_posterior(
                 shape, self.rank, prior_variance=self._prior_start, init_scale=self.init_scale, rng=rng,
-                global_offset=self.intercept_prior_variance if self.fit_intercept else None,
+                global_offset=self.intercept_prior_variance if self.fit_intercept and not ordinal else None,
                 mode_offsets=self._bias_start if self.mode_bias else None,
                 noise_prior=noise_prior if gaussian else None,
                 noise_init=noise(y, noise_prior, weight) if gaussian else None,
@@ -482,6 +502,8 @@ class BayesianCPTensor(TensorEstimator):
                 modulation_variance=self.modulation_variance,
                 mode_prior=MODE_PRIOR if self._learns_mode_priors else None,
                 offset_prior=OFFSET_PRIOR if self.bias_prior_variance == "auto" else None)
+            if ordinal:
+                post.thresholds = initial_thresholds(y, self.classes_.size, weight)
             result = fit(post, X, y, rng=rng, weight=weight, **self._fit_options(max_iter))
             value = score(result.posterior, X, y, self.likelihood, self.n_jobs, weight) if self.n_init > 1 else 0.0
             if best is None or value > best_elbo:

@@ -346,3 +346,25 @@ def test_encode_levels_round_trip():
     assert_array_equal(codes, [8, 0, 5, 9, 5, 8])
     with pytest.raises(ValueError):
         encode_levels([1.25], levels=scale)
+
+
+def test_threshold_terms_gradient_and_hessian_match_finite_differences():
+    """The Newton step's gradient and tridiagonal Hessian of Σ w log Z in θ, by central
+    differences of the objective and of the gradient."""
+    from skcep.engines.ordinal import _threshold_terms
+
+    rng = np.random.default_rng(7)
+    n, n_levels = 400, 5
+    m, s = rng.normal(0, 1.5, n), rng.uniform(0.1, 2.0, n)
+    y, weight = rng.integers(0, n_levels, n), rng.uniform(0.5, 2.0, n)
+    c = np.sqrt(1.0 + s)
+    theta = np.array([-1.3, -0.2, 0.5, 1.9])
+    value, grad, diag, off = _threshold_terms(theta, m, c, y, weight, n_levels)
+    hessian = np.diag(diag) + np.diag(off, 1) + np.diag(off, -1)
+    h = 1e-5
+    for k in range(theta.size):
+        step = np.zeros_like(theta)
+        step[k] = h
+        up, down = (_threshold_terms(theta + sign * step, m, c, y, weight, n_levels) for sign in (1, -1))
+        assert grad[k] == pytest.approx((up[0] - down[0]) / (2 * h), rel=1e-6, abs=1e-6)
+        np.testing.assert_allclose(hessian[k], (up[1] - down[1]) / (2 * h), rtol=1e-5, atol=1e-5)

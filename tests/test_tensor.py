@@ -56,7 +56,7 @@ def quiet_fit(est, X, y):
 # --------------------------------------------------------------------------------------------
 @ignore_convergence
 @parametrize_with_checks(
-    [BayesianCPTensor(), BayesianCPTensor(likelihood="probit")],
+    [BayesianCPTensor(), BayesianCPTensor(likelihood="probit"), BayesianCPTensor(likelihood="ordinal")],
     expected_failed_checks=lambda est: est._expected_failed_checks(),
     xfail_strict=True,
 )

@@ -5,6 +5,7 @@ Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.1 eq. 26), for entry i 
 
     f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k},
     y_i ~ N(f_i, τ⁻¹)  (Gaussian)   or   P(y_i = 1) = Φ(f_i)  (probit),
+    or P(y_i = k) = Φ(θ_k − f_i) − Φ(θ_{k−1} − f_i)  (ordinal: K ordered levels, cut points θ),
 
 with Gaussian priors on every embedding u^k_s ∈ R^R (zero mean, or mean 1 for the modulating
 modes of :func:`init_posterior`) and on the optional offsets b (global) and c^k_s (one per
@@ -140,6 +141,7 @@ from scipy.special import digamma, gammaln
 from .chunks import chunk_slices, map_chunks
 from .gaussian import cavity_natural, damped_update
 from .likelihoods import Probit, log_phi_derivatives
+from .ordinal import OrderedProbit, fit_thresholds, truncated_moments
 
 __all__ = [
     "GaussianRows", "CPPosterior", "CPFitResult", "ModeChunk", "SparseChunk", "RowStatistics", "EntrySums",
@@ -149,12 +151,43 @@ __all__ = [
     "offset_statistics", "entry_mean", "entry_second_moment", "augmented_target", "reduce_rows", "group_update",
     "noise_update", "component_update", "mode_prior_update", "offset_prior_update", "learned_prior_update",
     "effective_rank", "streaming_sweeps",
-    "probit_site", "start_sweeps", "fit_cp", "absorb_batch", "predict_cp", "elbo",
+    "probit_site", "start_sweeps", "fit_cp", "absorb_batch", "predict_cp", "elbo", "site_likelihood",
+    "initial_thresholds",
 ]
 
 CHUNK_SIZE = 8192
 _LOG_2PI = np.log(2.0 * np.pi)
 _PROBIT = Probit()
+_ORDINAL = OrderedProbit()
+
+
+class _OrdinalSites(NamedTuple):
+    """The ordered probit bound to its cut points: ``derivatives(m, s, y, order, value)`` with y
+    the level indices, as :class:`~skcep.engines.likelihoods.Probit`'s with y the label signs."""
+
+    thresholds: np.ndarray
+
+    def derivatives(self, m, s, y, order=2, value=True):
+        return _ORDINAL.derivatives(m, s, y, self.thresholds, order, value)
+
+
+def site_likelihood(likelihood, thresholds=None):
+    """The likelihood of the CEP sites of non-Gaussian entries: the probit's (labels: signs ±1)
+    or the ordered probit's at cut points ``thresholds`` (labels: level indices)."""
+    return _OrdinalSites(np.asarray(thresholds, dtype=float)) if likelihood == "ordinal" else _PROBIT
+
+
+def initial_thresholds(y, n_levels, weight=None):
+    """Cut points at the start of a fit: those of f ≡ 0, Φ⁻¹ of the cumulative level
+    proportions (:func:`~skcep.engines.ordinal.fit_thresholds` at m = s = 0)."""
+    return fit_thresholds(np.zeros(np.size(y)), 0.0, y, n_levels, weight=weight)
+
+
+def _labels(y, likelihood):
+    """The per-entry labels the sites read: signs ±1 (probit), level indices (ordinal)."""
+    if likelihood == "probit":
+        return 2.0 * y - 1.0
+    return np.asarray(y).astype(np.intp) if likelihood == "ordinal" else None
 
 
 class _Packing:
@@ -275,7 +308,8 @@ class CPPosterior:
     prior natural parameters then hold E[λ_k] I and E[λ_k] m.  With the offsets' precisions
     learned, ``offset_priors[j]`` is (a, b) of q(β_j) = Gam(a, b), the precision of offset group
     j's prior N(0, β_j⁻¹) (None for the global offset), with hyperprior Gam(``offset_prior_hyper``)
-    (see :func:`offset_prior_update`).
+    (see :func:`offset_prior_update`).  ``thresholds`` (K − 1,): the cut points θ of ordinal
+    entries (a point estimate, refitted after every sweep; None for the other likelihoods).
     """
 
     factors: list
@@ -292,6 +326,7 @@ class CPPosterior:
     mode_prior_hyper: tuple = None
     offset_priors: list = None
     offset_prior_hyper: tuple = None
+    thresholds: np.ndarray = None
 
     @property
     def rank(self):
@@ -353,6 +388,7 @@ def take_rows(post, rows):
         list(post.offset_modes),
         post.noise,
         post.noise_prior,
+        thresholds=post.thresholds,
     )
 
 
@@ -707,7 +743,7 @@ def _rank_one_site(t, a, alpha, c):
     return pi, alpha * (1.0 + pi * a) + pi * t
 
 
-def probit_site(t, a, q2, sign, rest=0.0):
+def probit_site(t, a, q2, sign, rest=0.0, likelihood=_PROBIT):
     """Rank-one site of one probit entry from its conditional tilted moments (Wang & Zhe,
     supplement §8.1.2, first-order Taylor expansion).
 
@@ -716,16 +752,17 @@ def probit_site(t, a, q2, sign, rest=0.0):
     N(t + rest, q2) under the cavity and the matched Gaussian has mean m + S x̄ α and covariance
     S − c S x̄ x̄ᵀ S with α = ∂ log Z/∂m and c = −∂² log Z/∂m² of the probit evidence
     Z = Φ(s (t + rest)/√(1 + q2)) (:class:`~skcep.engines.likelihoods.Probit`).  π ≥ 0 since
-    c·a ≤ c·q2 < 1.
+    c·a ≤ c·q2 < 1.  ``likelihood`` (:func:`site_likelihood`): the ordered probit's sites take
+    the same form, with Z the mass of the label's interval and ``sign`` its level.
     """
-    _, alpha, curvature = _PROBIT.derivatives(t + rest, q2, sign, order=2, value=False)
+    _, alpha, curvature = likelihood.derivatives(t + rest, q2, sign, order=2, value=False)
     return _rank_one_site(t, a, alpha, -curvature)
 
 
-def _damped_probit_site(t, a, q2, sign, rest, precision, shift, damping, ok):
+def _damped_probit_site(t, a, q2, sign, rest, precision, shift, damping, ok, likelihood=_PROBIT):
     """New (π, β) of rank-one probit sites: :func:`probit_site` damped toward the current site;
     where the cavity is improper (``ok`` False) the site is kept."""
-    pi, beta = probit_site(t, a, q2, sign, rest)
+    pi, beta = probit_site(t, a, q2, sign, rest, likelihood)
     return damped_update(precision, pi, damping, ok), damped_update(shift, beta, damping, ok)
 
 
@@ -763,14 +800,16 @@ def _cavity_terms(cov, mean, e, pi, beta, xbar, xx, packing):
     return m, a, q2, ok
 
 
-def probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites, damping=1.0, weight=None):
+def probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites, damping=1.0, weight=None,
+                           likelihood=_PROBIT):
     """Probit group CEP for the chunk's entries in mode k (Wang & Zhe, supplement §8.1.2).
 
     Every site is recomputed from the cavity q(u_s) / (its current site), with q of mode k
     given by ``mean`` (d_k, R), ``cov`` (d_k, R, R).  Returns the new sites (direction x̄,
     π, β), their sums per row (Σ w π x̄ x̄ᵀ packed, Σ w β x̄) and the number of sites kept because
     their cavity was improper.  With entry weights ``weight`` (c,) the sites are power EP's: a
-    site is one copy (the cavity removes it once) and q holds w copies.
+    site is one copy (the cavity removes it once) and q holds w copies.  ``likelihood``: see
+    :func:`probit_site` (ordinal entries: ``sign`` holds the levels).
     """
     packing = _packing(mean.shape[1])
     s = chunk.columns[k]
@@ -779,7 +818,7 @@ def probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites
     direction, precision, shift = sites
     m, a, q2, ok = _cavity_terms(cov[s], mean[s], direction, precision, shift, xbar, xx, packing)
     t = np.einsum("ci,ci->c", xbar, m)
-    pi, beta = _damped_probit_site(t, a, q2, sign, rest, precision, shift, damping, ok)
+    pi, beta = _damped_probit_site(t, a, q2, sign, rest, precision, shift, damping, ok, likelihood)
     if ok is not True:
         xbar = np.where(ok[:, None], xbar, direction)
     copies_pi, copies_beta = _weigh(pi, weight), _weigh(beta, weight)
@@ -789,13 +828,14 @@ def probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites
     return (xbar, pi, beta), statistics, _n_skipped(ok)
 
 
-def probit_offset_sites(rows, mean, cov, rest, sign, sites, damping=1.0):
+def probit_offset_sites(rows, mean, cov, rest, sign, sites, damping=1.0, likelihood=_PROBIT):
     """Probit CEP sites (π, β) of a rank-1 offset group (scalar EP, direction 1): the cavity of
     entry i is q(c_{rows_i}) / its site.  Returns the new sites and the number kept."""
     precision = 1.0 / cov[rows, 0, 0]
     cav_prec, cav_shift, ok = cavity_natural(precision, precision * mean[rows, 0], *sites)
     variance = 1.0 / cav_prec
-    pi, beta = _damped_probit_site(cav_shift / cav_prec, variance, variance, sign, rest, *sites, damping, ok)
+    pi, beta = _damped_probit_site(cav_shift / cav_prec, variance, variance, sign, rest, *sites, damping, ok,
+                                   likelihood)
     return (pi, beta), _n_skipped(ok)
 
 
@@ -817,9 +857,13 @@ def entry_second_moment(columns, second):
     return _hadamard(second, columns) @ _packing(rank).weight
 
 
-def augmented_target(mean, sign):
+def augmented_target(mean, sign, thresholds=None):
     """E[z_i] of the augmented probit model: N(mean, 1) truncated to sign·z > 0 (the target of
-    probit VMP)."""
+    probit VMP); with ``thresholds``, of the augmented ordinal model: N(mean, 1) truncated to
+    the interval [θ_{y−1}, θ_y] of level ``sign`` = y."""
+    if thresholds is not None:
+        cut = np.concatenate(([-np.inf], thresholds, [np.inf]))
+        return mean + truncated_moments(cut[sign] - mean, cut[sign + 1] - mean)[0]
     _, r = log_phi_derivatives(sign * mean, order=1, value=False)
     return mean + sign * r
 
@@ -1047,7 +1091,7 @@ def effective_rank(post, share=1e-3):
 def streaming_sweeps(index, first, likelihood="gaussian", method="cep", weight=None, learned_priors=False):
     """The sweeps of a batch of ``partial_fit`` with ``n_inner_iter="auto"``: (number, simultaneous).
 
-    A later batch gets one sweep.  For probit CEP it is simultaneous: every site of the batch
+    A later batch gets one sweep.  For probit (and ordinal) CEP it is simultaneous: every site of the batch
     computed from the posterior before it — the prior of the batch, i.e. the cavity of assumed
     density filtering (ADF-CEP; Wang & Zhe §6.3) — and every group updated at once.  A probit
     CEP sweep in turn counts the batch twice: the modes updated last (the small, shared time
@@ -1068,7 +1112,7 @@ def streaming_sweeps(index, first, likelihood="gaussian", method="cep", weight=N
     (Enron 0.228 → 0.925 but binary MovieLens 0.692 → 0.588).  An entry of ``weight`` w counts
     w times."""
     if not first:
-        return 1, likelihood == "probit" and method == "cep"
+        return 1, likelihood != "gaussian" and method == "cep"
     if learned_priors and method == "cep":
         return 10, False
     touched = sum(np.unique(column).size for column in index.T)
@@ -1139,16 +1183,22 @@ class EntrySums(NamedTuple):
     mean_square: float
 
 
-def _entry_sums(index, y, cp_mean, cp_second, offsets, offset_modes, previous, likelihood, weight=None):
+def _entry_sums(index, y, cp_mean, cp_second, offsets, offset_modes, previous, likelihood, weight=None,
+                thresholds=None):
     """:class:`EntrySums` of the entries ``index`` with values ``y`` and weights ``weight``
     (None: all 1), from E[1ᵀz_i], E[(1ᵀz_i)²] (None: not needed, 0 is summed), the offset
     groups' (mean, cov) and the predictor means of the sweep before (``previous``; None: no
-    change).  Returns the sums and the means E f_i."""
+    change); ordinal entries need the cut points ``thresholds``.  Returns the sums and the
+    means E f_i."""
     off_mean, off_var = _offset_moments_of(offsets, offset_modes, index)
     mean = cp_mean + off_mean
     resid = y - mean
-    log_lik = (np.sum(_weigh(log_phi_derivatives((2.0 * y - 1.0) * mean, order=0)[0], weight))
-               if likelihood == "probit" else 0.0)
+    if likelihood == "probit":
+        log_lik = np.sum(_weigh(log_phi_derivatives((2.0 * y - 1.0) * mean, order=0)[0], weight))
+    elif likelihood == "ordinal":  # log P(y | E f): the augmented model's bound, as for the probit
+        log_lik = np.sum(_weigh(_ORDINAL.derivatives(mean, 0.0, y, thresholds, order=0)[0], weight))
+    else:
+        log_lik = 0.0
     if previous is None:
         change = np.nan
     else:
@@ -1166,7 +1216,8 @@ def posterior_sums(post, index, y, likelihood, n_jobs=None, previous=None, weigh
     ``post`` (``previous``: the predictor means to measure the change from), and the predictor
     means E f_i."""
     return _entry_sums(index, y, _cp_mean(post, index, n_jobs), _cp_second(post, index, n_jobs),
-                       [(g.mean, g.cov) for g in post.offsets], post.offset_modes, previous, likelihood, weight)
+                       [(g.mean, g.cov) for g in post.offsets], post.offset_modes, previous, likelihood, weight,
+                       post.thresholds)
 
 
 @dataclass
@@ -1205,7 +1256,7 @@ class SweepTotals:
         post, s = self.post, self.sums
         kl = sum(f.kl_to_prior() for f in post.factors) + sum(g.kl_to_prior() for g in post.offsets)
         kl += _component_kl(post) + _mode_prior_kl(post) + _offset_prior_kl(post)
-        if (likelihood or self.likelihood) == "probit":
+        if (likelihood or self.likelihood) in ("probit", "ordinal"):
             return float(s.log_lik - 0.5 * self.total_variance() - kl)
         a, b = post.noise
         a0, b0 = post.noise_prior
@@ -1216,7 +1267,8 @@ class SweepTotals:
 
 def elbo(post, index, y, likelihood, n_jobs=None, weight=None):
     """The evidence lower bound of q (Li et al. §2.1.1).  For probit, the augmented model's
-    bound with q(z) at its optimum: Σ log Φ(s_i E[f_i]) − ½ Σ Var f_i − KL.  With entry
+    bound with q(z) at its optimum: Σ log Φ(s_i E[f_i]) − ½ Σ Var f_i − KL (ordinal: log Φ(s_i E f_i)
+    becomes log P(y_i | E f_i), the mass of y_i's interval).  With entry
     ``weight``, every entry's likelihood term is multiplied by its weight."""
     sums, _ = posterior_sums(post, index, y, likelihood, n_jobs, weight=weight)
     return SweepTotals.combine([sums], post, likelihood).elbo()
@@ -1260,8 +1312,9 @@ class EntryPartition:
         self.weight = weight
         self.likelihood, self.method, self.damping = likelihood, method, damping
         self.n_jobs, self.chunk_size = n_jobs, chunk_size
-        self.sign = 2.0 * y - 1.0 if likelihood == "probit" else None
-        self.probit_cep = likelihood == "probit" and method == "cep"
+        self.sign = _labels(y, likelihood)
+        self.probit_cep = likelihood != "gaussian" and method == "cep"  # rank-one sites (probit, ordinal)
+        self.thresholds, self.lik = None, _PROBIT
         self._chunks = {}
         self.means, self.second = [None] * len(self.shape), [None] * len(self.shape)
         self.offsets = [None] * len(self.offset_modes)
@@ -1289,17 +1342,19 @@ class EntryPartition:
             else:
                 self.offsets[group - K] = moments
 
-    def begin(self, changes):
+    def begin(self, changes, thresholds=None):
         """Start a sweep: the offsets' part of the predictor at every entry, the targets (probit
-        VMP: E[z_i] of the augmented model) and, at the first sweep, the predictor means the
-        convergence test starts from."""
+        and ordinal VMP: E[z_i] of the augmented model) and, at the first sweep, the predictor
+        means the convergence test starts from; ordinal entries get the sweep's cut points."""
         self._apply(changes)
+        if self.likelihood == "ordinal":
+            self.thresholds, self.lik = thresholds, site_likelihood("ordinal", thresholds)
         self.off_mean = _offset_moments_of(self.offsets, self.offset_modes, self.index)[0]
-        augmented = self.likelihood == "probit" and self.method == "vmp"
+        augmented = self.likelihood != "gaussian" and self.method == "vmp"
         if self.previous is None or augmented:
             mean = _cp_mean_of(self.means, self.index, self.n_jobs) + self.off_mean
             self.previous = mean if self.previous is None else self.previous
-        self.target = augmented_target(mean, self.sign) if augmented else self.y
+        self.target = augmented_target(mean, self.sign, self.thresholds) if augmented else self.y
 
     def factor(self, changes, k, cov=None):
         """The statistics step of mode k: the chunks' :class:`RowStatistics`, in chunk order,
@@ -1326,7 +1381,7 @@ class EntryPartition:
             c = chunks[i]
             return probit_site_statistics(c, k, mean, cov, self.means, self.second, self.off_mean[c.entries],
                                           self.sign[c.entries], sites[i], self.damping,
-                                          None if self.weight is None else self.weight[c.entries])
+                                          None if self.weight is None else self.weight[c.entries], self.lik)
 
         parts = map_chunks(step, range(len(chunks)), self.n_jobs)
         self.factor_sites[k] = [p[0] for p in parts]
@@ -1346,7 +1401,7 @@ class EntryPartition:
         self.rows, self.rest = rows, self.total - mean[rows, 0]
         if self.probit_cep:
             sites, skipped = probit_offset_sites(rows, mean, cov, self.rest, self.sign, self.offset_sites[j],
-                                                 self.damping)
+                                                 self.damping, self.lik)
             self.offset_sites[j] = sites
             return offset_statistics(rows, *(_weigh(site, self.weight) for site in sites), mean.shape[0]), skipped
         precision = np.ones(self.y.size) if self.weight is None else self.weight
@@ -1360,8 +1415,17 @@ class EntryPartition:
             self.cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
         cp_second = _cp_second_of(self.second, self.index, self.n_jobs) if with_second else None
         sums, self.previous = _entry_sums(self.index, self.y, self.cp_mean, cp_second, self.offsets,
-                                          self.offset_modes, self.previous, self.likelihood, self.weight)
+                                          self.offset_modes, self.previous, self.likelihood, self.weight,
+                                          self.thresholds)
         return sums
+
+    def cut_points(self, n_levels):
+        """Ordinal entries: the cut points that maximise Σ_i w_i log P(y_i) under q's predictive
+        N(E f_i, Var f_i) (:func:`~skcep.engines.ordinal.fit_thresholds`), from the sweep's."""
+        off_mean, off_var = _offset_moments_of(self.offsets, self.offset_modes, self.index)
+        cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
+        variance = np.maximum(_cp_second_of(self.second, self.index, self.n_jobs) - cp_mean**2, 0.0) + off_var
+        return fit_thresholds(cp_mean + off_mean, variance, self.sign, n_levels, self.thresholds, self.weight)
 
 
 class InMemoryEntries:
@@ -1384,7 +1448,7 @@ class _GroupSweeps:
 
     def __init__(self, post, parts, likelihood, method, simultaneous=False):
         self.posterior, self.parts, self.likelihood = post, parts, likelihood
-        self.probit_cep = likelihood == "probit" and method == "cep"
+        self.probit_cep = likelihood != "gaussian" and method == "cep"
         self.simultaneous = simultaneous
         self.n_skipped = 0
         self._first = True
@@ -1419,7 +1483,7 @@ class _GroupSweeps:
             changes = [(k, (post.factors[k].mean, second[k])) for k in range(K)]
             changes += [(K + j, (g.mean, g.cov)) for j, g in enumerate(post.offsets)]
             self._first = False
-        parts.step("begin", changes)
+        parts.step("begin", changes, post.thresholds)
         changes, G, pending = [], None, []
         for k, f in enumerate(post.factors):
             results = parts.step("factor", changes, k, f.cov if self.probit_cep else None)
@@ -1447,7 +1511,19 @@ class _GroupSweeps:
             component_update(post)
         if update_priors:
             learned_prior_update(post)
+        if self.likelihood == "ordinal":
+            post.thresholds = _cut_points_of(parts, post.thresholds)
         return stats
+
+
+def _cut_points_of(parts, thresholds):
+    """The ordinal cut points refitted on the entries of ``parts`` (one partition: the
+    objective Σ_i log P(y_i) is not a sum of per-partition maxima)."""
+    results = parts.step("cut_points", thresholds.size + 1)
+    if len(results) != 1:
+        raise ValueError("Ordinal entries need their cut points fitted on all entries at once: pass them in "
+                         "memory, not as partitions.")
+    return results[0]
 
 
 class _Moments:
@@ -1640,7 +1716,12 @@ def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedul
     sweep (see :func:`streaming_sweeps`).
     """
     post = post.copy()
+    if likelihood == "ordinal" and (post.thresholds is None or np.size(post.thresholds) < 1):
+        raise ValueError("Ordinal entries need the posterior's cut points (post.thresholds, at least one).")
     if schedule == "entry":
+        if likelihood == "ordinal":
+            raise ValueError("The entry schedule takes Gaussian and probit entries; use schedule='group' for "
+                             "ordinal ones.")
         if simultaneous:
             raise ValueError("simultaneous updates are a variant of the group schedule; the entry schedule updates "
                              "block after block.")
@@ -1735,7 +1816,9 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
     relevance determination) λ is held during the batch (the sub-model sees a part of the rows
     only) and updated once after it from every row, moving every row's prior and q
     (:func:`component_update` with ``refresh``); so are learned priors (:func:`mode_prior_update`).
-    ``weight``: the batch's entry weights (None: 1).
+    ``weight``: the batch's entry weights (None: 1).  Ordinal cut points are refitted on the
+    batch (from the current ones) and averaged in by the batch's share of the entries seen: after
+    batches of n_1, n_2, … entries θ is the n-weighted mean of the batches' fits.
 
     Returns the :class:`CPFitResult` with the whole new posterior, and the updated ``n_seen``.
     """
@@ -1753,6 +1836,9 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
             f.mean[unseen], f.cov[unseen] = start.mean, start.cov
     result = fit_cp(sub, local, y, rng=rng, weight=weight, **fit_options)
     put_rows(full, rows, result.posterior)
+    if full.thresholds is not None:
+        share = index.shape[0] / (float(n_seen[0].sum()) + index.shape[0])
+        full.thresholds = full.thresholds + share * (result.posterior.thresholds - full.thresholds)
     if full.components is not None:
         component_update(full, refresh=True)
     learned_prior_update(full, refresh=True)
