@@ -264,7 +264,7 @@ def fit_tensor(estimator, X, y, sample_weight=None):
     factor rows; only the other modes' factors are then broadcast and reduced.
     """
     noise_prior, fixed_shape = estimator._check_params()
-    if estimator.method == "cep" and estimator.schedule == "entry":
+    if estimator._method == "cep" and estimator.schedule == "entry":
         raise ValueError(ENTRY_SCHEDULE)
     for name in ("classes_", "shape_"):
         estimator.__dict__.pop(name, None)

@@ -95,15 +95,19 @@ def test_two_levels_with_the_cut_point_held_at_zero_are_the_probit_fit(method, m
     np.testing.assert_allclose(b.elbo, a.elbo, rtol=1e-12)
 
 
-def test_the_cut_points_after_a_sweep_maximise_the_predictive_likelihood():
-    """After every sweep θ maximises Σ_i log P(y_i | N(E f_i, Var f_i)) (the q of that sweep):
-    the objective falls under every small move of a cut point."""
+@pytest.mark.parametrize("method", ["cep", "vmp"])
+def test_the_cut_points_after_a_sweep_maximise_their_objective(method):
+    """After every sweep θ maximises, for the q of that sweep, Σ_i log P(y_i | E f_i) (VMP: the
+    θ-dependent part of its ELBO) or Σ_i log P(y_i | N(E f_i, Var f_i)) (CEP): the objective falls
+    under every small move of a cut point."""
     X, y, _ = planted_ordinal(n=600, seed=3)
     post = init_posterior((15, 12, 10), 2, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0))
     post.thresholds = initial_thresholds(y, 5)
-    result = fit_cp(post, X, y.astype(float), likelihood="ordinal", method="cep", max_iter=6, tol=0.0)
+    result = fit_cp(post, X, y.astype(float), likelihood="ordinal", method=method, max_iter=6, tol=0.0)
     theta = result.posterior.thresholds
     mean, var = predict_cp(result.posterior, X)
+    if method == "vmp":
+        var = 0.0
 
     def objective(th):
         return float(np.sum(OrderedProbit().derivatives(mean, var, y, th, order=0)[0]))
@@ -115,6 +119,17 @@ def test_the_cut_points_after_a_sweep_maximise_the_predictive_likelihood():
             moved[k] += step
             assert objective(moved) < best
     assert np.all(np.diff(theta) > 0)
+
+
+def test_vmp_elbo_never_decreases_with_the_cut_point_updates():
+    """VMP's sweeps and the θ step are coordinate ascent on one ELBO (the augmented model's)."""
+    X, y, _ = planted_ordinal(n=700, seed=4)
+    post = init_posterior((15, 12, 10), 3, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(2),
+                          mode_offsets=1.0)
+    post.thresholds = initial_thresholds(y, 5)
+    result = fit_cp(post, X, y.astype(float), likelihood="ordinal", method="vmp", max_iter=40, tol=0.0)
+    assert np.all(np.diff(result.elbo) >= -1e-9 * np.abs(result.elbo[1:]))
+    assert result.elbo[-1] > result.elbo[0] + 1.0
 
 
 def test_cep_recovers_planted_levels_and_cut_points():
@@ -241,3 +256,34 @@ def test_estimator_pickles_and_clones():
     np.testing.assert_array_equal(again.predict_proba(X[:50]), est.predict_proba(X[:50]))
     refit = quiet(clone(est), X, y)
     np.testing.assert_array_equal(refit.predict(X[:50]), est.predict(X[:50]))
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_the_start_from_a_gaussian_fit_is_its_ordered_probit(learned):
+    """cp.ordinal_start: for every entry θ_k − E f' = (c_k − E f)/σ, the Gaussian's standardized
+    distance to each cut, and Var f' = Var(f − b)/σ²; the rows' priors move with them (learned:
+    q(μ_k), q(λ_k) and the offsets' q(β) rescaled, the rows' priors still N(E μ, E[λ]⁻¹ I))."""
+    X, y, _ = planted_ordinal(n=500, seed=5)
+    z = (y - y.mean()) / y.std()
+    post = init_posterior((15, 12, 10), 2, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0),
+                          global_offset=100.0, mode_offsets=1.0, noise_prior=(1e-3, 1e-3), noise_init=3.0,
+                          mode_prior=(1e-3, 1e-3, 1.0) if learned else None,
+                          offset_prior=(1e-3, 1e-3) if learned else None)
+    gauss = fit_cp(post, X, z, likelihood="gaussian", method="vmp", max_iter=15).posterior
+    cuts = (np.arange(4) + 0.5 - y.mean()) / y.std()
+    start = cp.ordinal_start(gauss, cuts)
+    sigma = 1.0 / np.sqrt(gauss.noise_precision)
+    mean_g, var_g = predict_cp(gauss, X)
+    mean_o, var_o = predict_cp(start, X)
+    b_mean, b_var = gauss.offsets[0].mean[0, 0], gauss.offsets[0].cov[0, 0, 0]
+    assert gauss.offset_modes[0] is None and None not in start.offset_modes and start.noise is None
+    np.testing.assert_allclose(start.thresholds[None, :] - mean_o[:, None],
+                               (cuts[None, :] - mean_g[:, None]) / sigma, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(var_o, (var_g - b_var) / sigma**2, rtol=1e-9, atol=1e-12)
+    if learned:
+        for f, (m, _, a, b) in zip(start.factors, start.mode_priors):
+            np.testing.assert_allclose(f.prior_precision, np.broadcast_to(a / b * np.eye(2), f.cov.shape), rtol=1e-12)
+            np.testing.assert_allclose(f.prior_shift, np.broadcast_to(a / b * m, f.mean.shape), rtol=1e-12)
+        for g, (a, b) in zip(start.offsets, start.offset_priors):
+            np.testing.assert_allclose(g.prior_precision[:, 0, 0], a / b, rtol=1e-12)
+    assert b_mean == pytest.approx(np.mean(cuts[None, :] - start.thresholds[None, :] * sigma))

@@ -152,7 +152,7 @@ __all__ = [
     "noise_update", "component_update", "mode_prior_update", "offset_prior_update", "learned_prior_update",
     "effective_rank", "streaming_sweeps",
     "probit_site", "start_sweeps", "fit_cp", "absorb_batch", "predict_cp", "elbo", "site_likelihood",
-    "initial_thresholds",
+    "initial_thresholds", "ordinal_start",
 ]
 
 CHUNK_SIZE = 8192
@@ -175,6 +175,51 @@ def site_likelihood(likelihood, thresholds=None):
     """The likelihood of the CEP sites of non-Gaussian entries: the probit's (labels: signs ±1)
     or the ordered probit's at cut points ``thresholds`` (labels: level indices)."""
     return _OrdinalSites(np.asarray(thresholds, dtype=float)) if likelihood == "ordinal" else _PROBIT
+
+
+def ordinal_start(post, cut_values):
+    """The start of an ordinal fit from a Gaussian fit ``post`` of the levels' values z (with a
+    global offset b and q(τ)): under it P(level k) ≈ Φ((c_k − f)/σ) − Φ((c_{k−1} − f)/σ) with
+    σ = E[τ]^(−1/2) and ``cut_values`` c_k the midpoints between consecutive level values, which
+    is the ordered probit of f' = (f − b)/σ at cut points θ_k = (c_k − E b)/σ.  Returns a new
+    posterior without the global offset and q(τ): the CP term and the offsets scaled by s = 1/σ
+    (each governed mode's rows by s^(1/K'), their learned or ARD priors with them, and the
+    precision floor by 1/s²), θ set.
+
+    A start at the scale the ratings imply: from the random start, CEP moves the latent scale
+    and the cut points towards each other slowly (MovieLens, rank 8: test RMSE 0.933 after 25
+    sweeps, 0.874 after 100; from this start, in far fewer)."""
+    s = float(np.sqrt(post.noise_precision))
+    governed = post.ard_modes
+    r = s ** (1.0 / len(governed))
+    new = post.copy()
+    for k in governed:
+        f = new.factors[k]
+        f.mean, f.cov = r * f.mean, r * r * f.cov
+        f.prior_precision, f.prior_shift = f.prior_precision / (r * r), f.prior_shift / r
+        if new.mode_priors is not None and new.mode_priors[k] is not None:
+            m, var, a, b = new.mode_priors[k]
+            new.mode_priors[k] = (r * m, r * r * var, a, r * r * b)
+    if new.components is not None:
+        a, b = new.components
+        new.components = (a, r * r * b)
+    keep = [j for j, mode in enumerate(new.offset_modes) if mode is not None]
+    level = sum(float(g.mean[0, 0]) for g, mode in zip(new.offsets, new.offset_modes) if mode is None)
+    for j in keep:
+        g = new.offsets[j]
+        g.mean, g.cov = s * g.mean, s * s * g.cov
+        g.prior_precision, g.prior_shift = g.prior_precision / (s * s), g.prior_shift / s
+        if new.offset_priors is not None and new.offset_priors[j] is not None:
+            a, b = new.offset_priors[j]
+            new.offset_priors[j] = (a, s * s * b)
+    new.offsets = [new.offsets[j] for j in keep]
+    new.offset_modes = [new.offset_modes[j] for j in keep]
+    if new.offset_priors is not None:
+        new.offset_priors = [new.offset_priors[j] for j in keep]
+    new.noise = new.noise_prior = None
+    new.precision_floor = post.precision_floor / (s * s)
+    new.thresholds = s * (np.asarray(cut_values, dtype=float) - level)
+    return new
 
 
 def initial_thresholds(y, n_levels, weight=None):
@@ -1420,11 +1465,16 @@ class EntryPartition:
         return sums
 
     def cut_points(self, n_levels):
-        """Ordinal entries: the cut points that maximise Σ_i w_i log P(y_i) under q's predictive
-        N(E f_i, Var f_i) (:func:`~skcep.engines.ordinal.fit_thresholds`), from the sweep's."""
+        """Ordinal entries: the cut points that maximise, from the sweep's (Newton;
+        :func:`~skcep.engines.ordinal.fit_thresholds`), VMP's ELBO — its θ-dependent part is
+        Σ_i w_i log P(y_i | E f_i), the augmented model's bound (:func:`elbo`), so the ELBO never
+        decreases — or, for CEP, Σ_i w_i log P(y_i) under q's predictive N(E f_i, Var f_i)."""
         off_mean, off_var = _offset_moments_of(self.offsets, self.offset_modes, self.index)
         cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
-        variance = np.maximum(_cp_second_of(self.second, self.index, self.n_jobs) - cp_mean**2, 0.0) + off_var
+        if self.method == "vmp":
+            variance = 0.0
+        else:
+            variance = np.maximum(_cp_second_of(self.second, self.index, self.n_jobs) - cp_mean**2, 0.0) + off_var
         return fit_thresholds(cp_mean + off_mean, variance, self.sign, n_levels, self.thresholds, self.weight)
 
 
