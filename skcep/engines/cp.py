@@ -1469,12 +1469,11 @@ class EntryPartition:
         :func:`~skcep.engines.ordinal.fit_thresholds`), VMP's ELBO — its θ-dependent part is
         Σ_i w_i log P(y_i | E f_i), the augmented model's bound (:func:`elbo`), so the ELBO never
         decreases — or, for CEP, Σ_i w_i log P(y_i) under q's predictive N(E f_i, Var f_i)."""
+        if self.method == "vmp":  # E f_i after the sweep: what finish() has just computed
+            return fit_thresholds(self.previous, 0.0, self.sign, n_levels, self.thresholds, self.weight)
         off_mean, off_var = _offset_moments_of(self.offsets, self.offset_modes, self.index)
         cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
-        if self.method == "vmp":
-            variance = 0.0
-        else:
-            variance = np.maximum(_cp_second_of(self.second, self.index, self.n_jobs) - cp_mean**2, 0.0) + off_var
+        variance = np.maximum(_cp_second_of(self.second, self.index, self.n_jobs) - cp_mean**2, 0.0) + off_var
         return fit_thresholds(cp_mean + off_mean, variance, self.sign, n_levels, self.thresholds, self.weight)
 
 
