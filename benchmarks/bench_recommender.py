@@ -72,7 +72,7 @@ from bench_cp_movielens import movielens_split  # noqa: E402
 from skcep import BayesianCPTensor, StreamingDeepTensor  # noqa: E402
 from skcep.datasets import load_movielens  # noqa: E402
 
-RANK = 8                          # rank of the skcep models
+RANK = 10                         # rank of the skcep models: that of myfm's tutorials
 FM_RANK = 10                      # myfm's tutorials
 FM_SEED = 42                      # myfm's tutorials (and its default)
 BATCH = 256                       # streaming batch of StreamingDeepTensor

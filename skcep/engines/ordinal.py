@@ -72,6 +72,7 @@ _CF_FROM = 2.0  # the continued fraction for the tail moments from this x on
 _CF_DEPTH = 160  # its depth: full double precision for x ≥ 2
 PSEUDO_COUNT = 0.5  # weight of the pseudo-observation given to a level never observed
 _NEWTON_STEPS = 50  # at most; from a warm start (a fit's sweep before) 2 or 3
+_ROUNDING = 1e-12  # relative rounding of Σ log Z over many entries: gains below it are not measurable
 _NEWTON_TOL = 1e-8  # relative size of the last Newton step (quadratic convergence: θ to ~1e-15 by then)
 
 
@@ -323,14 +324,17 @@ def fit_thresholds(m, s, y, n_levels, thresholds0=None, weight=None):
     theta, value, grad, diag, off = theta0, *_threshold_terms(theta0, m, c, y, weight, n_levels)
     for _ in range(_NEWTON_STEPS):
         step = _tridiagonal_solve(diag, off, -grad)  # H δ = −g, H negative definite
-        if np.max(np.abs(step)) <= _NEWTON_TOL * (1.0 + np.max(np.abs(theta))) and np.all(np.diff(theta + step) > 0):
-            return theta + step  # converged: the last step needs no check
+        gain = grad @ step  # twice the gain Newton predicts (≥ 0)
+        small = (np.max(np.abs(step)) <= _NEWTON_TOL * (1.0 + np.max(np.abs(theta)))
+                 or gain <= _ROUNDING * (1.0 + abs(value)))
+        if small and np.all(np.diff(theta + step) > 0):
+            return theta + step  # converged: what is left is below the objective's rounding
         t = 1.0
         while True:  # backtrack: keep θ ordered and the objective rising (concave: t = 1 near the end)
             trial = theta + t * step
             if np.all(np.diff(trial) > 0):
                 terms = _threshold_terms(trial, m, c, y, weight, n_levels)
-                if terms[0] >= value + 1e-4 * t * grad @ step:
+                if terms[0] >= value + 1e-4 * t * gain - _ROUNDING * abs(value):
                     break
             t *= 0.5
             if t < 1e-10:
