@@ -32,6 +32,10 @@ ENTRY_SCHEDULE = (
     "before left: it is sequential and cannot run on entries spread over Dask workers. Use "
     "schedule='group' (the default) to fit Dask collections."
 )
+ORDINAL_IN_MEMORY = (
+    "likelihood='ordinal' refits its cut points on all entries at once after every sweep: pass the "
+    "entries as numpy arrays, not Dask collections (compute them first)."
+)
 
 
 def _entries_chunk(index, y, check_index, classes, weight=None):
@@ -266,6 +270,8 @@ def fit_tensor(estimator, X, y, sample_weight=None):
     noise_prior, fixed_shape = estimator._check_params()
     if estimator._method == "cep" and estimator.schedule == "entry":
         raise ValueError(ENTRY_SCHEDULE)
+    if estimator.likelihood == "ordinal":
+        raise ValueError(ORDINAL_IN_MEMORY)
     for name in ("classes_", "shape_"):
         estimator.__dict__.pop(name, None)
     entries, columns = rows(X, drop_empty=True)

@@ -518,9 +518,6 @@ class BayesianCPTensor(TensorEstimator):
                 mode_prior=MODE_PRIOR if self._learns_mode_priors else None,
                 offset_prior=OFFSET_PRIOR if self.bias_prior_variance == "auto" else None)
             if ordinal:
-                if held:
-                    raise ValueError("likelihood='ordinal' fits its cut points on all entries at once: pass the "
-                                     "entries as numpy arrays, not Dask collections.")
                 post = self._ordinal_start(post, X, *levels, rng, weight)
             result = fit(post, X, y, rng=rng, weight=weight, **self._fit_options(max_iter))
             value = score(result.posterior, X, y, self.likelihood, self.n_jobs, weight) if self.n_init > 1 else 0.0

@@ -287,3 +287,15 @@ def test_the_start_from_a_gaussian_fit_is_its_ordered_probit(learned):
         for g, (a, b) in zip(start.offsets, start.offset_priors):
             np.testing.assert_allclose(g.prior_precision[:, 0, 0], a / b, rtol=1e-12)
     assert b_mean == pytest.approx(np.mean(cuts[None, :] - start.thresholds[None, :] * sigma))
+
+
+def test_ordinal_entries_on_dask_collections_are_refused_before_any_work():
+    """The cut points are refitted on all entries at once: Dask collections raise a ValueError
+    that says so, and a fitted model stays as it was."""
+    da = pytest.importorskip("dask.array")
+    X, y, _ = half_stars()
+    est = quiet(BayesianCPTensor(rank=2, likelihood="ordinal", max_iter=5, random_state=0), X, y)
+    state = pickle.dumps(est)
+    with pytest.raises(ValueError, match="numpy arrays, not Dask"):
+        est.fit(da.from_array(X, chunks=500), da.from_array(y, chunks=500))
+    assert pickle.dumps(est) == state
