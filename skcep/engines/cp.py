@@ -1238,12 +1238,12 @@ def _entry_sums(index, y, cp_mean, cp_second, offsets, offset_modes, previous, l
     off_mean, off_var = _offset_moments_of(offsets, offset_modes, index)
     mean = cp_mean + off_mean
     resid = y - mean
-    if likelihood == "probit":
-        log_lik = np.sum(_weigh(log_phi_derivatives((2.0 * y - 1.0) * mean, order=0)[0], weight))
-    elif likelihood == "ordinal":  # log P(y | E f): the augmented model's bound, as for the probit
-        log_lik = np.sum(_weigh(_ORDINAL.derivatives(mean, 0.0, y, thresholds, order=0)[0], weight))
-    else:
+    if likelihood == "gaussian":
         log_lik = 0.0
+    else:  # log P(y_i | E f_i), the augmented model's bound (probit: log Φ(s_i E f_i))
+        labels = _labels(y, likelihood)
+        log_lik = np.sum(_weigh(site_likelihood(likelihood, thresholds).derivatives(mean, 0.0, labels, order=0)[0],
+                                weight))
     if previous is None:
         change = np.nan
     else:
@@ -1616,7 +1616,7 @@ class _EntrySweeps:
         self.posterior, self.index, self.y, self.weight = post, index, y, weight
         self.damping, self.n_jobs = damping, n_jobs
         self.gaussian = likelihood == "gaussian"
-        self.obs = y if self.gaussian else 2.0 * y - 1.0
+        self.obs = y if self.gaussian else _labels(y, likelihood)
         self.n_skipped = 0
         n = y.size
         self.block_size = block_size or max(8, n // 50)
