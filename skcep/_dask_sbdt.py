@@ -22,11 +22,12 @@ __all__ = ["fit_stream"]
 
 def _summary(checker, X, y):
     """One chunk checked as ``fit`` checks its data: (largest index per mode, its labels for
-    probit or else the exact sums (Σ 1, Σ y) of its values, None), or (None, None, error)."""
+    probit, its levels for ordinal entries or else the exact sums (Σ 1, Σ y) of its values,
+    None), or (None, None, error)."""
     try:
         X, y = checker._validate(X, y, reset=False)
         X = check_tensor_index(X, estimator_name=type(checker).__name__)
-        if checker.likelihood == "probit":
+        if checker.likelihood != "gaussian":  # (finite, numeric for ordinal entries: _validate)
             return X.max(axis=0), np.unique(y), None
         y = checker._encode(y, first_call=False)  # finite values
         check_fit_range(type(checker).__name__, y, advice=_TARGET_ADVICE)
@@ -52,15 +53,17 @@ def fit_stream(estimator, X, y):
     (rows chunked alike): one pass over the chunks in order, as a chain of tasks.
 
     First every chunk is checked and reduced to its largest index per mode (and its labels for
-    probit, or the exact sums of its values and, in a second pass, of their squared deviations),
-    so the tensor's shape, the classes and ``normalize_y``'s ``y_offset_`` and ``y_scale_`` are
-    those of the whole data (bit for bit the numpy fit's) and the first invalid chunk raises the
-    numpy fit's error before anything is fitted (the estimator is then left as it was).  The
-    client then starts like numpy ``fit``: the prior and the generator seeded by
-    ``random_state``.  Task i takes the posterior and the generator left by task i − 1 and
-    processes chunk i exactly as numpy ``fit`` processes its data: entries in batches of
-    ``batch_size`` — each ADF over its entries, then the EP refinement of the spike-and-slab
-    terms — visited in an order drawn by ``generator.permutation`` when ``shuffle=True``.
+    probit, its levels for ordinal entries, or the exact sums of its values and, in a second
+    pass, of their squared deviations), so the tensor's shape, the classes (every level, known
+    before the first batch) and ``normalize_y``'s ``y_offset_`` and ``y_scale_`` are those of the
+    whole data (bit for bit the numpy fit's) and the first invalid chunk raises the numpy fit's
+    error before anything is fitted (the estimator is then left as it was).  The client then
+    starts like numpy ``fit``: the prior and the generator seeded by ``random_state``.  Task i
+    takes the posterior and the generator left by task i − 1 and processes chunk i exactly as
+    numpy ``fit`` processes its data: entries in batches of ``batch_size`` — each ADF over its
+    entries (ordinal: then the cut points refitted on the batch), then the EP refinement of the
+    spike-and-slab terms — visited in an order drawn by ``generator.permutation`` when
+    ``shuffle=True``.
 
     How it relates to numpy ``fit``: with one chunk it is numpy ``fit``, bit for bit.  With
     several chunks, the entries are shuffled within each chunk (the chunks are visited in
@@ -100,7 +103,7 @@ def fit_stream(estimator, X, y):
         if error is not None:
             raise error
     estimator.y_offset_, estimator.y_scale_ = 0.0, 1.0  # estimator._set_scaling's, from all chunks
-    if estimator.likelihood == "probit":
+    if estimator.likelihood != "gaussian":  # every label (level) of the data, before the first batch
         estimator._encode(np.unique(np.concatenate([s[1] for s in summaries])), first_call=True)
     elif estimator.normalize_y:  # exact sums over the chunks: the numpy fit's bits
         total, first = functools.reduce(lambda a, b: (add_sums(a[0], b[0]), add_sums(a[1], b[1])),

@@ -35,6 +35,11 @@ def tensor(n=2400, shape=(30, 20, 6), seed=0):
     return synthetic.tensor(n, shape, seed)
 
 
+def half_stars(y):
+    """Ordinal levels from values: the half stars 1.0 … 3.0 at the values' quintiles."""
+    return 1.0 + 0.5 * np.digitize(y, np.quantile(y, [0.2, 0.4, 0.6, 0.8]))
+
+
 def chunked(X, Y, size):
     return da.from_array(X, chunks=(size, -1)), da.from_array(Y, chunks=(size,) + (-1,) * (Y.ndim - 1))
 
@@ -129,15 +134,20 @@ def assert_same_posterior(a, b, X):
     assert a.n_seen_ == b.n_seen_ and a.shape_ == b.shape_
 
 
-@pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
+@pytest.mark.parametrize("likelihood", ["gaussian", "probit", "ordinal"])
 def test_sbdt_fit_on_one_chunk_is_numpy_fit(on_cluster, likelihood):
     X, y = tensor()
     if likelihood == "probit":
         y = np.where(y > 0, "yes", "no")
+    if likelihood == "ordinal":
+        y = half_stars(y)
     local = StreamingDeepTensor(likelihood=likelihood, **SBDT).fit(X, y)
     spread = StreamingDeepTensor(likelihood=likelihood, **SBDT).fit(*chunked(X, y, len(X)))
     assert_same_posterior(spread, local, X)
-    if likelihood == "probit":
+    if likelihood == "ordinal":
+        np.testing.assert_array_equal(spread.thresholds_, local.thresholds_)
+        np.testing.assert_array_equal(spread.predict_proba(X), local.predict_proba(X))
+    if likelihood != "gaussian":
         np.testing.assert_array_equal(spread.classes_, local.classes_)
     else:
         assert spread.noise_precision_ == local.noise_precision_
@@ -145,11 +155,14 @@ def test_sbdt_fit_on_one_chunk_is_numpy_fit(on_cluster, likelihood):
 
 
 @pytest.mark.parametrize("likelihood, shuffle",
-                         [("gaussian", True), ("probit", True), ("gaussian", False)])
+                         [("gaussian", True), ("probit", True), ("ordinal", True), ("gaussian", False)])
 def test_sbdt_fit_on_chunks_continues_numpy_fit_chunk_by_chunk(on_cluster, likelihood, shuffle):
     X, y = tensor(seed=1)
     if likelihood == "probit":
         y = (y > 0).astype(int)
+    if likelihood == "ordinal":  # the last chunk lacks the top level: the levels come from every chunk
+        y = half_stars(y)
+        y[1950:] = np.minimum(y[1950:], 2.5)
     options = dict(SBDT, likelihood=likelihood, shuffle=shuffle)
     spread = StreamingDeepTensor(**options).fit(*chunked(X, y, 650))  # 650, 650, 650, 450
     local = StreamingDeepTensor(**options)
@@ -159,6 +172,9 @@ def test_sbdt_fit_on_chunks_continues_numpy_fit_chunk_by_chunk(on_cluster, likel
         local._stream(checked_X[start:start + 650], checked_y[start:start + 650])
     assert_same_posterior(spread, local, X)
     assert spread.shape_ == tuple(int(m) + 1 for m in X.max(axis=0))
+    if likelihood == "ordinal":
+        np.testing.assert_array_equal(spread.classes_, [1.0, 1.5, 2.0, 2.5, 3.0])
+        np.testing.assert_array_equal(spread.thresholds_, local.thresholds_)
     if not shuffle:  # no shuffle and batches that never span two chunks: numpy fit itself
         numpy_fit = StreamingDeepTensor(**dict(options, batch_size=50)).fit(X, y)
         dask_fit = StreamingDeepTensor(**dict(options, batch_size=50)).fit(*chunked(X, y, 650))

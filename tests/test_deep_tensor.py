@@ -1,7 +1,7 @@
 """StreamingDeepTensor as a scikit-learn estimator (Fang, Wang, Pan, Liu and Zhe, "Streaming
 Bayesian Deep Tensor Factorization", ICML 2021).
 
-``check_estimator`` for the Gaussian and the probit model, streaming (``partial_fit`` over
+``check_estimator`` for the Gaussian, the probit and the ordinal model, streaming (``partial_fit`` over
 batches = ``fit`` with the same batch order), growth of the modes, prior predictions for
 unseen objects, the prediction API against the engine's delta-method moments, bad input and
 changed structural parameters that leave a fitted model unchanged, progress lines, clone /
@@ -43,7 +43,7 @@ def binary_tensor(shape=(12, 10, 5), n=600, seed=1):
 # check_estimator at the default parameters; the checks that cannot hold, each with its reason,
 # are the estimator's own (StreamingDeepTensor._expected_failed_checks).
 @parametrize_with_checks(
-    [StreamingDeepTensor(), StreamingDeepTensor(likelihood="probit")],
+    [StreamingDeepTensor(), StreamingDeepTensor(likelihood="probit"), StreamingDeepTensor(likelihood="ordinal")],
     expected_failed_checks=lambda est: est._expected_failed_checks(),
     xfail_strict=True,
 )

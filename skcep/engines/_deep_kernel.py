@@ -12,8 +12,9 @@ dependency of skcep; it installs from the package index as a wheel (with llvmlit
 platforms numpy does.  The functions are compiled on their first call and cached on disk
 (``cache=True``, in ``__pycache__`` beside this file or numba's user cache directory), so only
 the first process on a machine pays the compilation (about 2–3 s); a later process loads the
-cache in about 0.1 s.  One compiled signature serves every network, likelihood, activation
-and number of modes.
+cache in about 0.1 s.  One compiled signature serves every network, likelihood (an integer
+code: ``PROBIT``, ``GAUSSIAN``, ``ORDINAL``; the cut points of ordinal entries come as an
+array, empty for the others), activation and number of modes.
 
 Layout (as :class:`skcep.engines.deep.DeepPosterior`): ``mean`` and ``var`` are rows 0 and 1
 of ``theta``: the P weights, layer after layer, each layer a row-major (V_m, V_{m−1} + 1)
@@ -33,7 +34,12 @@ import numpy as np
 from numba import njit
 
 __all__ = [
+    "PROBIT",
+    "GAUSSIAN",
+    "ORDINAL",
     "mills_ratio",
+    "truncated_normal",
+    "ordinal_derivatives",
     "forward_backward",
     "delta_method",
     "evidence_derivatives",
@@ -53,6 +59,15 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _SQRT_HALF = math.sqrt(0.5)
 _REDUCE = {"reassoc", "contract"}  # vectorised sums; no assumption about NaN or infinity
 _CF_TERMS = 40
+# the likelihood codes of the loop (False and True, the former ``gaussian`` flag, are probit and Gaussian)
+PROBIT, GAUSSIAN, ORDINAL = 0, 1, 2
+# the branches of skcep.engines.ordinal (same constants): narrow intervals by the Hermite series,
+# the one-sided tail moments by Laplace's continued fraction from x = 2 on
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+_NARROW = 2.0
+_N_SERIES = 40
+_CF_FROM = 2.0
+_CF_DEPTH = 160
 
 
 @njit(cache=True)
@@ -71,6 +86,98 @@ def mills_ratio(u):
     for k in range(_CF_TERMS, 0, -1):
         t = x + k / t
     return t
+
+
+@njit(cache=True)
+def _narrow_series(mid, h):
+    """(I_0, I_1, I_2), I_j = (1/2h) ∫_{−h}^{h} uʲ e^{−mid·u − u²/2} du by the Hermite expansion
+    (the scalar twin of :func:`skcep.engines.ordinal._narrow_series`, same terms and stop)."""
+    t = h * mid
+    h2 = h * h
+    i0, i1, i2 = 1.0, 0.0, h2 / 3.0
+    p_prev, p, fact = 1.0, t, 1.0
+    for n in range(1, _N_SERIES):
+        fact *= n
+        if n >= 6 and abs(p) + n * h2 * abs(p_prev) < 1e-20 * fact:
+            break
+        if n % 2:
+            i1 -= p * h / (fact * (n + 2))
+        else:
+            i0 += p / (fact * (n + 1))
+            i2 += p * h2 / (fact * (n + 3))
+        p_prev, p = p, t * p - n * h2 * p_prev
+    return i0, i1, i2
+
+
+@njit(cache=True)
+def _upper_tail(x):
+    """δ(x) = E[X | X > x] − x and v(x) = Var[X | X > x] for finite x ≥ 0: r = φ(x)/Q(x) =
+    :func:`mills_ratio` (−x) below 2, Laplace's continued fraction r = x + 1/D_1,
+    D_k = x + (k+1)/D_{k+1} (160 levels) from 2 on, δ = 1/D_1, v = (2/D_2 − 1/D_1)/D_1
+    (as :func:`skcep.engines.ordinal._upper_tail`)."""
+    if x < _CF_FROM:
+        r = mills_ratio(-x)
+        delta = r - x
+        return delta, 1.0 - r * delta
+    d = x
+    d_next = x
+    for k in range(_CF_DEPTH - 1, 0, -1):
+        d_next = d
+        d = x + (k + 1) / d
+    return 1.0 / d, (2.0 / d_next - 1.0 / d) / d
+
+
+@njit(cache=True)
+def truncated_normal(lo, hi):
+    """Mean μ and σ² − 1 of N(0, 1) truncated to [lo, hi] (lo < hi, not both infinite), by the
+    branches of :func:`skcep.engines.ordinal._interval`: the interval reflected to [−hi, −lo]
+    when its midpoint is negative; narrow ones (width·(1 + |midpoint|) ≤ 2) by the Hermite
+    series; straddling ones (lo ≤ 0) by μ = (φ(a) − φ(b))/Z and σ² − 1 = (aφ(a) − bφ(b))/Z − μ²
+    (a sum of terms of one sign; Z ≥ 0.23 there, so Z = Q(a) − Q(b) directly); ones in the
+    upper tail by the one-sided tail moments δ, v at both ends and p = Q(b)/Q(a) from
+    log p = −w x̄ + log1p((δ(a) − δ(b) − w)/r(b))."""
+    flip = lo + hi < 0.0
+    a, b = (-hi, -lo) if flip else (lo, hi)
+    width = b - a
+    mid = 0.5 * (a + b)
+    if width * (1.0 + abs(mid)) <= _NARROW:
+        i0, i1, i2 = _narrow_series(mid, 0.5 * width)
+        shift = i1 / i0
+        mean = mid + shift
+        excess = i2 / i0 - shift * shift - 1.0
+    elif a <= 0.0:
+        z = 0.5 * math.erfc(a * _SQRT_HALF) - 0.5 * math.erfc(b * _SQRT_HALF)
+        rho_a = math.exp(-0.5 * a * a - _LOG_SQRT_2PI) / z
+        rho_b = math.exp(-0.5 * b * b - _LOG_SQRT_2PI) / z if b < math.inf else 0.0
+        mean = rho_a - rho_b
+        excess = a * rho_a - (b * rho_b if b < math.inf else 0.0) - mean * mean
+    else:
+        d_a, v_a = _upper_tail(a)
+        if b < math.inf:
+            d_b, v_b = _upper_tail(b)
+            log_p = -width * mid + math.log1p((d_a - d_b - width) / (b + d_b))
+            p = math.exp(log_p)
+            one_minus_p = -math.expm1(log_p)
+            shift = (d_a - p * (width + d_b)) / one_minus_p
+            second = (v_a + d_a * d_a - p * (v_b + (width + d_b) ** 2)) / one_minus_p
+        else:
+            shift, second = d_a, v_a + d_a * d_a
+        mean = a + shift
+        excess = (second - shift * shift) - 1.0
+    return (-mean if flip else mean), excess
+
+
+@njit(cache=True)
+def ordinal_derivatives(lower, upper, alpha, beta):
+    """∂log Z/∂α and κ = −∂²log Z/∂α² of an ordinal entry whose level has cut points
+    (``lower``, ``upper``) = (θ_{y−1}, θ_y): with c = √(1 + β), a = (θ_{y−1} − α)/c,
+    b = (θ_y − α)/c and Z = Φ(b) − Φ(a), ∂log Z/∂α = (φ(a) − φ(b))/(c Z) = μ/c and
+    κ = (∂log Z/∂α)² − (aφ(a) − bφ(b))/(c² Z) = (1 − σ²)/c², μ and σ² the moments of N(0, 1)
+    truncated to [a, b] (:func:`truncated_normal`; the compiled twin of
+    :meth:`skcep.engines.ordinal.OrderedProbit.derivatives`)."""
+    c = math.sqrt(1.0 + beta)
+    mean, excess = truncated_normal((lower - alpha) / c, (upper - alpha) / c)
+    return mean / c, -excess / (c * c)
 
 
 @njit(cache=True, fastmath=_REDUCE)
@@ -180,21 +287,29 @@ def delta_method(mean, var, grad, sizes, relu, h, deriv, delta, back):
 
 
 @njit(cache=True)
-def evidence_derivatives(gaussian, y, alpha, beta, noise_variance):
+def evidence_derivatives(likelihood, y, alpha, beta, noise_variance, cut=None):
     """∂log Z/∂α and κ = (∂log Z/∂α)² − 2 ∂log Z/∂β of one entry (eqs. 10, 12).
 
     Z is a Gaussian smoothing of the likelihood in α, so ∂log Z/∂β = ½(L₂ + L₁²) with
-    L_k = ∂ᵏlog Z/∂αᵏ, and κ = −L₂ ≥ 0.
+    L_k = ∂ᵏlog Z/∂αᵏ, and κ = −L₂ ≥ 0.  ``likelihood`` is a code (``PROBIT`` = 0 = False,
+    ``GAUSSIAN`` = 1 = True, ``ORDINAL`` = 2):
 
-    * probit (``gaussian`` False, ``y`` the sign ±1): Z = Φ(z), z = yα/√(1+β) (eq. 10), so
-      L₁ = y r/√(1+β) and κ = r(r + z)/(1 + β) with r = φ(z)/Φ(z) (:func:`mills_ratio`);
-      ``noise_variance`` is ignored;
+    * probit (``y`` the sign ±1): Z = Φ(z), z = yα/√(1+β) (eq. 10), so L₁ = y r/√(1+β) and
+      κ = r(r + z)/(1 + β) with r = φ(z)/Φ(z) (:func:`mills_ratio`); ``noise_variance`` is
+      ignored;
     * gaussian: Z = N(y | α, β + ``noise_variance``) (eq. 12): L₁ = (y − α)/(β + σ²) and
-      κ = 1/(β + σ²).
+      κ = 1/(β + σ²);
+    * ordinal (``y`` the level index, ``cut`` = [−∞, θ_0, …, θ_{K−2}, +∞]): Z = Φ(b) − Φ(a),
+      the probit's eq. 10 with the level's two cut points (:func:`ordinal_derivatives`).
     """
-    if gaussian:
+    if likelihood == GAUSSIAN:
         total = beta + noise_variance
         return (y - alpha) / total, 1.0 / total
+    if likelihood == ORDINAL:
+        if cut is None:
+            raise ValueError("ordinal entries need the cut points")
+        k = int(y)
+        return ordinal_derivatives(cut[k], cut[k + 1], alpha, beta)
     denom = 1.0 + beta
     root = math.sqrt(denom)
     z = y * alpha / root
@@ -249,17 +364,19 @@ def noise_update(a, b, y, alpha, beta, weight=1.0):
 
 
 @njit(cache=True)
-def adf_loop(mean, var, rows, starts, ranks, y, weight, gaussian, relu, sizes, noise, grad, h, deriv, delta, back,
-             out):
+def adf_loop(mean, var, rows, starts, ranks, y, weight, likelihood, cut, relu, sizes, noise, grad, h, deriv, delta,
+             back, out):
     """Alg. 1 lines 4–8 for every entry of a batch, in order, in place: the entry's embeddings
     (means and variances) into the input slots, the delta method, the evidence derivatives
-    (for the entry's ``weight``: :func:`power_step`), the noise update (``gaussian``), eq. 7 for
+    (for the entry's ``weight``: :func:`power_step`), the noise update (``GAUSSIAN``), eq. 7 for
     every weight, the entry's embeddings and the offset, and the embeddings back.
 
     ``rows`` (2, S) holds the means and variances of the embeddings the batch touches, one
     copy per object; entry n's mode-k embedding is ``rows[:, s:s + ranks[k]]`` with
-    s = ``starts[n, k]`` (so one compiled signature serves any number of modes).  ``noise`` =
-    (a, b) of q(τ) (ignored for probit); returns its update.  ``out`` (3, n) receives α, β and
+    s = ``starts[n, k]`` (so one compiled signature serves any number of modes).
+    ``likelihood``: the code of :func:`evidence_derivatives`; ``cut`` the ordinal cut points
+    with their infinite ends (fixed during the batch; any array otherwise).  ``noise`` = (a, b)
+    of q(τ) (ignored unless Gaussian); returns its update.  ``out`` (3, n) receives α, β and
     the noise variance b/a each entry was absorbed with (for log Z).
     """
     a_tau, b_tau = noise
@@ -276,12 +393,11 @@ def adf_loop(mean, var, rows, starts, ranks, y, weight, gaussian, relu, sizes, n
         alpha, beta = delta_method(mean, var, grad, sizes, relu, h, deriv, delta, back)
         yn = y[n]
         wn = weight[n]
-        if gaussian:
+        if likelihood == GAUSSIAN:
             noise_variance = b_tau / a_tau
-            d_alpha, kappa = evidence_derivatives(True, yn, alpha, beta, noise_variance)
+        d_alpha, kappa = evidence_derivatives(likelihood, yn, alpha, beta, noise_variance, cut)
+        if likelihood == GAUSSIAN:
             a_tau, b_tau = noise_update(a_tau, b_tau, yn, alpha, beta, wn)
-        else:
-            d_alpha, kappa = evidence_derivatives(False, yn, alpha, beta, 1.0)
         d_alpha, kappa = power_step(d_alpha, kappa, beta, wn)
         moment_update(mean, var, grad, beta, d_alpha, kappa)
         pos = P

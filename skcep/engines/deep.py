@@ -7,7 +7,8 @@ Model (the paper's §3), for entry i = (i_1, …, i_K) with input x_i = [u¹_{i_
 
     h_0 = x_i,   h_m = act(W_m [h_{m−1}; 1] / √(V_{m−1} + 1))   (m < M),
     f(x_i) = W_M [h_{M−1}; 1] / √(V_{M−1} + 1) + b,
-    y_i ~ N(f, τ⁻¹)  (Gaussian)   or   P(y_i = 1) = Φ(f)  (probit),
+    y_i ~ N(f, τ⁻¹)  (Gaussian),   P(y_i = 1) = Φ(f)  (probit)   or
+    P(y_i = k) = Φ(θ_k − f) − Φ(θ_{k−1} − f)  (ordinal: K levels, θ_{−1} = −∞, θ_{K−1} = ∞),
 
 with u ~ N(0, I), τ ~ Gam(a0, b0), a spike-and-slab prior on every weight (eq. 3):
 s ~ Bern(ρ0), w | s ~ s N(0, σ0²) + (1 − s) δ(w), and an optional global offset
@@ -20,6 +21,13 @@ through an approximating term A(w, s) = Bern(s | c(ρ_A)) N(w | μ_A, v_A) (eq. 
 natural parameters (``site_precision`` = 1/v_A, ``site_shift`` = μ_A/v_A, ``site_logit`` = ρ_A),
 so that q's inclusion log-odds are logit(ρ0) + ρ_A.
 
+Ordinal entries (beyond the paper) are absorbed by the same ADF step: their running evidence
+is eq. 10 with the level's two cut points, Z = Φ(b) − Φ(a), a = (θ_{y−1} − α)/√(1+β),
+b = (θ_y − α)/√(1+β) (:mod:`skcep.engines.ordinal`; for K = 2 it is the probit's with the
+offset shifted by −θ_0).  The cut points θ are point estimates, not part of q: fixed during a
+batch, then refitted on it (:func:`update_thresholds`).  An ordinal model has no global offset
+(θ carries the location; with one, θ and b are not identified).
+
 The step
 --------
 SBDT is inherently sequential — each entry's update changes the weights the next entry sees —
@@ -27,11 +35,12 @@ so the unit of work, this engine's partition step, is one batch::
 
     fold_batch(post, X, y, likelihood, damping) -> post
 
-ADF over the batch's entries in order (:func:`adf_pass`, Alg. 1 lines 3–8), then one EP update
-of every weight's spike-and-slab term (:func:`refine_spike_slab`, Alg. 1 line 9, supplement
-eqs. 5–9).  ``post`` is updated in place and returned.  There is no global step: a stream is
-the loop ``for batch in batches: post = fold_batch(post, *batch, likelihood, damping)``, and
-that loop is what the estimator's ``fit`` and ``partial_fit`` run.
+ADF over the batch's entries in order (:func:`adf_pass`, Alg. 1 lines 3–8), the ordinal cut
+points refitted (:func:`update_thresholds`), then one EP update of every weight's spike-and-slab
+term (:func:`refine_spike_slab`, Alg. 1 line 9, supplement eqs. 5–9).  ``post`` is updated in
+place and returned.  There is no global step: a stream is the loop
+``for batch in batches: post = fold_batch(post, *batch, likelihood, damping)``, and that loop is
+what the estimator's ``fit`` and ``partial_fit`` run.
 
 Where each equation lives (one function each, the function the fit calls)
 -------------------------------------------------------------------------
@@ -44,11 +53,15 @@ The per-entry equations are compiled functions of :mod:`skcep.engines._deep_kern
   them from Python);
 * eqs. 10 and 12, the running evidence of one entry: :func:`evidence_derivatives` (φ/Φ from
   the compiled :func:`~skcep.engines._deep_kernel.mills_ratio`, the compiled twin of
-  :func:`~skcep.engines.likelihoods.mills_ratio`); log Z itself, vectorised after each batch:
-  :func:`log_evidence` (from :mod:`skcep.engines.likelihoods`);
+  :func:`~skcep.engines.likelihoods.mills_ratio`; ordinal entries from
+  :func:`~skcep.engines._deep_kernel.ordinal_derivatives`, the compiled twin of
+  :meth:`~skcep.engines.ordinal.OrderedProbit.derivatives`); log Z itself, vectorised after
+  each batch: :func:`log_evidence` (from :mod:`skcep.engines.likelihoods` and
+  :mod:`skcep.engines.ordinal`);
 * eq. 7, the moment update: :func:`moment_update`; for an entry of weight w (its likelihood
   to the power w), the power-EP step :func:`power_step`;
 * supplement §1 eq. 4, the noise update: :func:`noise_update`;
+* the ordinal cut points: :func:`initial_thresholds` (first batch), :func:`update_thresholds`;
 * supplement eqs. 5–9, the spike-and-slab EP step: :func:`spike_slab_tilted` and
   :func:`refine_spike_slab` (cavity and damping by :mod:`skcep.engines.gaussian`);
 * prediction: :func:`delta_moments` (eqs. 8–9 vectorised over entries), :func:`predict_moments`.
@@ -69,10 +82,11 @@ import numpy as np
 from scipy.special import expit, logit
 from scipy.stats import truncnorm
 
-from ._deep_kernel import (adf_loop, delta_method, evidence_derivatives, forward_backward, moment_update,
-                           noise_update, power_step, workspace_buffers)
+from ._deep_kernel import (GAUSSIAN, ORDINAL, PROBIT, adf_loop, delta_method, evidence_derivatives,
+                           forward_backward, moment_update, noise_update, power_step, workspace_buffers)
 from .gaussian import cavity_natural, damped_update
 from .likelihoods import Gaussian, Probit
+from .ordinal import OrderedProbit, fit_thresholds
 
 __all__ = [
     "ACTIVATIONS",
@@ -90,6 +104,8 @@ __all__ = [
     "moment_update",
     "power_step",
     "noise_update",
+    "initial_thresholds",
+    "update_thresholds",
     "adf_pass",
     "spike_slab_tilted",
     "refine_spike_slab",
@@ -98,6 +114,8 @@ __all__ = [
 ]
 
 ACTIVATIONS = ("relu", "tanh")
+LIKELIHOODS = {"probit": PROBIT, "gaussian": GAUSSIAN, "ordinal": ORDINAL}  # the compiled loop's codes
+_NO_CUT = np.empty(0)  # the cut points the loop gets for Gaussian and probit entries
 _TINY_VAR = np.finfo(float).tiny / np.finfo(float).eps
 
 
@@ -115,7 +133,9 @@ class DeepPosterior:
     input embeddings, then the global offset b added to the network output (variance 0 when
     there is none: f = f_W(x) + b).  ``emb[k]`` is a (2, d_k, r_k) array: means and variances
     of the mode-k embeddings.  ``log_evidence`` is the running evidence Σ_i log Z_i of the
-    entries seen (ADF's estimate of log p(y_1, …, y_n)).
+    entries seen (ADF's estimate of log p(y_1, …, y_n)).  ``thresholds`` (K − 1,): the ordinal
+    cut points θ_0 < … < θ_{K−2} (point estimates; None otherwise or before the first batch),
+    ``threshold_weight`` the entries' total weight behind them (:func:`update_thresholds`).
     """
 
     layer_sizes: tuple  # (V_0, V_1, …, V_M = 1)
@@ -133,6 +153,8 @@ class DeepPosterior:
     n_skipped: int = 0  # spike-and-slab updates skipped for an improper cavity
     n_batches: int = 0
     log_evidence: float = 0.0
+    thresholds: np.ndarray = None
+    threshold_weight: float = 0.0
 
     @property
     def mean(self):
@@ -192,6 +214,7 @@ class DeepPosterior:
             self.site_precision.copy(), self.site_shift.copy(), self.site_logit.copy(),
             self.prior_logit, self.slab_variance, [e.copy() for e in self.emb],
             self.noise, self.n_seen, self.n_skipped, self.n_batches, self.log_evidence,
+            None if self.thresholds is None else self.thresholds.copy(), self.threshold_weight,
         )
 
 
@@ -367,11 +390,44 @@ def predict_moments(post, X):
 # the running evidence (eqs. 10, 12), the moment update (eq. 7), the noise (supplement §1)
 
 
-def log_evidence(likelihood, y, alpha, beta, noise_variance=None):
-    """log Z of many entries (eqs. 10, 12), vectorised: log Φ(yα/√(1+β)) (``y`` the signs) or
-    log N(y | α, β + ``noise_variance``), from :mod:`skcep.engines.likelihoods`."""
+def log_evidence(likelihood, y, alpha, beta, noise_variance=None, thresholds=None):
+    """log Z of many entries (eqs. 10, 12), vectorised: log Φ(yα/√(1+β)) (``y`` the signs),
+    log N(y | α, β + ``noise_variance``) (:mod:`skcep.engines.likelihoods`) or, for ordinal
+    entries (``y`` the level indices), log(Φ(b) − Φ(a)) at the cut points ``thresholds``
+    (:meth:`~skcep.engines.ordinal.OrderedProbit.derivatives`)."""
+    if likelihood == "ordinal":
+        return OrderedProbit().derivatives(alpha, beta, np.asarray(y).astype(np.intp), thresholds, order=0)[0]
     model = Probit() if likelihood == "probit" else Gaussian(noise_variance)
     return model.derivatives(alpha, beta, y, order=0)[0]
+
+
+def initial_thresholds(post, X, y, n_levels, weight=None):
+    """The cut points an ordinal stream starts from, before its first batch: those that maximise
+    the batch's Σ w log Z under the untrained network's predictive N(α_i, β_i) (the delta
+    method at the entries X), :func:`~skcep.engines.ordinal.fit_thresholds` from Φ⁻¹ of the
+    cumulative level shares scaled by √(1 + β̄ + Var α); a level the batch lacks gets a
+    pseudo-observation (it stays possible).  ``y``: level indices 0..``n_levels`` − 1."""
+    alpha, beta = predict_moments(post, X)
+    return fit_thresholds(alpha, beta, np.asarray(y).astype(np.intp), n_levels, weight=weight)
+
+
+def update_thresholds(post, y, alpha, beta, weight=None):
+    """Refit the ordinal cut points on one batch, in place: θ̂ maximises the batch's
+    Σ_i w_i log Z_i(θ) at the predictive (α_i, β_i) its entries were absorbed with
+    (:func:`~skcep.engines.ordinal.fit_thresholds`, Newton from the current θ), and θ moves to
+    θ̂ by the batch's share of the weight seen, θ ← θ + (W_b / (W + W_b)) (θ̂ − θ), so that after
+    batches of weight W_1, W_2, … θ is their W-weighted mean (as
+    :func:`skcep.engines.cp.absorb_batch` averages the CP cut points).  Point estimates: θ has
+    no posterior.  Returns the batch's θ̂."""
+    y = np.asarray(y).astype(np.intp)
+    batch = float(y.size if weight is None else np.sum(weight))
+    if batch <= 0:
+        return post.thresholds
+    fitted = fit_thresholds(alpha, beta, y, post.thresholds.size + 1, post.thresholds, weight)
+    share = batch / (post.threshold_weight + batch)
+    post.thresholds = post.thresholds + share * (fitted - post.thresholds)
+    post.threshold_weight += batch
+    return fitted
 
 
 def _gather_rows(post, X):
@@ -396,40 +452,52 @@ def _gather_rows(post, X):
     return np.ascontiguousarray(rows, dtype=float), starts, touched
 
 
-def adf_pass(post, X, y, likelihood, weight=None):
+def adf_pass(post, X, y, likelihood, weight=None, return_moments=False):
     """Alg. 1 lines 3–8 over the entries of one batch, in order, updating ``post`` in place.
 
     Per entry (:func:`~skcep.engines._deep_kernel.adf_loop`, one compiled call for the batch):
     its embeddings into the input slots, the delta method, the evidence derivatives, the noise
     update (Gaussian), eq. 7 for every weight, the entry's embeddings and the offset, and the
     embeddings back.  The entries' log Z are added to ``post.log_evidence`` after the loop
-    (vectorised, from the recorded α, β and noise variances).
+    (vectorised, from the recorded α, β and noise variances).  Ordinal entries are absorbed at
+    the posterior's cut points ``post.thresholds``, fixed during the pass.
 
     Parameters
     ----------
     post : DeepPosterior
     X : ndarray (n, K) of int, indices inside the posterior's shape
-    y : ndarray (n,), values (Gaussian) or signs ±1 (probit)
-    likelihood : {"gaussian", "probit"}
+    y : ndarray (n,), values (Gaussian), signs ±1 (probit) or level indices 0..K−1 (ordinal)
+    likelihood : {"gaussian", "probit", "ordinal"}
     weight : ndarray (n,) or None
         Entry weights w ≥ 0 (None: all 1): the entry's likelihood to the power w
         (:func:`power_step`; its noise update and log Z count w times; w = 0 skips it).
+    return_moments : bool
+        Also return the predictive α and β each entry was absorbed with.
 
     Returns
     -------
     post : DeepPosterior
+    alpha, beta : ndarray (n,), only with ``return_moments``
     """
     X = np.asarray(X).reshape(-1, len(post.emb))
     y = np.require(y, dtype=float, requirements=["C", "W"]).reshape(-1)
     n = X.shape[0]
+    ordinal = likelihood == "ordinal"
+    if ordinal:
+        if post.thresholds is None:
+            raise ValueError("ordinal entries need the posterior's cut points (post.thresholds: initial_thresholds)")
+        cut = np.concatenate(([-np.inf], post.thresholds, [np.inf]))
+        if n and (y.min() < 0 or y.max() > post.thresholds.size or np.any(y != np.round(y))):
+            raise ValueError(f"ordinal entries need level indices 0..{post.thresholds.size}")
     rows, starts, touched = _gather_rows(post, X)
     ws = Workspace(post)
     gaussian = likelihood == "gaussian"
     noise = (float(post.noise[0]), float(post.noise[1])) if gaussian else (1.0, 1.0)
     moments = np.empty((3, n))
     weights = np.ones(n) if weight is None else np.require(weight, dtype=float, requirements=["C"]).reshape(-1)
-    noise = adf_loop(ws.mean, ws.var, rows, starts, np.asarray(post.ranks, dtype=np.int64), y, weights, gaussian,
-                     ws.relu, ws.sizes, noise, ws.grad, ws.h, ws.deriv, ws.delta, ws.back, moments)
+    noise = adf_loop(ws.mean, ws.var, rows, starts, np.asarray(post.ranks, dtype=np.int64), y, weights,
+                     LIKELIHOODS[likelihood], cut if ordinal else _NO_CUT, ws.relu, ws.sizes, noise, ws.grad, ws.h,
+                     ws.deriv, ws.delta, ws.back, moments)
     offset = 0
     for e, objects in zip(post.emb, touched):  # the updated embeddings back
         width = objects.size * e.shape[2]
@@ -439,10 +507,10 @@ def adf_pass(post, X, y, likelihood, weight=None):
         post.noise = (float(noise[0]), float(noise[1]))
     if n:
         alphas, betas, noise_variances = moments
-        log_z = log_evidence(likelihood, y, alphas, betas, noise_variances if gaussian else None)
+        log_z = log_evidence(likelihood, y, alphas, betas, noise_variances if gaussian else None, post.thresholds)
         post.log_evidence += float(np.sum(log_z if weight is None else weights * log_z))
     post.n_seen += n if weight is None else int(np.count_nonzero(weights))
-    return post
+    return (post, moments[0], moments[1]) if return_moments else post
 
 
 # --------------------------------------------------------------------------------------------
@@ -520,15 +588,17 @@ def refine_spike_slab(post, damping=1.0):
 
 def fold_batch(post, X, y, likelihood, damping, weight=None):
     """Fold one batch into the posterior (Alg. 1 lines 3–9): ADF over its entries in order
-    (:func:`adf_pass`), then the EP refinement of the spike-and-slab terms
-    (:func:`refine_spike_slab`, step ``damping``).  Updates ``post`` in place and returns it.
+    (:func:`adf_pass`), for ordinal entries the cut points refitted at the moments the entries
+    were absorbed with (:func:`update_thresholds`), then the EP refinement of the
+    spike-and-slab terms (:func:`refine_spike_slab`, step ``damping``).  Updates ``post`` in
+    place and returns it.
 
     Parameters
     ----------
     post : DeepPosterior
     X : ndarray (n, K) of int, indices inside the posterior's shape
-    y : ndarray (n,), values (Gaussian) or signs ±1 (probit)
-    likelihood : {"gaussian", "probit"}
+    y : ndarray (n,), values (Gaussian), signs ±1 (probit) or level indices (ordinal)
+    likelihood : {"gaussian", "probit", "ordinal"}
     damping : float in (0, 1]
     weight : ndarray (n,) or None
         Entry weights (None: all 1), see :func:`adf_pass`.
@@ -537,7 +607,9 @@ def fold_batch(post, X, y, likelihood, damping, weight=None):
     -------
     post : DeepPosterior
     """
-    adf_pass(post, X, y, likelihood, weight)
+    _, alpha, beta = adf_pass(post, X, y, likelihood, weight, return_moments=True)
+    if likelihood == "ordinal":
+        update_thresholds(post, y, alpha, beta, weight)
     refine_spike_slab(post, damping)
     post.n_batches += 1
     return post
