@@ -36,6 +36,10 @@ ORDINAL_IN_MEMORY = (
     "likelihood='ordinal' refits its cut points on all entries at once after every sweep: pass the "
     "entries as numpy arrays, not Dask collections (compute them first)."
 )
+IMPLICIT_IN_MEMORY = (
+    "implicit_modes solves for every row of a mode and the objects it shares entries with at once: pass the "
+    "entries as numpy arrays, not Dask collections (compute them first)."
+)
 
 
 def _entries_chunk(index, y, check_index, classes, weight=None):
@@ -272,6 +276,8 @@ def fit_tensor(estimator, X, y, sample_weight=None):
         raise ValueError(ENTRY_SCHEDULE)
     if estimator.likelihood == "ordinal":
         raise ValueError(ORDINAL_IN_MEMORY)
+    if estimator.implicit_modes:
+        raise ValueError(IMPLICIT_IN_MEMORY)
     for name in ("classes_", "shape_"):
         estimator.__dict__.pop(name, None)
     entries, columns = rows(X, drop_empty=True)

@@ -463,6 +463,7 @@ def cp_attributes(result, offset=0.0, scale=1.0):
             None if p is None else p[2] / p[3] for p in post.mode_priors],
         bias_prior_precisions_=None if post.offset_priors is None else [
             p[0] / p[1] / scale ** 2 for p in post.offset_priors if p is not None],
+        implicit_factors_={t.mode: t.mean for t in post.implicit},
         effective_rank_=effective_rank(post), elbo_=list(result.elbo), n_iter_=result.n_iter,
         converged_=bool(result.converged))
 

@@ -8,6 +8,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from ._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method, warn
@@ -16,6 +17,7 @@ from ._tensor import (TensorEstimator, _check_noise_prior, check_tensor_index, c
                       target_scaling)
 from .engines.cp import (absorb_batch, elbo, fit_cp, grow_posterior, init_posterior, ordinal_start, predict_cp,
                          starting_noise_precision, streaming_sweeps)
+from .engines.implicit import new_term
 
 __all__ = ["BayesianCPTensor"]
 
@@ -64,6 +66,17 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         for ordinal entries, where VMP's monotone ELBO reaches the better fit (MovieLens user ×
         movie, rank 8: test RMSE 0.867 against 0.874, in a third of the time; see
         ``docs/recommending.md``).
+    implicit_modes : dict or None, default=None
+        Implicit feedback (SVD++; Koren, KDD 2008, eq. 15): ``{k: j}`` gives every row s of
+        mode k the normalised sum of learned vectors of the mode-j objects it shares a training
+        entry with, ũ_s = u_s + |N(s)|^(−1/2) Σ_{m∈N(s)} y_m, so that which items a user rated
+        informs their embedding (``{0: 1, 1: 0}`` for users × items: each side from the other).
+        q(y_m) is Gaussian and its prior precision learned (fixed at 1/``prior_variance`` when
+        that is given); each mode's rows and vectors are updated jointly by VMP's coordinate step
+        (:mod:`skcep.engines.implicit`).  N(s) is taken from the entries of ``fit``; it takes the
+        group schedule, entries in memory (not ``partial_fit``, not Dask collections) and VMP
+        for probit and ordinal entries (``method="auto"`` then chooses VMP).  None: no implicit
+        feedback (see ``docs/recommending.md`` for its effect).
     schedule : {"group", "entry"}, default="group"
         CEP only.  "group": all sites of a mode updated together and merged per row (one pass
         over the entries per mode, O(n) memory).  "entry": sites updated block by block with EP
@@ -202,6 +215,9 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
         Whether the last call met ``tol``.
     shape_ : tuple of int
         Shape of the fitted tensor.
+    implicit_factors_ : dict
+        ``{k: (d_j, rank) ndarray}``: posterior means of the implicit vectors y of every mode k of
+        ``implicit_modes`` (empty without).
     thresholds_ : ndarray of shape (n_levels − 1,) or None
         The cut points θ of the latent f between consecutive levels (ordinal; else None).
     classes_ : ndarray of shape (2,) or (n_levels,)
@@ -247,6 +263,7 @@ class BayesianCPTensor(TensorEstimator):
         "ordinal_prediction": [StrOptions({"mean", "mode"})],
         "method": [StrOptions({"auto", "cep", "vmp"})],
         "schedule": [StrOptions({"group", "entry"})],
+        "implicit_modes": [None, dict],
         "prior_variance": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
         "ard": ["boolean"],
         "ard_prior": [tuple, list],
@@ -271,14 +288,14 @@ class BayesianCPTensor(TensorEstimator):
     }
 
     def __init__(self, rank=8, *, likelihood="gaussian", ordinal_prediction="mean", method="auto", schedule="group",
-                 prior_variance="auto",
+                 implicit_modes=None, prior_variance="auto",
                  ard=False, ard_prior=(1e-6, 1e-6), modulating_modes=(), modulation_variance=0.01,
                  noise_prior=(1e-3, 1e-3), normalize_y=True, fit_intercept=True,
                  intercept_prior_variance=100.0, mode_bias=False, bias_prior_variance="auto", max_iter=100, tol=1e-4,
                  damping=1.0, init_scale=0.5, n_inner_iter="auto", n_init=1, warm_up_entries="auto",
                  shape=None, n_jobs=None, verbose=0, random_state=None):
         self.rank, self.likelihood, self.method, self.schedule = rank, likelihood, method, schedule
-        self.ordinal_prediction = ordinal_prediction
+        self.ordinal_prediction, self.implicit_modes = ordinal_prediction, implicit_modes
         self.prior_variance, self.ard, self.ard_prior, self.noise_prior = prior_variance, ard, ard_prior, noise_prior
         self.modulating_modes, self.modulation_variance = modulating_modes, modulation_variance
         self.normalize_y, self.fit_intercept = normalize_y, fit_intercept
@@ -296,6 +313,16 @@ class BayesianCPTensor(TensorEstimator):
             raise ValueError("likelihood='ordinal' takes the group schedule; use schedule='group'.")
         if self._method == "vmp" and self.schedule != "group":
             raise ValueError("schedule='entry' is a CEP schedule; use method='cep' or schedule='group'.")
+        if self.implicit_modes:
+            if self.schedule != "group":
+                raise ValueError("implicit_modes takes the group schedule; use schedule='group'.")
+            if self.likelihood != "gaussian" and self._method == "cep":
+                raise ValueError("implicit_modes takes VMP for probit and ordinal entries; use method='vmp' or "
+                                 "'auto'.")
+            if not all(isinstance(k, Integral) and isinstance(j, Integral) and k != j and k >= 0 and j >= 0
+                       for k, j in self.implicit_modes.items()):
+                raise ValueError("implicit_modes maps a mode to another mode, {k: j} with integers k != j; got "
+                                 f"{self.implicit_modes!r}.")
         if not all(isinstance(k, Integral) for k in self.modulating_modes):
             raise ValueError(f"modulating_modes must hold mode numbers (integers); got {self.modulating_modes!r}.")
         if self.shape is not None and not all(isinstance(d, Integral) and d >= 1 for d in self.shape):
@@ -384,6 +411,15 @@ class BayesianCPTensor(TensorEstimator):
              "(on a sparse tensor a zero-mean prior holds every embedding there) and predicts from the "
              f"offsets alone; {advice}try n_init > 1 or a larger init_scale.", ConvergenceWarning)
 
+    def _streams(self):
+        """``partial_fit`` exists unless ``implicit_modes`` is set (an AttributeError that says why)."""
+        if self.implicit_modes:
+            raise AttributeError("BayesianCPTensor with implicit_modes has no partial_fit: its implicit terms sum "
+                                 "over every object a row shares an entry with, so they need every entry at once "
+                                 "(use fit).")
+        return True
+
+    @available_if(_streams)
     @fit_method
     def partial_fit(self, X, y, classes=None, sample_weight=None):
         """Fold one batch of entries into the posterior (streaming; Li et al. §4.4 eq. 30).
@@ -474,9 +510,11 @@ class BayesianCPTensor(TensorEstimator):
 
     @property
     def _method(self):
-        """``method`` resolved: "auto" is VMP for ordinal entries, CEP otherwise."""
+        """``method`` resolved: "auto" is VMP for ordinal entries and for probit ones with
+        ``implicit_modes``, CEP otherwise."""
         if self.method == "auto":
-            return "vmp" if self.likelihood == "ordinal" else "cep"
+            return "vmp" if self.likelihood == "ordinal" or (self.implicit_modes and self.likelihood == "probit") \
+                else "cep"
         return self.method
 
     @property
@@ -517,6 +555,7 @@ class BayesianCPTensor(TensorEstimator):
                 modulation_variance=self.modulation_variance,
                 mode_prior=MODE_PRIOR if self._learns_mode_priors else None,
                 offset_prior=OFFSET_PRIOR if self.bias_prior_variance == "auto" else None)
+            post.implicit = self._implicit_terms(X, shape)
             if ordinal:
                 post = self._ordinal_start(post, X, *levels, rng, weight)
             result = fit(post, X, y, rng=rng, weight=weight, **self._fit_options(max_iter))
@@ -526,6 +565,18 @@ class BayesianCPTensor(TensorEstimator):
         self._rng, self._buffer = rng, None  # a fit drops the warm-up buffer (_refit keeps it)
         self._n_seen = held.n_seen(shape) if held else [np.bincount(c, minlength=d) for c, d in zip(X.T, shape)]
         return self._set_posterior(best, shape)
+
+    def _implicit_terms(self, X, shape):
+        """The implicit terms of ``implicit_modes`` from the training entries X, y's prior
+        precision learned (``prior_variance="auto"``) or fixed."""
+        terms = []
+        for k, j in sorted((self.implicit_modes or {}).items()):
+            if max(k, j) >= len(shape):
+                raise ValueError(f"implicit_modes={self.implicit_modes!r} names mode {max(k, j)}, but X has "
+                                 f"{len(shape)} modes.")
+            hyper = MODE_PRIOR[:2] if self.prior_variance == "auto" else None
+            terms.append(new_term(X, shape, k, j, self.rank, self._prior_start, hyper))
+        return terms
 
     def _standardized_levels(self, codes, weight):
         """The entries' level values and the midpoints between consecutive levels, both

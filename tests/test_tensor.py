@@ -56,7 +56,8 @@ def quiet_fit(est, X, y):
 # --------------------------------------------------------------------------------------------
 @ignore_convergence
 @parametrize_with_checks(
-    [BayesianCPTensor(), BayesianCPTensor(likelihood="probit"), BayesianCPTensor(likelihood="ordinal")],
+    [BayesianCPTensor(), BayesianCPTensor(likelihood="probit"), BayesianCPTensor(likelihood="ordinal"),
+     BayesianCPTensor(implicit_modes={0: 1, 1: 0})],
     expected_failed_checks=lambda est: est._expected_failed_checks(),
     xfail_strict=True,
 )

@@ -140,6 +140,7 @@ from scipy.special import digamma, gammaln
 
 from .chunks import chunk_slices, map_chunks
 from .gaussian import cavity_natural, damped_update
+from .implicit import effective_moments, grow_term, implicit_prior_update, implicit_update, kl_to_prior
 from .likelihoods import Probit, log_phi_derivatives
 from .ordinal import OrderedProbit, fit_thresholds, truncated_moments
 
@@ -200,6 +201,10 @@ def ordinal_start(post, cut_values):
         if new.mode_priors is not None and new.mode_priors[k] is not None:
             m, var, a, b = new.mode_priors[k]
             new.mode_priors[k] = (r * m, r * r * var, a, r * r * b)
+        term = new.implicit_term(k)
+        if term is not None:  # ũ = u + z scales as a whole
+            term.mean, term.cov = r * term.mean, r * r * term.cov
+            term.precision = (term.precision[0], r * r * term.precision[1])
     if new.components is not None:
         a, b = new.components
         new.components = (a, r * r * b)
@@ -355,6 +360,9 @@ class CPPosterior:
     j's prior N(0, β_j⁻¹) (None for the global offset), with hyperprior Gam(``offset_prior_hyper``)
     (see :func:`offset_prior_update`).  ``thresholds`` (K − 1,): the cut points θ of ordinal
     entries (a point estimate, refitted after every sweep; None for the other likelihoods).
+    ``implicit``: the :class:`~skcep.engines.implicit.ImplicitTerm` of every mode with implicit
+    feedback (at most one per mode): entries see that mode's rows as ũ_s = u_s + z_s
+    (:meth:`factor_moments`).
     """
 
     factors: list
@@ -372,6 +380,7 @@ class CPPosterior:
     offset_priors: list = None
     offset_prior_hyper: tuple = None
     thresholds: np.ndarray = None
+    implicit: list = field(default_factory=list)
 
     @property
     def rank(self):
@@ -399,16 +408,26 @@ class CPPosterior:
         """The modes whose components λ governs: every mode but the modulating ones."""
         return [k for k in range(len(self.factors)) if k not in self.modulating_modes]
 
+    def implicit_term(self, k):
+        """The implicit term of mode k, or None."""
+        return next((t for t in self.implicit if t.mode == k), None)
+
+    def factor_moments(self, k):
+        """Mean (d_k, R) and covariance (d_k, R, R) of the rows of mode k as the entries see them:
+        those of q(u), or of ũ = u + z with implicit feedback."""
+        f, term = self.factors[k], self.implicit_term(k)
+        return (f.mean, f.cov) if term is None else effective_moments(f.mean, f.cov, term)
+
     def copy(self):
         return replace(self, factors=[f.copy() for f in self.factors], offsets=[g.copy() for g in self.offsets],
                        offset_modes=list(self.offset_modes), mode_priors=_copied(self.mode_priors),
-                       offset_priors=_copied(self.offset_priors))
+                       offset_priors=_copied(self.offset_priors), implicit=[t.copy() for t in self.implicit])
 
     def as_prior(self):
         return replace(self, factors=[f.as_prior() for f in self.factors],
                        offsets=[g.as_prior() for g in self.offsets], offset_modes=list(self.offset_modes),
                        noise_prior=self.noise, mode_priors=_copied(self.mode_priors),
-                       offset_priors=_copied(self.offset_priors))
+                       offset_priors=_copied(self.offset_priors), implicit=[t.copy() for t in self.implicit])
 
 
 def _copied(states):
@@ -621,6 +640,7 @@ def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mod
             if mode == k:
                 variance = mode_offset_variance if post.offset_priors is None else _learned_offset_variance(post, j)
                 post.offsets[j] = _concat_rows(post.offsets[j], _prior_rows(extra, 1, variance))
+    post.implicit = [grow_term(t, shape) for t in post.implicit]
     return post
 
 
@@ -937,6 +957,16 @@ def group_update(group, statistics, scale=None):
     group.set_natural(group.prior_precision + unpack(second), group.prior_shift + first)
 
 
+def implicit_group_update(group, term, statistics, scale=None):
+    """The update of a mode with implicit feedback (:func:`~skcep.engines.implicit.implicit_update`):
+    q(u_s) and q(y_m) jointly, from the entries' message in ũ_s — precision scale × Σ E[z zᵀ],
+    shift scale × Σ target E[z] (the statistics :func:`group_update` adds to the prior)."""
+    second, first = statistics.second, statistics.first
+    if scale is not None:
+        second, first = scale * second, scale * first
+    return implicit_update(group, term, _packing(group.mean.shape[1]).unpack(second), first)
+
+
 def noise_update(noise_prior, n, sum_squared_error):
     """q(τ) = Gam(a0 + n/2, b0 + ½ Σ_i E[(y_i − f_i)²]) — VMP's update (Li et al. §4.2), and the
     merged CEP τ sites a_i = ½, b_i = ½ E[(y_i − f_i)²] (§4.3)."""
@@ -1091,12 +1121,21 @@ def _cp_second_of(second, index, n_jobs=None):
 
 def _cp_mean(post, index, n_jobs=None):
     """E[1ᵀ z_i] for every entry."""
-    return _cp_mean_of([f.mean for f in post.factors], index, n_jobs)
+    return _cp_mean_of([post.factor_moments(k)[0] for k in range(len(post.factors))], index, n_jobs)
 
 
 def _cp_second(post, index, n_jobs=None):
     """E[(1ᵀ z_i)²] for every entry."""
-    return _cp_second_of([_packing(post.rank).pack(f.second_moment()) for f in post.factors], index, n_jobs)
+    return _cp_second_of(_packed_second_moments(post, _packing(post.rank)), index, n_jobs)
+
+
+def _packed_second_moments(post, packing):
+    """Packed E[u uᵀ] of every mode's rows as the entries see them (:meth:`CPPosterior.factor_moments`)."""
+    out = []
+    for k in range(len(post.factors)):
+        mean, cov = post.factor_moments(k)
+        out.append(packing.pack(cov) + packing.outer(mean))
+    return out
 
 
 def _offset_moments(post, index, skip=None):
@@ -1129,7 +1168,7 @@ def effective_rank(post, share=1e-3):
     """Number of CP components that carry signal: those whose power Π_k mean_s E[u^k_{sr}]² (the
     mean square of the rank-one term over all cells of the tensor) is at least ``share`` times
     the largest component's, and above 1e-12 (a CP part collapsed to zero has none)."""
-    power = np.prod([np.mean(f.mean**2, axis=0) for f in post.factors], axis=0)
+    power = np.prod([np.mean(post.factor_moments(k)[0] ** 2, axis=0) for k in range(len(post.factors))], axis=0)
     return int(np.count_nonzero(power >= max(share * power.max(), 1e-12)))
 
 
@@ -1208,6 +1247,17 @@ def _offset_prior_kl(post):
         return 0.0
     return sum(_learned_precision_kl(g.n_rows, *prior, *post.offset_prior_hyper)
                for g, prior in zip(post.offsets, post.offset_priors) if prior is not None)
+
+
+def _implicit_kl(post):
+    """The implicit terms' part of −ELBO: KL(q(y) ‖ N(0, E[λ]⁻¹ I)), and for a learned λ
+    ½ d R (log E[λ] − E[log λ]) + KL(q(λ) ‖ Gam(a0, b0))."""
+    total = 0.0
+    for term in post.implicit:
+        total += kl_to_prior(term)
+        if term.hyper is not None:
+            total += _learned_precision_kl(term.mean.size, *term.precision, *term.hyper)
+    return total
 
 
 class EntrySums(NamedTuple):
@@ -1300,7 +1350,7 @@ class SweepTotals:
         module function :func:`elbo`; the sums hold what it needs)."""
         post, s = self.post, self.sums
         kl = sum(f.kl_to_prior() for f in post.factors) + sum(g.kl_to_prior() for g in post.offsets)
-        kl += _component_kl(post) + _mode_prior_kl(post) + _offset_prior_kl(post)
+        kl += _component_kl(post) + _mode_prior_kl(post) + _offset_prior_kl(post) + _implicit_kl(post)
         if (likelihood or self.likelihood) in ("probit", "ordinal"):
             return float(s.log_lik - 0.5 * self.total_variance() - kl)
         a, b = post.noise
@@ -1506,12 +1556,20 @@ class _GroupSweeps:
         """Update every group in ``pending`` ((number, group, statistics)) from its statistics;
         returns their new moments as the partitions' changes (``second``: packed second moments
         of the factors, kept up to date)."""
-        K, changes = len(self.posterior.factors), []
+        post = self.posterior
+        K, changes = len(post.factors), []
         for i, group, statistics in pending:
-            group_update(group, statistics, scale)
+            term = post.implicit_term(i) if i < K else None
+            if term is None:
+                group_update(group, statistics, scale)
+            else:
+                implicit_group_update(group, term, statistics, scale)
             if i < K:
-                second[i] = packing.pack(group.second_moment())
-            changes.append((i, (group.mean, second[i]) if i < K else (group.mean, group.cov)))
+                mean, cov = post.factor_moments(i)
+                second[i] = packing.pack(cov) + packing.outer(mean)
+                changes.append((i, (mean, second[i])))
+            else:
+                changes.append((i, (group.mean, group.cov)))
         pending.clear()
         return changes
 
@@ -1526,10 +1584,10 @@ class _GroupSweeps:
         packing = _packing(post.rank)
         K = len(post.factors)
         scale = None if self.probit_cep else post.noise_precision
-        second = [packing.pack(f.second_moment()) for f in post.factors]
+        second = _packed_second_moments(post, packing)
         changes = []
         if self._first:  # the partitions' copy of q starts with every group
-            changes = [(k, (post.factors[k].mean, second[k])) for k in range(K)]
+            changes = [(k, (post.factor_moments(k)[0], second[k])) for k in range(K)]
             changes += [(K + j, (g.mean, g.cov)) for j, g in enumerate(post.offsets)]
             self._first = False
         parts.step("begin", changes, post.thresholds)
@@ -1560,6 +1618,8 @@ class _GroupSweeps:
             component_update(post)
         if update_priors:
             learned_prior_update(post)
+            for term in post.implicit:
+                implicit_prior_update(term)
         if self.likelihood == "ordinal":
             post.thresholds = _cut_points_of(parts, post.thresholds)
         return stats
@@ -1767,6 +1827,10 @@ def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedul
     post = post.copy()
     if likelihood == "ordinal" and (post.thresholds is None or np.size(post.thresholds) < 1):
         raise ValueError("Ordinal entries need the posterior's cut points (post.thresholds, at least one).")
+    if post.implicit and (schedule == "entry" or partitions is not None or (likelihood != "gaussian"
+                                                                            and method == "cep")):
+        raise ValueError("Implicit feedback takes the group schedule in memory, with VMP for probit and ordinal "
+                         "entries (method='vmp'): its update solves for every row of a mode at once.")
     if schedule == "entry":
         if likelihood == "ordinal":
             raise ValueError("The entry schedule takes Gaussian and probit entries; use schedule='group' for "
@@ -1871,6 +1935,9 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
 
     Returns the :class:`CPFitResult` with the whole new posterior, and the updated ``n_seen``.
     """
+    if post.implicit:
+        raise ValueError("Implicit feedback is fitted on all entries at once (each row's term sums over every "
+                         "object it shares an entry with); a stream cannot fold it in batch by batch.")
     full = grow_posterior(post, shape, prior_variance=prior_variance, mode_offset_variance=mode_offset_variance)
     n_seen = [np.r_[c, np.zeros(d - c.size, dtype=np.int64)] for c, d in zip(n_seen, shape)]
     rows = [np.unique(index[:, k]) for k in range(index.shape[1])]
