@@ -23,9 +23,9 @@ concave quadratic in the means, maximised jointly over (E u, E y) by the solutio
     Σ_s c_sm Λ_s (ū_s + z̄_s) + E[λ] μ_m = Σ_s c_sm h_s        (every source object m),
 
 with (P_s, p_s) the natural parameters of u_s's prior and z̄_s = Σ_m c_sm μ_m; the covariances
-are Cov u_s = (P_s + Λ_s)⁻¹ and Σ_m = (E[λ] I + Σ_s c_sm² Λ_s)⁻¹.  The system is solved by
-conjugate gradients preconditioned by these blocks (its matrix is applied through two sparse
-products with C = (c_sm), never formed).  The fixed point of mean-field coordinate ascent over
+are Cov u_s = (P_s + Λ_s)⁻¹ and Σ_m = (E[λ] I + Σ_s c_sm² Λ_s)⁻¹.  The rows are eliminated
+exactly and the system left in the μ_m is solved by preconditioned conjugate gradients (its
+matrix applied through two sparse products with C = (c_sm), never formed).  The fixed point of mean-field coordinate ascent over
 the rows and source objects of the block is this joint optimum, so the update is VMP's
 coordinate step on the block: the ELBO does not decrease.  q(λ) then takes VMP's update
 (:func:`implicit_prior_update`).
@@ -113,37 +113,45 @@ def implicit_update(rows, term, message_precision, message_shift, tol=CG_TOL, ma
     """VMP's coordinate step on q(u) of the mode's ``rows`` (mean, cov, prior_precision,
     prior_shift; updated in place) and q(y) of ``term`` (in place), given the entries' messages
     in ũ_s: ``message_precision`` Λ (d, R, R) and ``message_shift`` h (d, R) (the module
-    docstring).  Returns the number of conjugate-gradient iterations."""
+    docstring).
+
+    The rows are eliminated exactly — ū_s = (P_s + Λ_s)⁻¹(p_s + h_s − Λ_s z̄_s) — which leaves
+    (Cᵀ K C + E[λ] I) μ = Cᵀ(h − Λ_s (P_s + Λ_s)⁻¹(p_s + h_s)) with K_s = Λ_s − Λ_s (P_s + Λ_s)⁻¹ Λ_s,
+    solved by conjugate gradients from the current μ (preconditioned by the Σ_m).
+    Every iteration lowers the block's objective with ū at its optimum given μ, so stopping
+    after ``max_iter`` of them never lowers the ELBO.  Returns the number of iterations."""
     C, lam = term.weights, term.prior_precision
-    P, Lam = rows.prior_precision, message_precision
-    rank = rows.mean.shape[1]
-    u_cov = _inverse(P + Lam)
-    y_precision = (_squared_weights(term).T @ Lam.reshape(-1, rank * rank)).reshape(-1, rank, rank)
-    y_cov = _inverse(y_precision + lam * np.eye(rank))
+    Lam, rank = message_precision, rows.mean.shape[1]
+    u_cov = _inverse(rows.prior_precision + Lam)
+    gain = np.matmul(Lam, u_cov)  # Λ_s (P_s + Λ_s)⁻¹
+    K = Lam - np.matmul(gain, Lam)
+    K = 0.5 * (K + np.swapaxes(K, 1, 2))
+    squared = _squared_weights(term).T
+    y_cov = _inverse((squared @ Lam.reshape(-1, rank * rank)).reshape(-1, rank, rank) + lam * np.eye(rank))
+    precondition = y_cov  # Σ_m ⪯ the inverse diagonal blocks of the reduced matrix (K ⪯ Λ): close, and at hand
+    shift = rows.prior_shift + message_shift
 
-    def apply(u, y):
-        lw = _times(Lam, u + C @ y)
-        return _times(P, u) + lw, C.T @ lw + lam * y
+    def apply(y):
+        return C.T @ _times(K, C @ y) + lam * y
 
-    b = (rows.prior_shift + message_shift, C.T @ message_shift)
-    x = (rows.mean, term.mean)
-    r = tuple(bi - ai for bi, ai in zip(b, apply(*x)))
-    z = (_times(u_cov, r[0]), _times(y_cov, r[1]))
-    p = z
-    rz = sum(float(np.vdot(ri, zi)) for ri, zi in zip(r, z))
-    scale = np.sqrt(sum(float(np.vdot(bi, bi)) for bi in b)) or 1.0
+    b = C.T @ (message_shift - _times(gain, shift))
+    y = term.mean
+    r = b - apply(y)
+    z = _times(precondition, r)
+    p, rz = z, float(np.vdot(r, z))
+    scale = np.sqrt(float(np.vdot(b, b))) or 1.0
     n_iter = 0
-    while n_iter < max_iter and np.sqrt(sum(float(np.vdot(ri, ri)) for ri in r)) > tol * scale:
-        q = apply(*p)
-        alpha = rz / sum(float(np.vdot(pi, qi)) for pi, qi in zip(p, q))
-        x = tuple(xi + alpha * pi for xi, pi in zip(x, p))
-        r = tuple(ri - alpha * qi for ri, qi in zip(r, q))
-        z = (_times(u_cov, r[0]), _times(y_cov, r[1]))
-        rz, rz_old = sum(float(np.vdot(ri, zi)) for ri, zi in zip(r, z)), rz
-        p = tuple(zi + (rz / rz_old) * pi for zi, pi in zip(z, p))
+    while n_iter < max_iter and np.sqrt(float(np.vdot(r, r))) > tol * scale:
+        q = apply(p)
+        alpha = rz / float(np.vdot(p, q))
+        y = y + alpha * p
+        r = r - alpha * q
+        z = _times(precondition, r)
+        rz, rz_old = float(np.vdot(r, z)), rz
+        p = z + (rz / rz_old) * p
         n_iter += 1
-    rows.mean, rows.cov = x[0], u_cov
-    term.mean, term.cov = x[1], y_cov
+    rows.mean, rows.cov = _times(u_cov, shift - _times(Lam, C @ y)), u_cov
+    term.mean, term.cov = y, y_cov
     return n_iter
 
 
