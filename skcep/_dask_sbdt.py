@@ -4,7 +4,8 @@ Streaming Bayesian deep tensor factorization (Fang, Wang, Pan, Liu and Zhe, "Str
 Deep Tensor Factorization", ICML 2021, Algorithm 1) is assumed density filtering: each entry's
 update changes the weights the next entry sees, so a fit is a sequence.  :func:`fit_stream`
 runs it as a chain of tasks (:func:`skcep._dask.partial_fit_chunks` with its own step): the
-posterior — O(weights + embeddings), never O(entries) — travels from task to task while every
+posterior — O(weights + embeddings), never O(entries), but for the sets N(s) of
+``implicit_modes`` (one index per distinct pair seen) — travels from task to task while every
 chunk of entries stays where it is.
 """
 

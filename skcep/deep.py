@@ -40,7 +40,8 @@ class StreamingDeepTensor(TensorEstimator):
     two cut points) updates every weight and the entry's embeddings by moment matching
     (eq. 7), and q(τ) by conditional moment matching (a += ½, b += ½((y − α)² + β),
     supplement §1).  After every batch an EP step refines each weight's spike-and-slab
-    approximation (supplement eqs. 5–9).
+    approximation (supplement eqs. 5–9).  With ``implicit_modes`` the input of a mode also
+    carries the objects its rows were seen with (SVD++, beyond the paper).
 
     Parameters
     ----------
@@ -62,6 +63,18 @@ class StreamingDeepTensor(TensorEstimator):
         entries have no global offset (the cut points carry the location; ``fit_intercept``,
         ``intercept_prior_variance`` and ``normalize_y`` are ignored) and are labels of any
         sortable numeric levels (``classes_``, e.g. half stars 0.5 … 5.0).
+    implicit_modes : dict or None, default=None
+        Implicit feedback (SVD++; Koren, "Factorization meets the neighborhood", KDD 2008,
+        eq. 15): ``{k: j}`` makes the network input of row s of mode k
+        ũ_s = u_s + |N(s)|^(−1/2) Σ_{m∈N(s)} y_m, with a learned vector y_m ~ N(0, I) per mode-j
+        object (fully factorized Gaussian q, like the embeddings), so that which items a user
+        rated informs their input (``{0: 1, 1: 0}`` for users × items: each side from the
+        other).  N(s) is built by the stream: the distinct mode-j objects seen with s in the
+        entries absorbed so far, an entry's own pair joining just before it is absorbed; it
+        persists across ``partial_fit`` calls, and predictions use N(s) of every entry absorbed
+        (unseen rows: no implicit part).  The delta method reads E ũ = E u + c Σ E y and
+        Var ũ = Var u + c² Σ Var y, and eq. 7 moves u with the input's gradient g and every
+        y_m of N(s) with c·g: O(|N(s)| r) per entry.  None: no implicit feedback (the paper).
     ordinal_prediction : {"mean", "mode"}, default="mean"
         What ``predict`` returns for ordinal entries: the expected level value
         Σ_k P(level k)·level_k (the RMSE-optimal choice) or the most probable level.
@@ -142,6 +155,9 @@ class StreamingDeepTensor(TensorEstimator):
         Entries processed since the last ``fit`` (or the first ``partial_fit``).
     shape_ : tuple of int
         Shape of the fitted tensor.
+    implicit_factors_, implicit_factor_variances_ : dict
+        ``{k: (d_j, r_k) ndarray}``: posterior means and variances of the implicit vectors y of
+        every mode k of ``implicit_modes`` (empty without).
     thresholds_ : ndarray of shape (n_levels − 1,) or None
         The cut points θ of the latent f between consecutive levels (ordinal; else None).
     classes_ : ndarray of shape (2,) or (n_levels,)
@@ -171,6 +187,7 @@ class StreamingDeepTensor(TensorEstimator):
         "hidden_layer_sizes": [tuple, list],
         "activation": [StrOptions({"relu", "tanh"})],
         "likelihood": [StrOptions({"gaussian", "probit", "ordinal"})],
+        "implicit_modes": [None, dict],
         "ordinal_prediction": [StrOptions({"mean", "mode"})],
         "spike_prob": [Interval(Real, 0, 1, closed="neither")],
         "slab_variance": [Interval(Real, 0, None, closed="neither")],
@@ -187,16 +204,16 @@ class StreamingDeepTensor(TensorEstimator):
         **COMMON_CONSTRAINTS,
     }
     _structural_params = ("rank", "hidden_layer_sizes", "activation", "likelihood", "normalize_y", "fit_intercept",
-                          "shape")
+                          "shape", "implicit_modes")
     _dask_fit = fit_stream
 
     def __init__(self, rank=8, *, hidden_layer_sizes=(50, 50), activation="relu", likelihood="gaussian",
-                 ordinal_prediction="mean", spike_prob=0.5, slab_variance=1.0, damping=0.03, noise_prior=(1.0, 1.0),
+                 implicit_modes=None, ordinal_prediction="mean", spike_prob=0.5, slab_variance=1.0, damping=0.03, noise_prior=(1.0, 1.0),
                  normalize_y=True, fit_intercept=True, intercept_prior_variance=100.0, batch_size=256, shuffle=True,
                  init_scale=0.0, shape=None, n_jobs=None, verbose=0, random_state=None):
         self.rank, self.hidden_layer_sizes, self.activation = rank, hidden_layer_sizes, activation
         self.likelihood, self.spike_prob, self.slab_variance = likelihood, spike_prob, slab_variance
-        self.ordinal_prediction = ordinal_prediction
+        self.ordinal_prediction, self.implicit_modes = ordinal_prediction, implicit_modes
         self.damping, self.noise_prior, self.fit_intercept = damping, noise_prior, fit_intercept
         self.normalize_y = normalize_y
         self.intercept_prior_variance = intercept_prior_variance
@@ -244,13 +261,25 @@ class StreamingDeepTensor(TensorEstimator):
         return (self.rank,) * n_modes if isinstance(self.rank, Integral) else tuple(self.rank)
 
     def _bytes_per_object(self, n_modes):
-        """Bytes of fitted state per object of each mode: its embedding's means and variances."""
-        return [16 * r for r in self._ranks(n_modes)]
+        """Bytes of fitted state per object of each mode: its embedding's means and variances,
+        and with ``implicit_modes`` {k: j} those of y^k (mode j) and N(s)'s table (mode k)."""
+        ranks = self._ranks(n_modes)
+        size = [16 * r for r in ranks]
+        for k, j in (self.implicit_modes or {}).items():
+            if 0 <= j < n_modes and 0 <= k < n_modes:
+                size[j] += 16 * ranks[k]
+                size[k] += 24
+        return size
 
     def _check_params(self, n_modes):
         """Check the parameters that need the number of modes; the fixed shape or None."""
         _check_noise_prior(self.noise_prior)
         _check_positive_ints(self.hidden_layer_sizes, "hidden_layer_sizes", allow_empty=True)
+        if self.implicit_modes and not all(
+                isinstance(k, Integral) and isinstance(j, Integral) and k != j and 0 <= k < n_modes and 0 <= j < n_modes
+                for k, j in self.implicit_modes.items()):
+            raise ValueError("implicit_modes maps a mode to another mode of X, {k: j} with integers k != j in "
+                             f"0..{n_modes - 1}; got {self.implicit_modes!r}.")
         if not isinstance(self.rank, Integral):
             ranks = _check_positive_ints(self.rank, "rank")
             if len(ranks) != n_modes:
@@ -271,6 +300,7 @@ class StreamingDeepTensor(TensorEstimator):
             slab_variance=self.slab_variance, noise_prior=self.noise_prior if gaussian else None,
             rng=rng, init_scale=self.init_scale,
             intercept_variance=self.intercept_prior_variance if offset else 0.0,
+            implicit_modes={int(k): int(j) for k, j in (self.implicit_modes or {}).items()},
         )
 
     def _fold(self, post, X, y, progress, weight=None):
@@ -381,6 +411,10 @@ class StreamingDeepTensor(TensorEstimator):
         if self.likelihood == "gaussian":
             self.noise_precision_ = float(post.noise_precision) / self.y_scale_ ** 2
         self.thresholds_ = None if post.thresholds is None else post.thresholds.copy()
+        implicit = [] if post.implicit is None else list(post.implicit.modes)
+        factors = [post.implicit.factors(t) for t in range(len(implicit))]
+        self.implicit_factors_ = {k: f[0] for k, f in zip(implicit, factors)}
+        self.implicit_factor_variances_ = {k: f[1] for k, f in zip(implicit, factors)}
         self.n_seen_ = int(post.n_seen)
 
     def _latent_moments(self, X):

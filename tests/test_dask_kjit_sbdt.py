@@ -154,6 +154,21 @@ def test_sbdt_fit_on_one_chunk_is_numpy_fit(on_cluster, likelihood):
         assert (spread.y_offset_, spread.y_scale_) == (local.y_offset_, local.y_scale_)
 
 
+def test_sbdt_fit_with_implicit_modes_on_chunks_continues_numpy_fit_chunk_by_chunk(on_cluster):
+    """N(s) travels with the posterior from chunk to chunk."""
+    X, y = tensor(seed=3)
+    options = dict(SBDT, implicit_modes={0: 1, 1: 0})
+    spread = StreamingDeepTensor(**options).fit(*chunked(X, y, 1200))
+    local = StreamingDeepTensor(**options)
+    checked_X, checked_y, shape = local._prepare(X, y, first_call=True)
+    local._start(X.shape[1], shape)
+    for start in range(0, len(X), 1200):
+        local._stream(checked_X[start:start + 1200], checked_y[start:start + 1200])
+    assert_same_posterior(spread, local, X)
+    for k in (0, 1):
+        np.testing.assert_array_equal(spread.implicit_factors_[k], local.implicit_factors_[k])
+
+
 @pytest.mark.parametrize("likelihood, shuffle",
                          [("gaussian", True), ("probit", True), ("ordinal", True), ("gaussian", False)])
 def test_sbdt_fit_on_chunks_continues_numpy_fit_chunk_by_chunk(on_cluster, likelihood, shuffle):

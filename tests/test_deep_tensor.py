@@ -43,7 +43,8 @@ def binary_tensor(shape=(12, 10, 5), n=600, seed=1):
 # check_estimator at the default parameters; the checks that cannot hold, each with its reason,
 # are the estimator's own (StreamingDeepTensor._expected_failed_checks).
 @parametrize_with_checks(
-    [StreamingDeepTensor(), StreamingDeepTensor(likelihood="probit"), StreamingDeepTensor(likelihood="ordinal")],
+    [StreamingDeepTensor(), StreamingDeepTensor(likelihood="probit"), StreamingDeepTensor(likelihood="ordinal"),
+     StreamingDeepTensor(implicit_modes={0: 1, 1: 0})],
     expected_failed_checks=lambda est: est._expected_failed_checks(),
     xfail_strict=True,
 )
@@ -400,6 +401,7 @@ def test_invalid_parameters(params, match):
     ("likelihood", "probit"),
     ("fit_intercept", False),
     ("shape", (9, 9, 9)),
+    ("implicit_modes", {0: 1}),
 ])
 def test_changing_a_structural_parameter_between_partial_fit_calls_is_an_error(name, value):
     est, X, y = fitted()

@@ -24,6 +24,13 @@ layout and receives g = ∂f/∂(W, x, b).  The buffers: ``h`` holds h̃_m = [h_
 for m = 0, …, M − 1, one after the other; ``deriv`` holds act'(a_m)/√(V_m + 1) per hidden
 layer; ``delta`` and ``back`` hold at least max V_m values each.
 
+Implicit feedback (SVD++, Koren 2008, eq. 15; :class:`skcep.engines.deep.ImplicitFeedback`): for
+a term (k, j) the network input of mode k is ũ_s = u_s + c_s Σ_{m∈N(s)} y_m, c_s = |N(s)|^(−1/2).
+``implicit`` (2, S) holds the means and variances of every y (term t's y_m at column
+``terms[t, 2]`` + m r_k); the set N(s) of row s is ``pool[first : first + count]`` with
+(first, count) = ``table[:2, terms[t, 3] + s]``, the caller having reserved room for the batch's
+new members (``table[2]``).
+
 Reductions (the forward pass's dot products and β) are compiled with reassociation allowed, so
 they are vectorised; their sums therefore differ from a sequential (or BLAS) order by rounding.
 """
@@ -46,6 +53,9 @@ __all__ = [
     "moment_update",
     "power_step",
     "noise_update",
+    "add_neighbour",
+    "implicit_inputs",
+    "implicit_update",
     "adf_loop",
     "workspace_buffers",
 ]
@@ -364,8 +374,63 @@ def noise_update(a, b, y, alpha, beta, weight=1.0):
 
 
 @njit(cache=True)
+def add_neighbour(table, pool, row, m):
+    """N(s) ← N(s) ∪ {m} for the list of ``row`` (one scan of N(s); room reserved by the
+    caller).  Returns |N(s)|."""
+    first = table[0, row]
+    count = table[1, row]
+    for i in range(count):
+        if pool[first + i] == m:
+            return count
+    pool[first + count] = m
+    table[1, row] = count + 1
+    return count + 1
+
+
+@njit(cache=True, fastmath=_REDUCE)
+def implicit_inputs(mean, var, implicit, neighbours, column, rank, slot):
+    """The implicit part of one input (Koren 2008, eq. 15, in moments): adds c Σ_m E y_m to
+    ``mean[slot:slot + rank]`` and c² Σ_m Var y_m to ``var[...]``, c = |N(s)|^(−1/2), over the
+    objects m of ``neighbours`` (y_m at ``implicit[:, column + m·rank]``)."""
+    c = 1.0 / math.sqrt(neighbours.size)
+    for i in range(neighbours.size):
+        p = column + neighbours[i] * rank
+        for t in range(rank):
+            mean[slot + t] += c * implicit[0, p + t]
+            var[slot + t] += (c * c) * implicit[1, p + t]
+
+
+@njit(cache=True)
+def implicit_update(implicit, neighbours, column, rank, g, cg, beta, d_alpha, kappa):
+    """Eq. 7 for every y_m of N(s): ∂ũ/∂y_m = c I, so y_m moves with gradient c g
+    (:func:`moment_update`), g the gradient of the input ũ_s; ``cg`` a buffer of ``rank``."""
+    c = 1.0 / math.sqrt(neighbours.size)
+    for t in range(rank):
+        cg[t] = c * g[t]
+    for i in range(neighbours.size):
+        p = column + neighbours[i] * rank
+        moment_update(implicit[0, p:p + rank], implicit[1, p:p + rank], cg[:rank], beta, d_alpha, kappa)
+
+
+@njit(cache=True)
+def _inputs(mean, var, rows, starts, n, ranks, P, store):
+    """Entry n's embeddings into the input slots (``store`` False) or back (True)."""
+    pos = P
+    for k in range(ranks.size):
+        s = starts[n, k]
+        for t in range(ranks[k]):
+            if store:
+                rows[0, s + t] = mean[pos + t]
+                rows[1, s + t] = var[pos + t]
+            else:
+                mean[pos + t] = rows[0, s + t]
+                var[pos + t] = rows[1, s + t]
+        pos += ranks[k]
+
+
+@njit(cache=True)
 def adf_loop(mean, var, rows, starts, ranks, y, weight, likelihood, cut, relu, sizes, noise, grad, h, deriv, delta,
-             back, out):
+             back, out, index, terms, implicit, table, pool):
     """Alg. 1 lines 4–8 for every entry of a batch, in order, in place: the entry's embeddings
     (means and variances) into the input slots, the delta method, the evidence derivatives
     (for the entry's ``weight``: :func:`power_step`), the noise update (``GAUSSIAN``), eq. 7 for
@@ -378,19 +443,30 @@ def adf_loop(mean, var, rows, starts, ranks, y, weight, likelihood, cut, relu, s
     with their infinite ends (fixed during the batch; any array otherwise).  ``noise`` = (a, b)
     of q(τ) (ignored unless Gaussian); returns its update.  ``out`` (3, n) receives α, β and
     the noise variance b/a each entry was absorbed with (for log Z).
+
+    Implicit feedback (module docstring): ``terms`` (T, 4) holds k, j, the first column of the
+    y^k in ``implicit`` and the first row of mode k in ``table``; ``index`` (n, K) the entries.
+    Per entry and term, the pair (s, m) = (index[n, k], index[n, j]) joins N(s)
+    (:func:`add_neighbour`), the delta method reads ũ_s (:func:`implicit_inputs`), eq. 7 moves
+    u_s with g and every y of N(s) with c g (:func:`implicit_update`).  T = 0: the plain loop.
     """
     a_tau, b_tau = noise
     P = mean.size - 1 - sizes[0]
+    slot = np.zeros(ranks.size, dtype=np.int64)  # input offset of each mode
+    for k in range(1, ranks.size):
+        slot[k] = slot[k - 1] + ranks[k - 1]
+    cg = np.empty(sizes[0])
     noise_variance = 0.0
     for n in range(starts.shape[0]):
-        pos = P
-        for k in range(ranks.size):
-            s = starts[n, k]
-            for t in range(ranks[k]):
-                mean[pos + t] = rows[0, s + t]
-                var[pos + t] = rows[1, s + t]
-            pos += ranks[k]
+        _inputs(mean, var, rows, starts, n, ranks, P, False)
+        for t in range(terms.shape[0]):
+            k, row = terms[t, 0], terms[t, 3] + index[n, terms[t, 0]]
+            count = add_neighbour(table, pool, row, index[n, terms[t, 1]])
+            first = table[0, row]
+            implicit_inputs(mean, var, implicit, pool[first:first + count], terms[t, 2], ranks[k], P + slot[k])
         alpha, beta = delta_method(mean, var, grad, sizes, relu, h, deriv, delta, back)
+        if terms.shape[0]:  # u_s back into the slots: eq. 7 moves u_s with g
+            _inputs(mean, var, rows, starts, n, ranks, P, False)
         yn = y[n]
         wn = weight[n]
         if likelihood == GAUSSIAN:
@@ -400,13 +476,12 @@ def adf_loop(mean, var, rows, starts, ranks, y, weight, likelihood, cut, relu, s
             a_tau, b_tau = noise_update(a_tau, b_tau, yn, alpha, beta, wn)
         d_alpha, kappa = power_step(d_alpha, kappa, beta, wn)
         moment_update(mean, var, grad, beta, d_alpha, kappa)
-        pos = P
-        for k in range(ranks.size):
-            s = starts[n, k]
-            for t in range(ranks[k]):
-                rows[0, s + t] = mean[pos + t]
-                rows[1, s + t] = var[pos + t]
-            pos += ranks[k]
+        for t in range(terms.shape[0]):
+            k, row = terms[t, 0], terms[t, 3] + index[n, terms[t, 0]]
+            first = table[0, row]
+            implicit_update(implicit, pool[first:first + table[1, row]], terms[t, 2], ranks[k],
+                            grad[P + slot[k]:P + slot[k] + ranks[k]], cg, beta, d_alpha, kappa)
+        _inputs(mean, var, rows, starts, n, ranks, P, True)
         out[0, n] = alpha
         out[1, n] = beta
         out[2, n] = noise_variance

@@ -21,6 +21,14 @@ through an approximating term A(w, s) = Bern(s | c(ρ_A)) N(w | μ_A, v_A) (eq. 
 natural parameters (``site_precision`` = 1/v_A, ``site_shift`` = μ_A/v_A, ``site_logit`` = ρ_A),
 so that q's inclusion log-odds are logit(ρ0) + ρ_A.
 
+Implicit feedback (beyond the paper; SVD++, Koren, "Factorization meets the neighborhood", KDD
+2008, eq. 15), for every term (k, j): the network input of mode k is ũ_s = u_s + c_s Σ_{m∈N(s)} y_m,
+c_s = |N(s)|^(−1/2), N(s) the distinct mode-j objects seen with s so far in the stream (an entry's
+own pair joins before it is absorbed, as SVD++ counts the rated item), y_m ~ N(0, I) with a fully
+factorized Gaussian q like the embeddings (:class:`ImplicitFeedback`).  The delta method reads
+E ũ = E u + c Σ E y and Var ũ = Var u + c² Σ Var y; eq. 7 moves u with the input's gradient g and
+every y_m of N(s) with c g, at O(|N(s)| r) per entry.
+
 Ordinal entries (beyond the paper) are absorbed by the same ADF step: their running evidence
 is eq. 10 with the level's two cut points, Z = Φ(b) − Φ(a), a = (θ_{y−1} − α)/√(1+β),
 b = (θ_y − α)/√(1+β) (:mod:`skcep.engines.ordinal`; for K = 2 it is the probit's with the
@@ -64,6 +72,9 @@ The per-entry equations are compiled functions of :mod:`skcep.engines._deep_kern
 * the ordinal cut points: :func:`initial_thresholds` (first batch), :func:`update_thresholds`;
 * supplement eqs. 5–9, the spike-and-slab EP step: :func:`spike_slab_tilted` and
   :func:`refine_spike_slab` (cavity and damping by :mod:`skcep.engines.gaussian`);
+* implicit feedback: N(s) and ũ_s in the loop (:func:`~skcep.engines._deep_kernel.add_neighbour`,
+  :func:`~skcep.engines._deep_kernel.implicit_inputs`), eq. 7 for the y
+  (:func:`~skcep.engines._deep_kernel.implicit_update`); the state :class:`ImplicitFeedback`;
 * prediction: :func:`delta_moments` (eqs. 8–9 vectorised over entries), :func:`predict_moments`.
 
 Speed: the per-entry loop is sequential, and as numpy calls (about 25 per entry) its speed was
@@ -72,13 +83,16 @@ set by the interpreter; it is compiled with numba (a run-time dependency for thi
 weight means and variances live in one contiguous (2, P + V_0 + 1) array (layer matrices are
 views of it) that also holds the entry's input embeddings and the offset, so eq. 7 is one loop
 over that array; the embeddings a batch touches are gathered into one array before the loop
-and scattered back after it (:func:`adf_pass`).
+and scattered back after it (:func:`adf_pass`).  Implicit vectors stay where they are (one flat
+array that the loop indexes through the lists N(s)), and N(s) grows inside the loop: per batch,
+Python only reserves room in the lists the batch touches (:func:`reserve_neighbours`).
 """
 
 import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 from scipy.special import expit, logit
 from scipy.stats import truncnorm
 
@@ -91,7 +105,9 @@ from .ordinal import OrderedProbit, fit_thresholds
 __all__ = [
     "ACTIVATIONS",
     "DeepPosterior",
+    "ImplicitFeedback",
     "init_posterior",
+    "new_implicit",
     "grow_posterior",
     "entry_inputs",
     "Workspace",
@@ -123,6 +139,128 @@ _TINY_VAR = np.finfo(float).tiny / np.finfo(float).eps
 # the posterior
 
 
+def _ranges(starts, lengths):
+    """The concatenation of arange(s, s + l) over (starts, lengths)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    return np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
+
+
+@dataclass
+class ImplicitFeedback:
+    """The implicit terms (k, j) of a stream: ũ^k_s = u^k_s + c_s Σ_{m∈N(s)} y^k_m (module docstring).
+
+    ``terms`` (T, 4) int64: k, j, the first column of the y^k in ``y`` and the first row of mode
+    k in ``table``.  ``y`` (2, Σ_t d_j r_k): means and variances of every y^k_m (term after term,
+    object after object).  ``table`` (3, Σ_t d_k) int64: first, count |N(s)| and capacity of
+    every row's list in ``pool`` (int64, ``pool[:used]`` in use); a list that outgrows its room
+    moves to the end with twice the room (:func:`reserve_neighbours`), so N(s) grows in
+    amortised O(1) per new pair and the order of its members is the order they joined.
+    """
+
+    terms: np.ndarray
+    shape: tuple
+    ranks: tuple
+    y: np.ndarray
+    table: np.ndarray
+    pool: np.ndarray
+    used: int = 0
+
+    @property
+    def modes(self):
+        """{k: j}."""
+        return {int(k): int(j) for k, j, _, _ in self.terms}
+
+    @property
+    def term_of(self):
+        """{k: t}: the term whose implicit part mode k's input takes."""
+        return {int(k): t for t, k in enumerate(self.terms[:, 0])}
+
+    def factors(self, t):
+        """(2, d_j, r_k) view of the means and variances of term t's vectors y."""
+        k, j, column, _ = (int(v) for v in self.terms[t])
+        d, r = self.shape[j], self.ranks[k]
+        return self.y[:, column:column + d * r].reshape(2, d, r)
+
+    def neighbours(self, t, s):
+        """N(s) of term t, in the order its members joined."""
+        first, count = self.table[:2, self.terms[t, 3] + s]
+        return self.pool[first:first + count]
+
+    def sums(self, t, rows):
+        """c_s Σ_{m∈N(s)} E y_m and c_s² Σ Var y_m of term t for the mode-k ``rows`` (zero for a
+        row without neighbours), each (rows, r_k)."""
+        first, count = self.table[:2, self.terms[t, 3] + np.asarray(rows, dtype=np.int64)]
+        factors = self.factors(t)
+        c = 1.0 / np.sqrt(np.maximum(count, 1))
+        C = sp.csr_matrix((np.repeat(c, count), self.pool[_ranges(first, count)], np.r_[0, np.cumsum(count)]),
+                          shape=(count.size, factors.shape[1]))
+        C2 = sp.csr_matrix((C.data * C.data, C.indices, C.indptr), shape=C.shape)
+        return C @ factors[0], C2 @ factors[1]
+
+    def copy(self):
+        return ImplicitFeedback(self.terms, self.shape, self.ranks, self.y.copy(), self.table.copy(),
+                                self.pool[:self.used].copy(), self.used)
+
+
+def new_implicit(shape, ranks, modes):
+    """The implicit terms ``modes`` {k: j} of a tensor of ``shape``: every y at its prior N(0, I),
+    every N(s) empty (None without terms)."""
+    if not modes:
+        return None
+    terms, column, row = [], 0, 0
+    for k, j in sorted(modes.items()):
+        terms.append((k, j, column, row))
+        column += shape[j] * ranks[k]
+        row += shape[k]
+    y = np.ones((2, column))
+    y[0] = 0.0
+    return ImplicitFeedback(np.array(terms, dtype=np.int64).reshape(-1, 4), tuple(shape), tuple(ranks), y,
+                            np.zeros((3, row), dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+_NO_IMPLICIT = ImplicitFeedback(np.zeros((0, 4), dtype=np.int64), (), (), np.zeros((2, 0)),
+                                np.zeros((3, 0), dtype=np.int64), np.zeros(0, dtype=np.int64))  # the loop's T = 0
+
+
+def grow_implicit(state, shape):
+    """``state`` for the tensor grown to ``shape``: new objects' y at the prior, new rows' N(s)
+    empty (a new state; ``state`` itself when nothing grew)."""
+    if state is None or tuple(shape) == state.shape:
+        return state
+    grown = new_implicit(shape, state.ranks, state.modes)
+    for t, (k, _, _, row) in enumerate(state.terms):
+        old = state.factors(t)
+        grown.factors(t)[:, :old.shape[1]] = old
+        start = grown.terms[t, 3]
+        grown.table[:, start:start + state.shape[k]] = state.table[:, row:row + state.shape[k]]
+    grown.pool, grown.used = state.pool, state.used
+    return grown
+
+
+def reserve_neighbours(state, X):
+    """Room in every list N(s) for the entries X (n, K) to add one member each, in place: a list
+    without it moves to the end of the pool with max(twice its room, what it needs)."""
+    if state is None or not X.shape[0]:
+        return
+    table = state.table
+    rows, counts = np.unique(np.concatenate([start + X[:, k] for k, _, _, start in state.terms]), return_counts=True)
+    need = table[1, rows] + counts
+    short = need > table[2, rows]
+    if not short.any():
+        return
+    rows, need = rows[short], need[short]
+    room = np.maximum(need, 2 * table[2, rows])
+    first = state.used + np.cumsum(room) - room
+    end = state.used + int(room.sum())
+    if end > state.pool.size:
+        state.pool = np.concatenate([state.pool[:state.used], np.empty(max(end, 2 * state.used) - state.used, dtype=np.int64)])
+    count = table[1, rows]
+    state.pool[_ranges(first, count)] = state.pool[_ranges(table[0, rows], count)]
+    table[0, rows], table[2, rows] = first, room
+    state.used = end
+
+
 @dataclass
 class DeepPosterior:
     """Factorized posterior of SBDT.
@@ -136,6 +274,7 @@ class DeepPosterior:
     entries seen (ADF's estimate of log p(y_1, …, y_n)).  ``thresholds`` (K − 1,): the ordinal
     cut points θ_0 < … < θ_{K−2} (point estimates; None otherwise or before the first batch),
     ``threshold_weight`` the entries' total weight behind them (:func:`update_thresholds`).
+    ``implicit``: the implicit terms (:class:`ImplicitFeedback`; None without).
     """
 
     layer_sizes: tuple  # (V_0, V_1, …, V_M = 1)
@@ -155,6 +294,7 @@ class DeepPosterior:
     log_evidence: float = 0.0
     thresholds: np.ndarray = None
     threshold_weight: float = 0.0
+    implicit: ImplicitFeedback = None
 
     @property
     def mean(self):
@@ -215,6 +355,7 @@ class DeepPosterior:
             self.prior_logit, self.slab_variance, [e.copy() for e in self.emb],
             self.noise, self.n_seen, self.n_skipped, self.n_batches, self.log_evidence,
             None if self.thresholds is None else self.thresholds.copy(), self.threshold_weight,
+            None if self.implicit is None else self.implicit.copy(),
         )
 
 
@@ -226,7 +367,7 @@ def _new_embeddings(d, r, rng, scale):
 
 
 def init_posterior(shape, ranks, hidden_layer_sizes, activation, *, spike_prob, slab_variance,
-                   noise_prior, rng, init_scale=0.0, intercept_variance=0.0):
+                   noise_prior, rng, init_scale=0.0, intercept_variance=0.0, implicit_modes=None):
     """The start of Alg. 1 (line 1): the spike-and-slab term A initialised as in the paper's
     §4.2 and multiplied with the other priors.
 
@@ -236,6 +377,7 @@ def init_posterior(shape, ranks, hidden_layer_sizes, activation, *, spike_prob, 
     their working means are drawn from N(0, init_scale²) instead.  The global offset starts at
     N(0, ``intercept_variance``) (0: no offset, the paper's model).  ``rng`` (a numpy
     ``RandomState`` or ``Generator``) draws the weight means first, then the embeddings.
+    ``implicit_modes`` {k: j}: implicit terms, every y at its prior (:func:`new_implicit`).
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}.")
@@ -256,25 +398,29 @@ def init_posterior(shape, ranks, hidden_layer_sizes, activation, *, spike_prob, 
         site_logit=np.zeros(n_weights), prior_logit=float(logit(spike_prob)),
         slab_variance=float(slab_variance), emb=emb,
         noise=None if noise_prior is None else (float(noise_prior[0]), float(noise_prior[1])),
+        implicit=new_implicit(shape, ranks, implicit_modes),
     )
 
 
 def grow_posterior(post, shape, rng, init_scale=0.0):
     """New rows (objects beyond the current shape) start at the prior N(0, I) (or at random
-    working means N(0, init_scale²) with ``init_scale`` > 0, drawn from ``rng``).  Returns
-    ``post`` itself, modified."""
+    working means N(0, init_scale²) with ``init_scale`` > 0, drawn from ``rng``), new implicit
+    vectors at theirs, new rows with N(s) empty.  Returns ``post`` itself, modified."""
     for k, d in enumerate(shape):
         old = post.emb[k].shape[1]
         if d > old:
             new = _new_embeddings(d - old, post.ranks[k], rng, init_scale)
             post.emb[k] = np.concatenate([post.emb[k], new], axis=1)
+    post.implicit = grow_implicit(post.implicit, post.shape)
     return post
 
 
 def entry_inputs(post, X):
-    """Means and variances of the network inputs x_i, each (n, V_0); indices beyond the
-    fitted shape use the prior N(0, I)."""
+    """Means and variances of the network inputs x_i, each (n, V_0), with the implicit parts
+    of N(s) as absorbed (E ũ = E u + c Σ E y, Var ũ = Var u + c² Σ Var y); indices beyond the
+    fitted shape use the prior N(0, I) and have no implicit part."""
     parts_mean, parts_var = [], []
+    term_of = {} if post.implicit is None else post.implicit.term_of
     for k, e in enumerate(post.emb):
         idx = X[:, k]
         seen = idx < e.shape[1]
@@ -282,6 +428,11 @@ def entry_inputs(post, X):
         pv = np.ones((idx.size, e.shape[2]))
         pm[seen] = e[0][idx[seen]]
         pv[seen] = e[1][idx[seen]]
+        if k in term_of:
+            rows, inverse = np.unique(idx[seen], return_inverse=True)
+            z_mean, z_var = post.implicit.sums(term_of[k], rows)
+            pm[seen] += z_mean[inverse.reshape(-1)]
+            pv[seen] += z_var[inverse.reshape(-1)]
         parts_mean.append(pm)
         parts_var.append(pv)
     return np.hstack(parts_mean), np.hstack(parts_var)
@@ -458,7 +609,8 @@ def adf_pass(post, X, y, likelihood, weight=None, return_moments=False):
     Per entry (:func:`~skcep.engines._deep_kernel.adf_loop`, one compiled call for the batch):
     its embeddings into the input slots, the delta method, the evidence derivatives, the noise
     update (Gaussian), eq. 7 for every weight, the entry's embeddings and the offset, and the
-    embeddings back.  The entries' log Z are added to ``post.log_evidence`` after the loop
+    embeddings back.  With implicit terms, the entry's pairs join N(s) first (room reserved by
+    :func:`reserve_neighbours`) and eq. 7 also moves every y of N(s) (module docstring).  The entries' log Z are added to ``post.log_evidence`` after the loop
     (vectorised, from the recorded α, β and noise variances).  Ordinal entries are absorbed at
     the posterior's cut points ``post.thresholds``, fixed during the pass.
 
@@ -490,6 +642,8 @@ def adf_pass(post, X, y, likelihood, weight=None, return_moments=False):
         if n and (y.min() < 0 or y.max() > post.thresholds.size or np.any(y != np.round(y))):
             raise ValueError(f"ordinal entries need level indices 0..{post.thresholds.size}")
     rows, starts, touched = _gather_rows(post, X)
+    implicit = post.implicit if post.implicit is not None else _NO_IMPLICIT
+    reserve_neighbours(post.implicit, X)
     ws = Workspace(post)
     gaussian = likelihood == "gaussian"
     noise = (float(post.noise[0]), float(post.noise[1])) if gaussian else (1.0, 1.0)
@@ -497,7 +651,8 @@ def adf_pass(post, X, y, likelihood, weight=None, return_moments=False):
     weights = np.ones(n) if weight is None else np.require(weight, dtype=float, requirements=["C"]).reshape(-1)
     noise = adf_loop(ws.mean, ws.var, rows, starts, np.asarray(post.ranks, dtype=np.int64), y, weights,
                      LIKELIHOODS[likelihood], cut if ordinal else _NO_CUT, ws.relu, ws.sizes, noise, ws.grad, ws.h,
-                     ws.deriv, ws.delta, ws.back, moments)
+                     ws.deriv, ws.delta, ws.back, moments, np.asarray(X, dtype=np.int64), implicit.terms, implicit.y,
+                     implicit.table, implicit.pool)
     offset = 0
     for e, objects in zip(post.emb, touched):  # the updated embeddings back
         width = objects.size * e.shape[2]
@@ -617,7 +772,7 @@ def fold_batch(post, X, y, likelihood, damping, weight=None):
 
 def fold_summary(before, after):
     """What one :func:`fold_batch` did, for progress lines: the largest change of a posterior
-    mean (weights, offset, embeddings) in posterior standard deviations, and the mean log
+    mean (weights, offset, embeddings, implicit vectors) in posterior standard deviations, and the mean log
     evidence of the batch's entries.  ``before`` is a copy of the posterior taken just before
     the fold (same shape)."""
     P = after.n_weights
@@ -625,6 +780,8 @@ def fold_summary(before, after):
     if after.theta[1, -1] > 0:
         parts.append((before.theta[0, -1:], after.theta[0, -1:], after.theta[1, -1:]))
     parts += [(old[0], new[0], new[1]) for old, new in zip(before.emb, after.emb)]
+    if after.implicit is not None:
+        parts.append((before.implicit.y[0], after.implicit.y[0], after.implicit.y[1]))
     change = max(float(np.max(np.abs(new - old) / np.sqrt(v), initial=0.0)) for old, new, v in parts)
     n = after.n_seen - before.n_seen
     mean_log_z = (after.log_evidence - before.log_evidence) / n if n else float("nan")
