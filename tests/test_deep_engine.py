@@ -348,18 +348,31 @@ def store_entry_moments(post, row, P, mean, var):
         start += r
 
 
-def reference_adf_step(post, row, y, likelihood):
-    """Alg. 1 lines 4–8 for one entry, written out with the reference gradient and the closed
-    forms of eqs. 7, 10 and 12.  Returns the entry's log Z."""
+def reference_entry(post, row):
+    """The delta method at one entry, written out with the reference gradient (eqs. 8–9): the
+    number of weights P, the gradient g and the moments (mean, var) of every parameter the entry
+    depends on (weights, its embeddings, the offset), α and β."""
     P = post.n_weights
     x_mean = np.concatenate([post.emb[k][0, i] for k, i in enumerate(row)])
     x_var = np.concatenate([post.emb[k][1, i] for k, i in enumerate(row)])
     f, gW, gx = reference_forward_backward(post.weight_mean, x_mean, post.activation)
-    b_mean, b_var = post.intercept
     g = np.concatenate([w.ravel() for w in gW] + [gx, [1.0]])
-    mean = np.concatenate([post.mean[:P], x_mean, [b_mean]])
-    var = np.concatenate([post.var[:P], x_var, [b_var]])
-    alpha, beta = f + b_mean, g**2 @ var
+    mean = np.concatenate([post.mean[:P], x_mean, [post.intercept[0]]])
+    var = np.concatenate([post.var[:P], x_var, [post.intercept[1]]])
+    return P, g, mean, var, f + post.intercept[0], g**2 @ var
+
+
+def power_site_step(alpha, beta, alpha1, beta1, w):
+    """(∂log Z/∂α, κ) of w copies of the site that takes q(f) = N(α, β) to N(α1, β1) (power EP)."""
+    precision = 1 / beta + w * (1 / beta1 - 1 / beta)
+    shift = alpha / beta + w * (alpha1 / beta1 - alpha / beta)
+    return (shift / precision - alpha) / beta, (beta - 1 / precision) / beta**2
+
+
+def reference_adf_step(post, row, y, likelihood):
+    """Alg. 1 lines 4–8 for one entry, written out with the reference gradient and the closed
+    forms of eqs. 7, 10 and 12.  Returns the entry's log Z."""
+    P, g, mean, var, alpha, beta = reference_entry(post, row)
     if likelihood == "gaussian":
         s = beta + post.noise[1] / post.noise[0]
         resid = y - alpha

@@ -28,7 +28,7 @@ from skcep.deep import StreamingDeepTensor
 from skcep.engines import deep
 from skcep.engines._deep_kernel import ORDINAL, evidence_derivatives, ordinal_derivatives
 from skcep.engines.ordinal import OrderedProbit, log_interval_prob
-from test_deep_engine import grid_moments, reference_forward_backward, small_posterior, store_entry_moments
+from test_deep_engine import grid_moments, power_site_step, reference_entry, small_posterior, store_entry_moments
 from test_deep_tensor import assert_same
 
 ORDERED_PROBIT = OrderedProbit()
@@ -180,19 +180,10 @@ def reference_ordinal_step(post, row, y, w):
     """One ordinal entry of weight w, written out: the reference gradient, L_1 and L_2 of
     OrderedProbit.derivatives at the posterior's cut points, w copies of the site in f, eq. 7.
     Returns (α, β, log Z)."""
-    P = post.n_weights
-    x_mean = np.concatenate([post.emb[k][0, i] for k, i in enumerate(row)])
-    x_var = np.concatenate([post.emb[k][1, i] for k, i in enumerate(row)])
-    f, gW, gx = reference_forward_backward(post.weight_mean, x_mean, post.activation)
-    g = np.concatenate([v.ravel() for v in gW] + [gx, [1.0]])
-    mean = np.concatenate([post.mean[:P], x_mean, [post.intercept[0]]])
-    var = np.concatenate([post.var[:P], x_var, [post.intercept[1]]])
-    alpha, beta = f + post.intercept[0], g**2 @ var
+    P, g, mean, var, alpha, beta = reference_entry(post, row)
     log_z, l1, l2 = (float(v) for v in ORDERED_PROBIT.derivatives(alpha, beta, y, post.thresholds))
     alpha1, beta1 = alpha + beta * l1, beta + beta**2 * l2  # one copy's projection in f
-    precision = 1 / beta + w * (1 / beta1 - 1 / beta)
-    shift = alpha / beta + w * (alpha1 / beta1 - alpha / beta)
-    d_alpha, kappa = (shift / precision - alpha) / beta, (beta - 1 / precision) / beta**2
+    d_alpha, kappa = power_site_step(alpha, beta, alpha1, beta1, w)
     mean, var = mean + var * g * d_alpha, var - var**2 * g**2 * kappa
     store_entry_moments(post, row, P, mean, var)
     return alpha, beta, log_z

@@ -27,7 +27,7 @@ from sklearn.exceptions import ConvergenceWarning
 from skcep import BayesianCPTensor
 from skcep.deep import StreamingDeepTensor
 from skcep.engines import cp, deep
-from test_deep_engine import grid_moments, reference_forward_backward, small_posterior, store_entry_moments
+from test_deep_engine import grid_moments, power_site_step, reference_entry, small_posterior, store_entry_moments
 
 
 def low_rank_tensor(shape=(9, 8, 6), rank=2, n=220, seed=0):
@@ -292,14 +292,7 @@ def reference_weighted_step(post, row, y, w, likelihood):
     """One entry of weight w with the reference gradient: the tempered Gaussian evidence
     log N(y | α, β + σ²/w), or w copies of the probit site in natural parameters; eq. 7;
     the noise with w counts.  Returns the entry's w log Z."""
-    P = post.n_weights
-    x_mean = np.concatenate([post.emb[k][0, i] for k, i in enumerate(row)])
-    x_var = np.concatenate([post.emb[k][1, i] for k, i in enumerate(row)])
-    f, gW, gx = reference_forward_backward(post.weight_mean, x_mean, post.activation)
-    g = np.concatenate([v.ravel() for v in gW] + [gx, [1.0]])
-    mean = np.concatenate([post.mean[:P], x_mean, [post.intercept[0]]])
-    var = np.concatenate([post.var[:P], x_var, [post.intercept[1]]])
-    alpha, beta = f + post.intercept[0], g**2 @ var
+    P, g, mean, var, alpha, beta = reference_entry(post, row)
     if likelihood == "gaussian":
         noise = post.noise[1] / post.noise[0]
         s = beta + noise / w
@@ -311,9 +304,7 @@ def reference_weighted_step(post, row, y, w, likelihood):
         ratio = math.exp(norm.logpdf(z) - log_ndtr(z))
         log_z = log_ndtr(z)
         alpha1, beta1 = alpha + beta * y * ratio / root, beta - beta**2 * ratio * (ratio + z) / (1 + beta)
-        precision = 1 / beta + w * (1 / beta1 - 1 / beta)
-        shift = alpha / beta + w * (alpha1 / beta1 - alpha / beta)
-        d_alpha, kappa = (shift / precision - alpha) / beta, (beta - 1 / precision) / beta**2
+        d_alpha, kappa = power_site_step(alpha, beta, alpha1, beta1, w)
     mean, var = mean + var * g * d_alpha, var - var**2 * g**2 * kappa
     store_entry_moments(post, row, P, mean, var)
     if likelihood == "gaussian":
