@@ -13,11 +13,13 @@ training part of a split and scored on its test part:
 
 * skcep ``BayesianCPTensor(rank=RANK, likelihood=L, mode_bias=True, random_state=0, shape=full)``
   for L = "gaussian" and "ordinal" (ordered probit over the ten half-star levels), other
-  parameters at their defaults;
-* skcep ``StreamingDeepTensor(rank=RANK, shape=full, random_state=0)``, Gaussian, defaults
+  parameters at their defaults, each also with ``implicit_modes=IMPLICIT`` ("+ implicit": each
+  user's embedding plus the normalised sum of learned vectors of the movies rated in the
+  training part, each movie's likewise from its users);
+* skcep ``StreamingDeepTensor(rank=RANK, likelihood=L, shape=full, random_state=0)``, defaults
   otherwise, one pass of ``partial_fit`` over the training entries shuffled by
-  ``default_rng(seed).permutation`` in batches of 256 (its numba loop is compiled before
-  anything is timed);
+  ``default_rng(seed).permutation`` in batches of 256 (ordinal: every level as ``classes`` on the
+  first; its numba loop is compiled before anything is timed);
 * scikit-surprise ``SVD()`` and ``SVDpp()`` at their defaults (``random_state=0`` only fixes
   the initial factors), rating scale (0.5, 5.0), user and movie only;
 * myfm 0.4.0 ``MyFMRegressor(rank=10)`` and ``MyFMOrderedProbit(rank=10)`` (Gibbs sampling,
@@ -35,7 +37,8 @@ Metrics (mean ± sd over splits): test RMSE of the predicted mean; mean log-prob
 observed half star (level models: log P(level), P floored at 1e-300; Gaussian models: log of the predictive mass of
 [y − 0.25, y + 0.25], with (−∞, 0.75] and [4.75, ∞) for 0.5 and 5.0); 95 % coverage (Gaussian:
 mean ± 1.96 sd; level models: the levels from the 2.5 % to the 97.5 % quantile of the predicted
-level distribution, inclusive); fit CPU seconds (``time.process_time``) and wall seconds, and the
+level distribution, inclusive; and, a second column, the shortest run of consecutive levels holding
+≥ 95 %, which for a Gaussian is the central interval); fit CPU seconds (``time.process_time``) and wall seconds, and the
 ratio of every row's CPU time to that of "myfm ordered probit" on the same split and table.
 SVD and SVD++ give point predictions: their predictive sd is the sd of their training
 residuals.  The myfm regressor's predictive distribution is the Gibbs mixture, moment-matched
@@ -108,8 +111,22 @@ def log_gauss_mass(a, b):
     return lb + np.log1p(-np.exp(la - lb))
 
 
+def shortest_level_interval(P, mass=0.95):
+    """Per row of level probabilities P (n, K): the shortest run of consecutive levels [lo, hi]
+    holding at least ``mass`` (of equally short runs, the one holding most)."""
+    n, K = P.shape
+    cdf = np.concatenate([np.zeros((n, 1)), np.cumsum(P, axis=1)], axis=1)
+    lo, hi = np.triu_indices(K)
+    held = cdf[:, hi + 1] - cdf[:, lo]  # (n, runs)
+    # rank: enough mass first, then shorter, then more mass
+    key = np.where(held >= mass - 1e-12, 0.0, 1e6) + (hi - lo)[None, :] - held
+    best = np.argmin(key, axis=1)
+    return lo[best], hi[best]
+
+
 def score(y, mean, sd, proba):
-    """(RMSE, mean log P(observed half star), 95 % coverage); NaN where not defined."""
+    """(RMSE, mean log P(observed half star), 95 % coverage of the central interval, of the
+    shortest one); NaN where not defined."""
     rmse = float(np.sqrt(np.mean((y - mean) ** 2)))
     k = level_index(y)
     if proba is not None:
@@ -117,13 +134,16 @@ def score(y, mean, sd, proba):
         logp = np.log(np.maximum(P[np.arange(len(k)), k], 1e-300))
         cdf = np.cumsum(P, axis=1)
         lo, hi = np.argmax(cdf >= 0.025, axis=1), np.argmax(cdf >= 0.975, axis=1)
-        return rmse, float(logp.mean()), float(np.mean((lo <= k) & (k <= hi)))
+        short_lo, short_hi = shortest_level_interval(P)
+        return (rmse, float(logp.mean()), float(np.mean((lo <= k) & (k <= hi))),
+                float(np.mean((short_lo <= k) & (k <= short_hi))))
     if sd is None:
-        return rmse, float("nan"), float("nan")
+        return rmse, float("nan"), float("nan"), float("nan")
     lower = np.where(k == 0, -np.inf, y - 0.25)
     upper = np.where(k == len(LEVELS) - 1, np.inf, y + 0.25)
     logp = log_gauss_mass((lower - mean) / sd, (upper - mean) / sd)
-    return rmse, float(logp.mean()), float(np.mean(np.abs(y - mean) <= Z95 * sd))
+    cover = float(np.mean(np.abs(y - mean) <= Z95 * sd))  # a Gaussian's shortest 95 % interval is the central one
+    return rmse, float(logp.mean()), cover, cover
 
 
 def timed(fit):
@@ -136,18 +156,27 @@ def timed(fit):
 # ------------------------------------------------------------------------------------------
 # rows: each returns (mean, sd or None, level probabilities or None, cpu_s, wall_s)
 
-def cp_row(likelihood):
+IMPLICIT = {0: 1, 1: 0}            # implicit_modes of the "+ implicit" rows: users from movies and back
+
+
+def cp_row(likelihood, implicit=False):
     def fitter(s, cfg):
         est = BayesianCPTensor(rank=RANK, likelihood=likelihood, mode_bias=True, random_state=0,
-                               shape=s["shape"], **cfg["cp"])
+                               shape=s["shape"], implicit_modes=IMPLICIT if implicit else None, **cfg["cp"])
         cpu, wall = timed(lambda: est.fit(s["X_tr"], s["y_tr"]))
-        if likelihood == "ordinal":
-            proba = np.zeros((len(s["y_te"]), len(LEVELS)))
-            proba[:, level_index(est.classes_)] = est.predict_proba(s["X_te"])
-            return est.predict(s["X_te"]), None, proba, cpu, wall
-        mean, sd = est.predict(s["X_te"], return_std=True)
-        return mean, sd, None, cpu, wall
+        return predictions(est, s, cpu, wall)
     return fitter
+
+
+def predictions(est, s, cpu, wall):
+    """A skcep row's result on the test part: (mean, sd, None, …) for Gaussian entries, (expected
+    level, None, level probabilities over all ten half stars, …) for ordinal ones."""
+    if est.likelihood == "ordinal":
+        proba = np.zeros((len(s["y_te"]), len(LEVELS)))
+        proba[:, level_index(est.classes_)] = est.predict_proba(s["X_te"])
+        return est.predict(s["X_te"]), None, proba, cpu, wall
+    mean, sd = est.predict(s["X_te"], return_std=True)
+    return mean, sd, None, cpu, wall
 
 
 def sbdt_warm_up(s):
@@ -156,18 +185,20 @@ def sbdt_warm_up(s):
                                                                                  s["y_tr"][:BATCH])
 
 
-def sbdt_row(s, cfg):
-    est = StreamingDeepTensor(rank=RANK, shape=s["shape"], random_state=0)
-    order = np.random.default_rng(s["seed"]).permutation(len(s["y_tr"]))
+def sbdt_row(likelihood):
+    def fitter(s, cfg):
+        est = StreamingDeepTensor(rank=RANK, likelihood=likelihood, shape=s["shape"], random_state=0)
+        order = np.random.default_rng(s["seed"]).permutation(len(s["y_tr"]))
+        classes = dict(classes=LEVELS) if likelihood == "ordinal" else {}
 
-    def one_pass():
-        for b in range(0, order.size, BATCH):
-            idx = order[b:b + BATCH]
-            est.partial_fit(s["X_tr"][idx], s["y_tr"][idx])
+        def one_pass():
+            for b in range(0, order.size, BATCH):
+                idx = order[b:b + BATCH]
+                est.partial_fit(s["X_tr"][idx], s["y_tr"][idx], **(classes if b == 0 else {}))
 
-    cpu, wall = timed(one_pass)
-    mean, sd = est.predict(s["X_te"], return_std=True)
-    return mean, sd, None, cpu, wall
+        cpu, wall = timed(one_pass)
+        return predictions(est, s, cpu, wall)
+    return fitter
 
 
 def surprise_predict(algo, X):
@@ -246,7 +277,10 @@ def fm_row(kind, implicit):
 ROWS = {
     "skcep BayesianCPTensor gaussian": (cp_row("gaussian"), 3, "Gaussian"),
     "skcep BayesianCPTensor ordinal": (cp_row("ordinal"), 3, "levels"),
-    "skcep StreamingDeepTensor (one pass)": (sbdt_row, 3, "Gaussian"),
+    "skcep BayesianCPTensor gaussian + implicit": (cp_row("gaussian", True), 3, "Gaussian"),
+    "skcep BayesianCPTensor ordinal + implicit": (cp_row("ordinal", True), 3, "levels"),
+    "skcep StreamingDeepTensor gaussian (one pass)": (sbdt_row("gaussian"), 3, "Gaussian"),
+    "skcep StreamingDeepTensor ordinal (one pass)": (sbdt_row("ordinal"), 3, "levels"),
     "surprise SVD": (surprise_row(surprise.SVD), 2, "Gaussian, training residual sd"),
     "surprise SVDpp": (surprise_row(surprise.SVDpp), 2, "Gaussian, training residual sd"),
     "myfm regressor": (fm_row("gaussian", False), 3, "Gaussian (Gibbs mixture, moment-matched)"),
@@ -262,11 +296,11 @@ def run_row(name, s, cfg):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mean, sd, proba, cpu, wall = fitter(s, cfg)
-        rmse, logp, cover = score(s["y_te"], mean, sd, proba)
+        rmse, logp, cover, cover_short = score(s["y_te"], mean, sd, proba)
     for w in caught:
         key = f"{name}: {w.category.__name__}: {str(w.message)[:140]}"
         WARNINGS_SEEN[key] = WARNINGS_SEEN.get(key, 0) + 1
-    return dict(rmse=rmse, logp=logp, cover=cover, cpu=cpu, wall=wall)
+    return dict(rmse=rmse, logp=logp, cover=cover, cover_short=cover_short, cpu=cpu, wall=wall)
 
 
 # ------------------------------------------------------------------------------------------
@@ -276,6 +310,7 @@ METRICS = {  # key -> (label, better: "low", "high" or "near 0.95")
     "rmse": ("test RMSE", "low"),
     "logp": ("mean log P(observed half star)", "high"),
     "cover": ("95 % coverage", "near 0.95"),
+    "cover_short": ("95 % coverage, shortest interval", "near 0.95"),
     "cpu": ("fit CPU s", "low"),
 }
 
@@ -285,10 +320,10 @@ def table(results, names):
     for name in names:
         r = results[name]
         ratio = [c / ref for c, ref in zip(r["cpu"], results[REFERENCE]["cpu"])] if REFERENCE in results else []
-        rows.append([name, ROWS[name][2], pm(r["rmse"], 4), pm(r["logp"], 4), pm(r["cover"], 3), pm(r["cpu"], 1),
-                     pm(r["wall"], 1), pm(ratio, 2) if ratio else "–"])
+        rows.append([name, ROWS[name][2], pm(r["rmse"], 4), pm(r["logp"], 4), pm(r["cover"], 3),
+                     pm(r["cover_short"], 3), pm(r["cpu"], 1), pm(r["wall"], 1), pm(ratio, 2) if ratio else "–"])
     return md_table(["model", "predictive distribution", "test RMSE", "mean log P(half star)", "95 % coverage",
-                     "fit CPU s", "fit wall s", f"CPU ÷ {REFERENCE}"], rows)
+                     "95 % coverage, shortest", "fit CPU s", "fit wall s", f"CPU ÷ {REFERENCE}"], rows)
 
 
 def loss(key, values):
@@ -318,7 +353,9 @@ def verdict_lines(results, modes):
             best = [min(group, key=lambda n: np.mean(loss(key, results[n][key]))) for group in (mine, theirs)]
             lines.append(f"- {TABLES[modes]}, best of each side, " + compare(key, results, *best))
     for a, b in (("skcep BayesianCPTensor gaussian", "myfm regressor"),
-                 ("skcep BayesianCPTensor ordinal", "myfm ordered probit")):
+                 ("skcep BayesianCPTensor ordinal", "myfm ordered probit"),
+                 ("skcep BayesianCPTensor gaussian + implicit", "myfm regressor + implicit"),
+                 ("skcep BayesianCPTensor ordinal + implicit", "myfm ordered probit + implicit")):
         if a in names and b in names:
             lines += [f"- {TABLES[modes]}, like for like, " + compare(key, results, a, b) for key in METRICS]
     return lines
@@ -330,9 +367,13 @@ def protocol(splits, cfg, quick):
             f"{', '.join(map(str, splits))}); every row fitted on the training part of each split and scored on "
             "its test part; mean ± sd over splits. skcep: `BayesianCPTensor(rank=" f"{RANK}, likelihood=L, "
             "mode_bias=True, random_state=0, shape=full shape)` with L = gaussian or ordinal, other parameters at "
-            f"their defaults{' except max_iter=10' if quick else ''}; `StreamingDeepTensor(rank={RANK}, shape=full "
-            "shape, random_state=0)` at its defaults otherwise (Gaussian), one pass of `partial_fit` over the "
-            f"training entries shuffled by `default_rng(seed)`, batches of {BATCH}, numba compiled beforehand. "
+            f"their defaults{' except max_iter=10' if quick else ''}; *+ implicit*: the same with "
+            f"`implicit_modes={IMPLICIT}` (each user's embedding plus the normalised sum of learned vectors of the "
+            "movies rated in the training part, and each movie's from its users); "
+            f"`StreamingDeepTensor(rank={RANK}, likelihood=L, shape=full "
+            "shape, random_state=0)` at its defaults otherwise, one pass of `partial_fit` over the "
+            f"training entries shuffled by `default_rng(seed)`, batches of {BATCH} (ordinal: every level passed as "
+            "`classes` on the first), numba compiled beforehand. "
             "scikit-surprise `SVD()` and `SVDpp()` at their defaults (`random_state=0`"
             f"{', n_epochs=2' if quick else ''}), rating scale (0.5, 5.0), user and movie only (the same fits in "
             f"both tables). myfm {myfm.__version__}: `MyFMRegressor` / `MyFMOrderedProbit(rank={FM_RANK}, "
@@ -347,7 +388,9 @@ def protocol(splits, cfg, quick):
             "log P(level), Gaussian models log of the predictive mass of [y − 0.25, y + 0.25] (open tails for "
             "0.5 and 5.0); "
             "95 % coverage — Gaussian: y within mean ± 1.96 sd; level models: y among the levels from the 2.5 % "
-            "to the 97.5 % quantile of the predicted level distribution, inclusive (a set holding ≥ 95 %). "
+            "to the 97.5 % quantile of the predicted level distribution, inclusive (a set holding ≥ 95 %); "
+            "*shortest*: y in the shortest run of consecutive levels holding ≥ 95 % (of equally short runs the "
+            "one holding most; for Gaussian models the central interval, which is the shortest). "
             "Predictive sd: skcep's `predict(return_std=True)`; myfm regressor: the Gibbs mixture moment-matched "
             "(variance of the sampled means + mean sampled noise variance 1/α); SVD and SVD++ give point "
             "predictions, so their sd is the sd of their training residuals (a plug-in, not a posterior). "
@@ -368,7 +411,7 @@ def main():
     d = load_movielens(binary=False)
     tables, cache = {}, {}
     for modes in TABLES:
-        results = {n: {k: [] for k in ("rmse", "logp", "cover", "cpu", "wall")} for n in names}
+        results = {n: {k: [] for k in ("rmse", "logp", "cover", "cover_short", "cpu", "wall")} for n in names}
         for seed in splits:
             s = split_data(d, seed, modes)
             if seed == splits[0] and any("StreamingDeepTensor" in n for n in names):
