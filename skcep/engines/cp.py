@@ -270,9 +270,19 @@ def _packing(rank):
 
 
 def _inverse(precision):
-    """Batched inverse of symmetric positive-definite matrices, symmetrised."""
+    """Batched inverse of symmetric positive-definite matrices, symmetrised (1 × 1: reciprocals,
+    as for the offsets, without a LAPACK call per row)."""
+    if precision.shape[-1] == 1:
+        return 1.0 / precision
     cov = np.linalg.inv(precision)
     return 0.5 * (cov + np.swapaxes(cov, -1, -2))
+
+
+def _logdet(matrices):
+    """log det of every matrix of a batch of positive-definite ones (1 × 1: their log)."""
+    if matrices.shape[-1] == 1:
+        return np.log(matrices[..., 0, 0])
+    return np.linalg.slogdet(matrices)[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,12 +322,17 @@ class GaussianRows:
         return precision, np.einsum("sij,sj->si", precision, self.mean)
 
     def _prior_moments(self):
-        """Prior mean, and log det of the prior precision (cached: priors never change in place)."""
+        """Prior mean, and log det of the prior precision (cached: priors never change in place;
+        a precision shared by every row, as a learned or fixed isotropic prior, inverted once)."""
         cache = getattr(self, "_prior_cache", None)
         if cache is None or cache[0] is not self.prior_precision:
-            prior_cov = _inverse(self.prior_precision)
+            P = self.prior_precision
+            if P.shape[0] > 1 and np.array_equal(P, np.broadcast_to(P[:1], P.shape)):  # one prior for all rows
+                prior_cov, logdet = np.broadcast_to(_inverse(P[:1]), P.shape), np.repeat(_logdet(P[:1]), P.shape[0])
+            else:
+                prior_cov, logdet = _inverse(P), _logdet(P)
             prior_mean = np.einsum("sij,sj->si", prior_cov, self.prior_shift)
-            cache = (self.prior_precision, prior_mean, np.linalg.slogdet(self.prior_precision)[1])
+            cache = (P, prior_mean, logdet)
             self._prior_cache = cache
         return cache[1], cache[2]
 
@@ -328,7 +343,7 @@ class GaussianRows:
         diff = self.mean - prior_mean
         trace = np.einsum("sij,sji->s", self.prior_precision, self.cov)
         quad = np.einsum("si,sij,sj->s", diff, self.prior_precision, diff)
-        logdet_q = np.linalg.slogdet(self.cov)[1]
+        logdet_q = _logdet(self.cov)
         return 0.5 * float(np.sum(trace + quad - rank - logdet_p - logdet_q))
 
     def copy(self):
