@@ -27,37 +27,27 @@ import argparse  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _common import pm, write_report  # noqa: E402
-from bench_cp_defaults import fit_score, fold_sets, movielens, report  # noqa: E402
+from bench_cp_defaults import cases as defaults_cases  # noqa: E402
+from bench_cp_defaults import fit_score, report  # noqa: E402
 from skcep import StreamingDeepTensor  # noqa: E402
-from skcep.datasets import load_alog, load_enron  # noqa: E402
 
 VARIANTS = {"without": {}, "implicit_modes={0: 1, 1: 0}": dict(implicit_modes={0: 1, 1: 0})}
 
 
 def cases(folds):
-    enron, alog = fold_sets(load_enron, folds), fold_sets(load_alog, folds)
-    ratings2, ratings3, binary3 = movielens(False, 2), movielens(False, 3), movielens(True, 3)
-    return [
-        ("Enron (AUC)", enron, dict(rank=3, likelihood="probit")),
-        ("Enron (AUC)", enron, dict(rank=8, likelihood="probit")),
-        ("Enron (AUC)", enron, dict(rank=8, likelihood="probit", method="vmp")),
-        ("Alog (RMSE)", alog, dict(rank=3)),
-        ("Alog (RMSE)", alog, dict(rank=8)),
-        ("MovieLens ratings, user × movie (RMSE)", ratings2, dict(rank=8, mode_bias=True)),
-        ("MovieLens ratings, user × movie, ordinal (RMSE)", ratings2, dict(rank=8, likelihood="ordinal",
-                                                                           mode_bias=True)),
-        ("MovieLens ratings, user × movie × time (RMSE)", ratings3, dict(rank=8, mode_bias=True)),
-        ("MovieLens binary, user × movie × time (AUC)", binary3, dict(rank=3, likelihood="probit", mode_bias=True)),
-        ("MovieLens binary, user × movie × time (AUC)", binary3,
-         dict(rank=8, likelihood="probit", method="vmp", mode_bias=True)),
-        ("Enron (AUC)", enron, dict(estimator=StreamingDeepTensor, rank=3, likelihood="probit")),
-        ("Alog (RMSE)", alog, dict(estimator=StreamingDeepTensor, rank=3)),
-        ("MovieLens ratings, user × movie (RMSE)", ratings2, dict(estimator=StreamingDeepTensor, rank=10)),
-        ("MovieLens ratings, user × movie, ordinal (RMSE)", ratings2,
-         dict(estimator=StreamingDeepTensor, rank=10, likelihood="ordinal")),
-        ("MovieLens binary, user × movie × time (AUC)", binary3,
-         dict(estimator=StreamingDeepTensor, rank=10, likelihood="probit")),
-    ]
+    """The real sets of ``bench_cp_defaults.py`` (its CP rows, with the ordinal ratings beside the
+    Gaussian ones), then SBDT on each set."""
+    cp_rows = [case for case in defaults_cases(folds, seeds=()) if not case[0].startswith("planted")]
+    ratings2 = next(data for name, data, _ in cp_rows if name == "MovieLens ratings, user × movie (RMSE)")
+    at = next(i for i, (name, _, _) in enumerate(cp_rows) if name == "MovieLens ratings, user × movie (RMSE)")
+    cp_rows.insert(at + 1, ("MovieLens ratings, user × movie, ordinal (RMSE)", ratings2,
+                            dict(rank=8, likelihood="ordinal", mode_bias=True)))
+    sets = {name: data for name, data, _ in cp_rows}
+    sbdt = [("Enron (AUC)", dict(rank=3, likelihood="probit")), ("Alog (RMSE)", dict(rank=3)),
+            ("MovieLens ratings, user × movie (RMSE)", dict(rank=10)),
+            ("MovieLens ratings, user × movie, ordinal (RMSE)", dict(rank=10, likelihood="ordinal")),
+            ("MovieLens binary, user × movie × time (AUC)", dict(rank=10, likelihood="probit"))]
+    return cp_rows + [(name, sets[name], dict(estimator=StreamingDeepTensor, **params)) for name, params in sbdt]
 
 
 def method_of(params, variant):

@@ -154,16 +154,23 @@ def test_sbdt_fit_on_one_chunk_is_numpy_fit(on_cluster, likelihood):
         assert (spread.y_offset_, spread.y_scale_) == (local.y_offset_, local.y_scale_)
 
 
+def streamed_chunk_by_chunk(options, X, y, size):
+    """The numpy model a Dask fit over chunks of ``size`` rows should equal: the checked entries
+    streamed in that order, chunk after chunk."""
+    local = StreamingDeepTensor(**options)
+    checked_X, checked_y, shape = local._prepare(X, y, first_call=True)
+    local._start(X.shape[1], shape)
+    for start in range(0, len(X), size):
+        local._stream(checked_X[start:start + size], checked_y[start:start + size])
+    return local
+
+
 def test_sbdt_fit_with_implicit_modes_on_chunks_continues_numpy_fit_chunk_by_chunk(on_cluster):
     """N(s) travels with the posterior from chunk to chunk."""
     X, y = tensor(seed=3)
     options = dict(SBDT, implicit_modes={0: 1, 1: 0})
     spread = StreamingDeepTensor(**options).fit(*chunked(X, y, 1200))
-    local = StreamingDeepTensor(**options)
-    checked_X, checked_y, shape = local._prepare(X, y, first_call=True)
-    local._start(X.shape[1], shape)
-    for start in range(0, len(X), 1200):
-        local._stream(checked_X[start:start + 1200], checked_y[start:start + 1200])
+    local = streamed_chunk_by_chunk(options, X, y, 1200)
     assert_same_posterior(spread, local, X)
     for k in (0, 1):
         np.testing.assert_array_equal(spread.implicit_factors_[k], local.implicit_factors_[k])
@@ -180,11 +187,7 @@ def test_sbdt_fit_on_chunks_continues_numpy_fit_chunk_by_chunk(on_cluster, likel
         y[1950:] = np.minimum(y[1950:], 2.5)
     options = dict(SBDT, likelihood=likelihood, shuffle=shuffle)
     spread = StreamingDeepTensor(**options).fit(*chunked(X, y, 650))  # 650, 650, 650, 450
-    local = StreamingDeepTensor(**options)
-    checked_X, checked_y, shape = local._prepare(X, y, first_call=True)
-    local._start(X.shape[1], shape)
-    for start in range(0, len(X), 650):
-        local._stream(checked_X[start:start + 650], checked_y[start:start + 650])
+    local = streamed_chunk_by_chunk(options, X, y, 650)
     assert_same_posterior(spread, local, X)
     assert spread.shape_ == tuple(int(m) + 1 for m in X.max(axis=0))
     if likelihood == "ordinal":
