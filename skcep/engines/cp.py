@@ -139,7 +139,7 @@ import scipy.sparse as sp
 from scipy.special import digamma, gammaln
 
 from .chunks import chunk_slices, map_chunks
-from .gaussian import cavity_natural, damped_update
+from .gaussian import batched_inverse, cavity_natural, damped_update
 from .implicit import effective_moments, grow_term, implicit_prior_update, implicit_update, kl_to_prior
 from .likelihoods import Probit, log_phi_derivatives
 from .ordinal import OrderedProbit, fit_thresholds, truncated_moments
@@ -269,15 +269,6 @@ def _packing(rank):
     return _Packing(rank)
 
 
-def _inverse(precision):
-    """Batched inverse of symmetric positive-definite matrices, symmetrised (1 × 1: reciprocals,
-    as for the offsets, without a LAPACK call per row)."""
-    if precision.shape[-1] == 1:
-        return 1.0 / precision
-    cov = np.linalg.inv(precision)
-    return 0.5 * (cov + np.swapaxes(cov, -1, -2))
-
-
 def _logdet(matrices):
     """log det of every matrix of a batch of positive-definite ones (1 × 1: their log)."""
     if matrices.shape[-1] == 1:
@@ -310,7 +301,7 @@ class GaussianRows:
         return self.cov + self.mean[:, :, None] * self.mean[:, None, :]
 
     def set_natural(self, precision, shift, rows=None):
-        cov = _inverse(precision)
+        cov = batched_inverse(precision)
         mean = np.einsum("sij,sj->si", cov, shift)
         if rows is None:
             self.cov, self.mean = cov, mean
@@ -318,7 +309,7 @@ class GaussianRows:
             self.cov[rows], self.mean[rows] = cov, mean
 
     def natural(self):
-        precision = _inverse(self.cov)
+        precision = batched_inverse(self.cov)
         return precision, np.einsum("sij,sj->si", precision, self.mean)
 
     def _prior_moments(self):
@@ -328,9 +319,9 @@ class GaussianRows:
         if cache is None or cache[0] is not self.prior_precision:
             P = self.prior_precision
             if P.shape[0] > 1 and np.array_equal(P, np.broadcast_to(P[:1], P.shape)):  # one prior for all rows
-                prior_cov, logdet = np.broadcast_to(_inverse(P[:1]), P.shape), np.repeat(_logdet(P[:1]), P.shape[0])
+                prior_cov, logdet = np.broadcast_to(batched_inverse(P[:1]), P.shape), np.repeat(_logdet(P[:1]), P.shape[0])
             else:
-                prior_cov, logdet = _inverse(P), _logdet(P)
+                prior_cov, logdet = batched_inverse(P), _logdet(P)
             prior_mean = np.einsum("sij,sj->si", prior_cov, self.prior_shift)
             cache = (P, prior_mean, logdet)
             self._prior_cache = cache
@@ -965,20 +956,23 @@ def reduce_rows(parts, n_rows, rank):
 def group_update(group, statistics, scale=None):
     """q(u_s) ∝ prior_s × N-site(scale × statistics) for every row of the group: precision
     P0_s + scale Σ…, shift h0_s + scale Σ… (``statistics`` summed over all entries)."""
-    second, first = statistics.second, statistics.first
-    if scale is not None:
-        second, first = scale * second, scale * first
+    second, first = _scaled(statistics, scale)
     unpack = _packing(group.mean.shape[1]).unpack
     group.set_natural(group.prior_precision + unpack(second), group.prior_shift + first)
+
+
+def _scaled(statistics, scale):
+    """The statistics' (packed second, first) sums, times ``scale`` unless it is None."""
+    if scale is None:
+        return statistics.second, statistics.first
+    return scale * statistics.second, scale * statistics.first
 
 
 def implicit_group_update(group, term, statistics, scale=None):
     """The update of a mode with implicit feedback (:func:`~skcep.engines.implicit.implicit_update`):
     q(u_s) and q(y_m) jointly, from the entries' message in ũ_s — precision scale × Σ E[z zᵀ],
     shift scale × Σ target E[z] (the statistics :func:`group_update` adds to the prior)."""
-    second, first = statistics.second, statistics.first
-    if scale is not None:
-        second, first = scale * second, scale * first
+    second, first = _scaled(statistics, scale)
     return implicit_update(group, term, _packing(group.mean.shape[1]).unpack(second), first)
 
 
@@ -1146,11 +1140,13 @@ def _cp_second(post, index, n_jobs=None):
 
 def _packed_second_moments(post, packing):
     """Packed E[u uᵀ] of every mode's rows as the entries see them (:meth:`CPPosterior.factor_moments`)."""
-    out = []
-    for k in range(len(post.factors)):
-        mean, cov = post.factor_moments(k)
-        out.append(packing.pack(cov) + packing.outer(mean))
-    return out
+    return [_seen_moments(post, k, packing)[1] for k in range(len(post.factors))]
+
+
+def _seen_moments(post, k, packing):
+    """E[u] and packed E[u uᵀ] of the rows of mode k as the entries see them."""
+    mean, cov = post.factor_moments(k)
+    return mean, packing.pack(cov) + packing.outer(mean)
 
 
 def _offset_moments(post, index, skip=None):
@@ -1580,8 +1576,7 @@ class _GroupSweeps:
             else:
                 implicit_group_update(group, term, statistics, scale)
             if i < K:
-                mean, cov = post.factor_moments(i)
-                second[i] = packing.pack(cov) + packing.outer(mean)
+                mean, second[i] = _seen_moments(post, i, packing)
                 changes.append((i, (mean, second[i])))
             else:
                 changes.append((i, (group.mean, group.cov)))
@@ -1599,10 +1594,10 @@ class _GroupSweeps:
         packing = _packing(post.rank)
         K = len(post.factors)
         scale = None if self.probit_cep else post.noise_precision
-        second = _packed_second_moments(post, packing)
+        means, second = (list(column) for column in zip(*(_seen_moments(post, k, packing) for k in range(K))))
         changes = []
         if self._first:  # the partitions' copy of q starts with every group
-            changes = [(k, (post.factor_moments(k)[0], second[k])) for k in range(K)]
+            changes = [(k, (means[k], second[k])) for k in range(K)]
             changes += [(K + j, (g.mean, g.cov)) for j, g in enumerate(post.offsets)]
             self._first = False
         parts.step("begin", changes, post.thresholds)

@@ -24,6 +24,7 @@ __all__ = [
     "damped",
     "damped_update",
     "precision_of",
+    "batched_inverse",
     "is_diagonal",
     "gaussian_log_normalizer",
     "weighted_sum",
@@ -54,6 +55,15 @@ def precision_of(cov):
     else :func:`numpy.linalg.inv`."""
     cov = np.asarray(cov, dtype=float)
     return np.diag(1.0 / np.diag(cov)) if is_diagonal(cov) else np.linalg.inv(cov)
+
+
+def batched_inverse(precision):
+    """Inverses of a batch (…, R, R) of symmetric positive-definite matrices, symmetrised
+    (R = 1: reciprocals, without a LAPACK call per matrix)."""
+    if precision.shape[-1] == 1:
+        return 1.0 / precision
+    cov = np.linalg.inv(precision)
+    return 0.5 * (cov + np.swapaxes(cov, -1, -2))
 
 
 def to_moments(precision, shift):

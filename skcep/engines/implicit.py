@@ -32,9 +32,12 @@ coordinate step on the block: the ELBO does not decrease.  q(λ) then takes VMP'
 """
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
+
+from .gaussian import batched_inverse
 
 __all__ = ["ImplicitTerm", "cooccurrence_weights", "new_term", "effective_moments", "implicit_update",
            "implicit_prior_update", "grow_term", "kl_to_prior"]
@@ -56,6 +59,12 @@ class ImplicitTerm:
     cov: np.ndarray
     precision: tuple
     hyper: tuple = None
+
+    @cached_property
+    def squared_weights(self):
+        """(c_sm²), the weights of the covariances Σ_m in those of the z_s."""
+        C = self.weights
+        return sp.csr_matrix((C.data**2, C.indices, C.indptr), shape=C.shape)
 
     @property
     def prior_precision(self):
@@ -86,22 +95,12 @@ def new_term(index, shape, mode, source, rank, variance, hyper=None):
                         None if hyper is None else tuple(map(float, hyper)))
 
 
-def _squared_weights(term):
-    C = term.weights
-    return sp.csr_matrix((C.data**2, C.indices, C.indptr), shape=C.shape)
-
-
 def effective_moments(mean, cov, term):
     """Mean and covariance of ũ_s = u_s + z_s under q, from q(u) (``mean`` (d, R), ``cov``
     (d, R, R)) and the term's q(y)."""
     d, rank = mean.shape
-    z_cov = (_squared_weights(term) @ term.cov.reshape(-1, rank * rank)).reshape(d, rank, rank)
+    z_cov = (term.squared_weights @ term.cov.reshape(-1, rank * rank)).reshape(d, rank, rank)
     return mean + term.weights @ term.mean, cov + z_cov
-
-
-def _inverse(precision):
-    cov = np.linalg.inv(precision)
-    return 0.5 * (cov + np.swapaxes(cov, -1, -2))
 
 
 def _times(A, x):
@@ -122,12 +121,12 @@ def implicit_update(rows, term, message_precision, message_shift, tol=CG_TOL, ma
     after ``max_iter`` of them never lowers the ELBO.  Returns the number of iterations."""
     C, lam = term.weights, term.prior_precision
     Lam, rank = message_precision, rows.mean.shape[1]
-    u_cov = _inverse(rows.prior_precision + Lam)
+    u_cov = batched_inverse(rows.prior_precision + Lam)
     gain = np.matmul(Lam, u_cov)  # Λ_s (P_s + Λ_s)⁻¹
     K = Lam - np.matmul(gain, Lam)
     K = 0.5 * (K + np.swapaxes(K, 1, 2))
-    squared = _squared_weights(term).T
-    y_cov = _inverse((squared @ Lam.reshape(-1, rank * rank)).reshape(-1, rank, rank) + lam * np.eye(rank))
+    squared = term.squared_weights.T
+    y_cov = batched_inverse((squared @ Lam.reshape(-1, rank * rank)).reshape(-1, rank, rank) + lam * np.eye(rank))
     precondition = y_cov  # Σ_m ⪯ the inverse diagonal blocks of the reduced matrix (K ⪯ Λ): close, and at hand
     shift = rows.prior_shift + message_shift
 
