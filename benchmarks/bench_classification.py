@@ -8,8 +8,9 @@ Protocol of papers/000 §6.1, Table 1 (test log-likelihood) and supplement Table
 authors' five 50/50 splits of australian, breast, crabs, ionos, pima, sonar, plus sklearn's
 breast-cancer set ("wdbc", 30 correlated features; splits as in ``nuts_reference.py``).
 Prior w ~ N(0, 1), intercept ~ N(0, 100) (``prior_variance=1.0`` passed explicitly).  Compared:
-skcep CEP-1, CEP-2, factorized EP, full-covariance EP (otherwise default settings), the same
-four with ``prior_variance="auto"`` (columns ``…-auto``: the weights' prior variance chosen by
+skcep CEP-1, CEP-2, factorized EP, full-covariance EP and the estimator as constructed
+(``default``: method and covariance "auto"), otherwise default settings, the same
+five with ``prior_variance="auto"`` (columns ``…-auto``: the weights' prior variance chosen by
 type-II maximum likelihood of the EP evidence; section "prior_variance="auto" against
 prior_variance=1" compares held-out log-likelihood, accuracy, AUC and fit time), the paper's other
 baselines from ``baselines.py`` — Laplace propagation (LP), EP with importance-sampled moments
@@ -17,7 +18,8 @@ baselines from ``baselines.py`` — Laplace propagation (LP), EP with importance
 ``LogisticRegression(C=1.0)`` — the MAP of the logistic model under the same N(0, 1) prior
 (intercept unpenalised), scored by its plug-in probabilities — and the NUTS posterior
 predictive (``results/nuts``).  Test log-likelihood = mean_i log p(y_i | x_i) from
-``predict_log_proba``; "gap to NUTS" = method LL − NUTS LL on the same split, averaged.
+``predict_log_proba``; "gap to NUTS" = method LL − NUTS LL on the same split, averaged;
+KL(NUTS ‖ q) between NUTS's posterior moments and each skcep posterior at λ = 1.
 Warnings are counted (ConvergenceWarnings and others separately) and listed at the end.
 ``--quick``: crabs, split 1 only, printed but not written.
 """
@@ -34,7 +36,7 @@ from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 from _common import (ESTIMATORS, LINKS, METHODS, RESULTS, WARNINGS_SEEN, command,  # noqa: E402
-                     library_state, load_nuts, load_split, md_table, pm, timed_fit)
+                     library_state, load_nuts, load_split, md_table, pm, timed_fit, verdict)
 from baselines import BaselineClassifier  # noqa: E402
 from skcep.datasets import CEP_PAPER_DATASETS  # noqa: E402
 
@@ -52,9 +54,13 @@ BASELINES = {
 }
 # skcep with prior_variance="auto" (type-II maximum likelihood of the EP evidence); the other
 # skcep columns pass prior_variance=1.0 explicitly (the N(0, 1) prior of the NUTS reference).
-AUTO = {f"{m}-auto": dict(kw, prior_variance="auto") for m, kw in METHODS.items()}
+# "default": the estimators as constructed with no argument but the prior (method="auto",
+# covariance="auto": full-covariance EP on these sets)
+SKCEP = {**METHODS, "default": {}}
+AUTO = {f"{m}-auto": dict(kw, prior_variance="auto") for m, kw in SKCEP.items()}
 TIMINGS = 3  # skcep's fits are timed as the fastest of this many runs (a few ms each)
-OURS = tuple(METHODS) + tuple(AUTO) + ("sklearn-LR",) + tuple(BASELINES)
+OURS = tuple(SKCEP) + tuple(AUTO) + ("sklearn-LR",) + tuple(BASELINES)
+KL_TARGET = (0.2, 0.05)  # KL(NUTS ‖ q) at the defaults: must reach / goal, nats
 
 # Published numbers (mean ± std over five splits).  Log-likelihood: papers/000 (main paper)
 # Table 1; AUC: papers/003 (supplement) Table 1 (its probit table is garbled in the text
@@ -254,7 +260,7 @@ def run(datasets, splits):
             for link in LINKS:
                 nuts = load_nuts(f"{name}_{link}_{k}")
                 assert np.array_equal(nuts["y_test"], yt), f"{name} split {k}: test labels differ"
-                models = {m: ESTIMATORS[link](**kw, prior_variance=1.0) for m, kw in METHODS.items()}
+                models = {m: ESTIMATORS[link](**kw, prior_variance=1.0) for m, kw in SKCEP.items()}
                 models.update({m: ESTIMATORS[link](**kw) for m, kw in AUTO.items()})
                 models["sklearn-LR"] = LogisticRegression(C=1.0, max_iter=1000)
                 for m, kw in BASELINES.items():
@@ -262,7 +268,7 @@ def run(datasets, splits):
                     models[m] = BaselineClassifier(link=link, **kw)
                 for m, est in models.items():
                     seconds, n_warn, n_other = timed_fit(est, X, y)
-                    if m in METHODS or m in AUTO:  # skcep's fits: the fastest of TIMINGS runs
+                    if m in SKCEP or m in AUTO:  # skcep's fits: the fastest of TIMINGS runs
                         seconds = min([seconds] + [timed_fit(est, X, y)[0] for _ in range(TIMINGS - 1)])
                     logp = est.predict_log_proba(Xt)
                     ll = logp[np.arange(len(yt)), yt].mean()
@@ -271,6 +277,8 @@ def run(datasets, splits):
                                acc=np.mean(np.argmax(logp, axis=1) == yt),
                                s=seconds, it=np.max(est.n_iter_), conv=conv, warn=n_warn,
                                other=n_other, lam=getattr(est, "prior_variance_", [np.nan])[0])
+                    if m in SKCEP:  # the same prior as NUTS: the posteriors compare
+                        row["kl"] = kl_from_nuts(nuts, est)
                     if m in AUTO:  # the cost of one fit at the λ "auto" chose
                         at = clone(est).set_params(prior_variance=float(row["lam"]))
                         row["s_at"] = min(timed_fit(at, X, y)[0] for _ in range(TIMINGS))
@@ -282,6 +290,44 @@ def run(datasets, splits):
                 r.setdefault("auc", []).append(float(nuts["test_auc"]))
             print(f"{name} split {k} done", flush=True)
     return res
+
+
+def kl_from_nuts(nuts, est):
+    """KL(NUTS ‖ q) in nats: the Gaussian of NUTS's posterior moments of (w, b) against the
+    fitted Gaussian q (full, or the product of its marginals), intercept last in both.  q's
+    covariance of the weights with the intercept is not a public attribute: read from the
+    fitted state."""
+    post = est._posterior
+    mean = post["mean"][0]
+    cov = post["cov"][0] if post["cov"] is not None else np.diag(post["var"][0])
+    p_mean, p_cov = nuts["mean"], nuts["cov"]
+    chol = np.linalg.cholesky(cov)
+    solve = lambda B: np.linalg.solve(chol.T, np.linalg.solve(chol, B))  # noqa: E731
+    diff = mean - p_mean
+    logdet_q = 2.0 * np.sum(np.log(np.diag(chol)))
+    logdet_p = np.linalg.slogdet(p_cov)[1]
+    return 0.5 * (np.trace(solve(p_cov)) + diff @ solve(diff) - mean.size + logdet_q - logdet_p)
+
+
+def kl_section(res, link, datasets):
+    """KL(NUTS ‖ q) per data set and skcep method at the NUTS prior (λ = 1): mean and largest
+    over splits, with the target's verdict for the defaults."""
+    out = [f"## {link}: KL(NUTS ‖ q), the posterior against NUTS", "",
+           "KL in nats from the Gaussian with NUTS's posterior mean and covariance of (w, b) to "
+           "each fitted q (factorized: the product of its marginals), prior N(0, 1) as NUTS's; "
+           "mean over splits (largest in brackets). `default` = the estimator with only "
+           f"`prior_variance=1.0` set. Target at the defaults: ≤ {KL_TARGET[0]} nats on every "
+           f"set (goal ≤ {KL_TARGET[1]}).", ""]
+    rows = []
+    for name in datasets:
+        row = [name]
+        for m in SKCEP:
+            kl = res[link, name, m]["kl"]
+            row.append(f"{np.mean(kl):.3g} ({np.max(kl):.3g})")
+        worst = np.max(res[link, name, "default"]["kl"])
+        row.append(f"{verdict(worst <= KL_TARGET[0])}; goal {'met' if worst <= KL_TARGET[1] else 'not met'}")
+        rows.append(row)
+    return out + [md_table(("data set",) + tuple(SKCEP) + ("target (default, largest)",), rows), ""]
 
 
 def side_by_side(res, link, datasets):
@@ -340,7 +386,7 @@ def auto_versus_fixed(res, link, datasets):
            "sets, with the largest set's ratio.",
            ""]
     rows = []
-    for m in METHODS:
+    for m in SKCEP:
         summary = {k: [] for k in ("ll", "acc", "auc", "ratio", "ratio_at")}
         for name in datasets:
             fixed, auto = res[link, name, m], res[link, name, f"{m}-auto"]
@@ -431,6 +477,7 @@ def report(res, datasets, splits, elapsed):
                          sum(sum(res[link, n, m]["other"]) for n in datasets)])
         out += [md_table(("data set", "method", "gap to NUTS", "fit s", "n_iter", "converged",
                           "conv. warn.", "other warn."), rows), ""]
+        out += kl_section(res, link, datasets)
         out += cep_before_after(res, link, datasets)
         out += auto_versus_fixed(res, link, datasets)
         out += side_by_side(res, link, datasets)

@@ -1,7 +1,8 @@
 """Compile skcep's numba kernels ahead of the first real fit.
 
-Three engines run compiled loops (numba, ``cache=True``): the dense probit EP / CEP-1 step and
-the factorized evidence (:mod:`skcep.engines._glm_kernel`), SBDT's per-entry ADF
+Four engines run compiled loops (numba, ``cache=True``): the dense probit and logistic EP /
+CEP-1 step, the tilted derivatives of the logistic and the factorized evidence
+(:mod:`skcep.engines._glm_kernel`), full-covariance EP's step (:mod:`skcep.engines._full_kernel`), SBDT's per-entry ADF
 (:mod:`skcep.engines._deep_kernel`) and the random features of the KJIT operator
 (:mod:`skcep.engines._rff_kernel`).  numba compiles a kernel the first time it is called and
 writes the machine code to its on-disk cache (``__pycache__`` beside the installed package, or
@@ -23,7 +24,7 @@ __all__ = ["compile_kernels"]
 def _tiny_fits():
     """(name, fit) pairs: each fit runs one compiled engine on a few rows."""
     from .deep import StreamingDeepTensor
-    from .linear_model import CEPProbitClassifier
+    from .linear_model import CEPLogisticClassifier, CEPProbitClassifier
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((24, 3))
@@ -33,6 +34,11 @@ def _tiny_fits():
     return [
         ("dense probit EP and CEP-1, evidence",
          lambda: CEPProbitClassifier(method="cep1", prior_variance=1.0, max_iter=2).fit(X, y)),
+        ("dense logistic EP and CEP-1",
+         lambda: CEPLogisticClassifier(method="cep1", prior_variance=1.0, max_iter=2).fit(X, y)),
+        ("full-covariance EP, probit and logistic",
+         lambda: [cls(prior_variance=1.0, max_iter=2).fit(X, y)
+                  for cls in (CEPProbitClassifier, CEPLogisticClassifier)]),
         ("SBDT assumed density filtering",
          lambda: StreamingDeepTensor(rank=2, hidden_layer_sizes=(3,), random_state=0).fit(
              entries, ratings)),
@@ -72,7 +78,7 @@ def compile_kernels(verbose=False):
     >>> from skcep import compile_kernels
     >>> seconds = compile_kernels()  # once after installing; later calls load the cache
     >>> sorted(seconds)
-    ['KJIT random features', 'SBDT assumed density filtering', 'dense probit EP and CEP-1, evidence']
+    ['KJIT random features', 'SBDT assumed density filtering', 'dense logistic EP and CEP-1', 'dense probit EP and CEP-1, evidence', 'full-covariance EP, probit and logistic']
     """
     seconds = {}
     for name, fit in _tiny_fits():

@@ -263,7 +263,7 @@ def fit_classifier(estimator, X, y, sample_weight=None):
                          f"got one class: {classes.tolist()[0]!r}.")
     estimator._check_options(X.shape[1])
     weights = _weighted_labels(estimator, X, y, classes, sample_weight)
-    held = DaskRows(X, y, estimator.fit_intercept, estimator.covariance == "full", weights)
+    held = DaskRows(X, y, estimator.fit_intercept, estimator._inference(X.shape[1])[1] == "full", weights)
     posterior = estimator._fit_posteriors(held, y, classes, prior=None)
     estimator.classes_ = classes
     estimator._set_posterior(posterior)

@@ -48,14 +48,18 @@ PARTIAL_FIT_DOC = """Fold one batch into the posterior (assumed density filterin
         self : object
         """
 
-_METHOD_DOC = """    method : {"cep1", "cep2", "ep"}, default="cep1"
+_METHOD_DOC = """    method : {"auto", "cep1", "cep2", "ep"}, default="auto"
         Site refinement: conditional EP with the first-order (Wang & Zhe, "Conditional
-        Expectation Propagation", UAI 2020, eq. 10) or second-order (eq. 11) expectation of the conditional moments, or factorized EP.
+        Expectation Propagation", UAI 2020, eq. 10) or second-order (eq. 11) expectation of the conditional moments, or EP.
+        "auto": EP with the full covariance where that is affordable, else CEP-1 (see
+        ``covariance``); the choice is in ``method_``.
 """
 
-_LOGISTIC_METHOD_DOC = """    method : {"cep1", "cep2", "ep", "kjit"}, default="cep1"
+_LOGISTIC_METHOD_DOC = """    method : {"auto", "cep1", "cep2", "ep", "kjit"}, default="auto"
         Site refinement: conditional EP with the first-order (Wang & Zhe, "Conditional
-        Expectation Propagation", UAI 2020, eq. 10) or second-order (eq. 11) expectation of the conditional moments, factorized EP, or
+        Expectation Propagation", UAI 2020, eq. 10) or second-order (eq. 11) expectation of the conditional moments, EP
+        ("auto": EP with the full covariance where that is affordable, else CEP-1; see
+        ``covariance``; the choice is in ``method_``), or
         factorized EP whose tilted moments of the linear predictor come from a learned
         message operator (just-in-time learning: Jitkrittum et al., "Kernel-Based
         Just-In-Time Learning for Passing EP Messages", UAI 2015, §2.2 and Experiment 3): the
@@ -68,11 +72,14 @@ _LOGISTIC_METHOD_DOC = """    method : {"cep1", "cep2", "ep", "kjit"}, default="
 _PARAMS_DOC = """
     Parameters
     ----------
-{method}    covariance : {"diagonal", "full"}, default="diagonal"
+{method}    covariance : {"auto", "diagonal", "full"}, default="auto"
         "diagonal": fully factorized posterior, sites per non-zero feature (O(nnz) memory).
         "full": weight-space EP with a full covariance and one rank-one site per sample
         (``method="ep"`` only) — the accurate choice for correlated features and moderate
-        ``n_features`` (O(n_features²) memory).
+        ``n_features`` (O(n_features²) memory).  "auto": "full" for ``method="auto"`` up to 512
+        weights (intercept included; :data:`skcep.linear_model.FULL_AUTO_FEATURES`),
+        where it is both the cheaper fit and within a fraction of a nat of the exact posterior,
+        else (and for a method named explicitly) "diagonal"; the choice is in ``covariance_``.
     prior_variance : "auto" or float, default="auto"
         Variance λ of the Gaussian prior N(0, λ) on every weight.  "auto": type-II maximum
         likelihood of the EP evidence of each one-vs-rest model (λ in [1e-6, 1e6]): a search
@@ -84,8 +91,10 @@ _PARAMS_DOC = """
         features as it shrinks) the search says so with one
         :class:`~skcep.engines.evidence.EvidenceRisingWarning`.  CEP-1/CEP-2 (and "kjit")
         take the λ of factorized EP's evidence and fit at it, halving log λ towards 0 where
-        CEP runs away (separable data).  With ``partial_fit`` λ is chosen on the first batch
-        and kept.  On Dask collections each trial is a distributed fit, warm started from the
+        CEP runs away (separable data).  With ``partial_fit`` λ follows the stream: after each
+        batch it maximises the evidence of the sites of every batch so far, held fixed, and the
+        batch is refitted under the new λ where it moved (at most 3 fits;
+        :func:`skcep.engines.evidence.stream_batch`); the first batch starts at λ = 1.  On Dask collections each trial is a distributed fit, warm started from the
         sites an earlier trial left on the workers, and the search is the in-memory one.  It is
         the default because on the seven data sets of ``benchmarks/bench_classification.py``
         it predicts better on average than λ = 1 for every method and link; it costs about
@@ -132,7 +141,9 @@ _ATTRS_DOC = """
     coef_var_ : ndarray of shape (1 or n_classes, n_features)
         Posterior variances of the weights.
     coef_cov_ : ndarray of shape (1 or n_classes, n_features, n_features)
-        Posterior covariance of the weights (``covariance="full"`` only).
+        Posterior covariance of the weights (full covariance only).
+    method_, covariance_ : str
+        The site refinement and the posterior family fitted (``"auto"`` resolved).
     intercept_, intercept_var_ : ndarray of shape (1 or n_classes,)
         Posterior mean and variance of the intercept (zeros without an intercept).
     n_iter_ : ndarray of shape (1 or n_classes,)
@@ -182,13 +193,15 @@ PROBIT_DOC = (
     array([[0.31, 0.69],
            [0.96, 0.04]])
 
-    The prior variance was chosen by maximising the EP evidence, which is higher than that of
-    the fixed prior N(0, 1):
+    With 8 features the defaults fit EP with the full covariance, and the prior variance was
+    chosen by maximising the EP evidence, which is higher than that of the fixed prior N(0, 1):
 
+    >>> clf[-1].method_, clf[-1].covariance_
+    ('ep', 'full')
     >>> fixed = make_pipeline(StandardScaler(), CEPProbitClassifier(prior_variance=1.0))
     >>> fixed = fixed.fit(X, y)[-1]
     >>> clf[-1].prior_variance_.round(3), clf[-1].log_evidence_.round(1), fixed.log_evidence_.round(1)
-    (array([0.09]), array([-160.5]), array([-165.6]))
+    (array([0.091]), array([-160.]), array([-164.9]))
     """
 )
 

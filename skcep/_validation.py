@@ -139,7 +139,8 @@ def check_fit_range(estimator_name, values=None, weight=None, name="y", advice="
     copies, stay in double precision), checked before it starts.  ``advice``: what to do about
     large values; ``weight_name``: what the weights are called in the message."""
     stored = values.data if sp.issparse(values) else values
-    if stored is not None and np.size(stored) and (largest := float(np.max(np.abs(stored)))) > MAX_FIT_VALUE:
+    if stored is not None and np.size(stored) and (  # two reductions, no |values| copy
+            largest := max(float(np.max(stored)), -float(np.min(stored)))) > MAX_FIT_VALUE:
         if sp.issparse(values):
             coo = values.tocoo()
             top = int(np.argmax(np.abs(coo.data)))
@@ -154,3 +155,38 @@ def check_fit_range(estimator_name, values=None, weight=None, name="y", advice="
             f"{weight_name} reaches {heaviest:.3g}; a weight counts copies of an entry, and "
             f"{estimator_name} takes weights up to {MAX_FIT_WEIGHT:.0e}. Divide the weights by a "
             "common factor if only their ratios matter (that rescales the data's evidence).")
+
+
+#: Feature ranges (max − min of a column) further apart than this factor are reported
+#: (:func:`feature_scale_span`): the prior N(0, λ) shrinks every weight alike, and EP's and
+#: CEP's sweeps converge slowly or not at all (the raw scikit-learn breast-cancer data, ranges
+#: 0.02 to 4,000: CEP-1 and EP stop at a training log-loss of 1.7, above the base rate's 0.66).
+SCALE_SPAN_LIMIT = 1e3
+
+
+class BadlyScaledWarning(UserWarning):
+    """The features' scales span orders of magnitude: standardise them."""
+
+
+def feature_scale_span(X, feature_names=None):
+    """(ratio, message) for the largest over the smallest non-zero column range of ``X``
+    (dense or CSR; a sparse column's range includes its implicit zeros) where the ratio exceeds
+    :data:`SCALE_SPAN_LIMIT`, else None.  Two column reductions, no copy of X."""
+    if X.shape[0] < 2 or X.shape[1] < 2:
+        return None
+    high = np.asarray(X.max(axis=0).toarray() if sp.issparse(X) else X.max(axis=0), dtype=float).ravel()
+    low = np.asarray(X.min(axis=0).toarray() if sp.issparse(X) else X.min(axis=0), dtype=float).ravel()
+    spread = high - low
+    varying = np.flatnonzero(spread > 0)
+    if varying.size < 2:
+        return None
+    wide, narrow = varying[np.argmax(spread[varying])], varying[np.argmin(spread[varying])]
+    ratio = spread[wide] / spread[narrow]
+    if not ratio > SCALE_SPAN_LIMIT:
+        return None
+    name = (lambda j: repr(str(feature_names[j])) if feature_names is not None else str(int(j)))
+    return ratio, (f"the features' ranges span {np.log10(ratio):.1f} orders of magnitude (column "
+                   f"{name(wide)}: {spread[wide]:.3g}, column {name(narrow)}: {spread[narrow]:.3g}); "
+                   "the prior N(0, λ) shrinks every weight alike and the sweeps may converge slowly "
+                   "or not at all: standardise the features, e.g. "
+                   "make_pipeline(StandardScaler(), estimator)")

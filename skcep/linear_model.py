@@ -7,6 +7,7 @@ moments come from a learned message operator (``method="kjit"``).
 """
 
 import copy
+from functools import partial
 from numbers import Integral, Real
 
 import numpy as np
@@ -18,14 +19,15 @@ from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
-from ._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method
+from ._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method, warn
 from ._dask import computed
 from ._dask_glm import DaskRows, fit_classifier
 from ._docstrings import FIT_DOC, LOGISTIC_DOC, PARTIAL_FIT_DOC, PROBIT_DOC
-from ._validation import FEATURE_RANGE_ADVICE, check_fit_range, validate_data
+from ._validation import (FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span,
+                          validate_data)
 from .engines.chunks import map_chunks
 from .engines.factors import LogisticFactor, OperatorSite
-from .engines.evidence import fit_glm
+from .engines.evidence import fit_glm, stream_batch
 from .engines.glm import predictor_moments
 from .engines.likelihoods import Logistic, Probit
 from .message_operator import KJITMessageOperator
@@ -48,12 +50,44 @@ def _row_scales(A):
     return np.where(big > _SCALE_ABOVE, np.ldexp(1.0, np.frexp(big)[1] - 1), 1.0)
 
 
+#: ``covariance="auto"`` takes the full covariance up to this many weights (intercept included).
+#: A full-covariance EP sweep costs ~2 n d² multiply-adds at the matrix-product rate and holds
+#: O(d²) numbers; a factorized one ~n d likelihood evaluations and 2 n d stored sites.  Full EP
+#: converges in 3–6 sweeps where CEP-1 takes its EP warm-up and 4–60 of its own, and it is
+#: close to the exact posterior (KL(NUTS ‖ q) 0.006–0.16 nats on the CEP paper's sets, against
+#: 6–48 for the factorized q).  Measured on 100,000 rows (benchmarks/results/scale.md): full EP
+#: is the cheaper fit up to d ≈ 500, and its covariance is then 2 MiB against 800 MB of sites.
+FULL_AUTO_FEATURES = 512
+
+
+def choose_inference(method, covariance, dim):
+    """``method`` and ``covariance`` with ``"auto"`` resolved for ``dim`` weights.
+
+    | method | covariance | dim ≤ FULL_AUTO_FEATURES | beyond |
+    |---|---|---|---|
+    | auto | auto | ep, full | cep1, diagonal |
+    | ep / cep1 / cep2 / kjit | auto | that method, diagonal | that method, diagonal |
+    | auto | full | ep, full | ep, full |
+    | auto | diagonal | cep1, diagonal | cep1, diagonal |
+
+    A method named by the user keeps the factorized posterior it has always fitted (only
+    ``covariance="full"`` asks for EP's full form).  The factorized default is CEP-1: its
+    conditional moments are closer to the exact posterior's than factorized EP's on the CEP
+    paper's sets (benchmarks/results/classification.md).
+    """
+    if covariance == "auto":
+        covariance = "full" if method == "auto" and dim <= FULL_AUTO_FEATURES else "diagonal"
+    if method == "auto":
+        method = "ep" if covariance == "full" else "cep1"
+    return method, covariance
+
+
 class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
     """Shared machinery of the Bayesian GLM classifiers; subclasses choose the likelihood."""
 
     _parameter_constraints = {
-        "method": [StrOptions({"cep1", "cep2", "ep"})],
-        "covariance": [StrOptions({"diagonal", "full"})],
+        "method": [StrOptions({"auto", "cep1", "cep2", "ep"})],
+        "covariance": [StrOptions({"auto", "diagonal", "full"})],
         "prior_variance": [StrOptions({"auto"}), Interval(Real, 0, None, closed="neither")],
         "fit_intercept": ["boolean"],
         "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
@@ -71,7 +105,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
     _dask_fit = fit_classifier
     _dask_fit_weights = True
 
-    def __init__(self, *, method="cep1", covariance="diagonal", prior_variance="auto",
+    def __init__(self, *, method="auto", covariance="auto", prior_variance="auto",
                  fit_intercept=True, intercept_prior_variance=100.0, max_iter=300, tol=1e-3,
                  damping="auto", block_size=None, class_weight=None, n_jobs=None, verbose=0):
         self.method = method
@@ -102,7 +136,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         self._check_options(X.shape[1])
         check_fit_range(type(self).__name__, X, weight, name="X", advice=FEATURE_RANGE_ADVICE,
                         weight_name="sample_weight × class_weight")
-        posterior = self._fit_posteriors(X, y, classes, prior=None, sample_weight=weight)
+        note = self._check_scales(X)
+        posterior = self._fit_posteriors(X, y, classes, prior=None, sample_weight=weight, scale_note=note)
         self.classes_ = classes
         self._set_posterior(posterior)
         return self
@@ -122,12 +157,23 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         self._check_options(X.shape[1])
         check_fit_range(type(self).__name__, X, weight, name="X", advice=FEATURE_RANGE_ADVICE,
                         weight_name="sample_weight × class_weight")
+        note = self._check_scales(X) if first else None
         posterior = self._fit_posteriors(X, y, self.classes_, prior=None if first else self._posterior,
-                                         sample_weight=weight)
+                                         sample_weight=weight, stream=True, scale_note=note)
         self._set_posterior(posterior)
         return self
 
     partial_fit.__doc__ = PARTIAL_FIT_DOC
+
+    def _check_scales(self, X):
+        """A :class:`BadlyScaledWarning` where the features' ranges span orders of magnitude
+        (:func:`feature_scale_span`); returns its message (the cause an unconverged fit names)
+        or None."""
+        span = feature_scale_span(X, getattr(self, "feature_names_in_", None))
+        if span is None:
+            return None
+        warn(f"{type(self).__name__}: {span[1]}.", BadlyScaledWarning)
+        return span[1]
 
     def _row_weights(self, X, y, classes, sample_weight, partial):
         """Each row's weight, ``sample_weight`` × ``class_weight`` of its label (as in
@@ -169,12 +215,18 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
                              f"weight; got {per_class.tolist()!r} for classes {classes.tolist()!r}.")
         return per_class
 
+    def _inference(self, n_features):
+        """(method, covariance) with ``"auto"`` resolved for ``n_features`` columns
+        (:func:`choose_inference`)."""
+        return choose_inference(self.method, self.covariance, n_features + int(self.fit_intercept))
+
     def _check_options(self, n_features):
-        if self.covariance == "full":
-            if self.method != "ep":
-                hint = " (method='kjit' needs covariance='diagonal')" if self.method == "kjit" else ""
+        method, covariance = self._inference(n_features)
+        if covariance == "full":
+            if method != "ep":
+                hint = " (method='kjit' needs covariance='diagonal')" if method == "kjit" else ""
                 raise ValueError("covariance='full' is weight-space EP and needs method='ep'; "
-                                 f"got method={self.method!r}{hint}.")
+                                 f"got method={method!r}{hint}.")
             dim = n_features + int(self.fit_intercept)
             if 8 * dim * dim > _MAX_FULL_BYTES:
                 raise ValueError(
@@ -182,21 +234,32 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
                     "GiB); use covariance='diagonal' for this many features.")
 
     def _design(self, X):
-        """X with a trailing column of ones when an intercept is fitted."""
+        """X with a trailing column of ones when an intercept is fitted; a dense design in C
+        order whatever the input's (a DataFrame's values are often in F order, and BLAS rounds
+        differently in the two layouts)."""
+        if sp.issparse(X):
+            if not self.fit_intercept:
+                return X
+            return sp.hstack([X, sp.csr_matrix(np.ones((X.shape[0], 1)))], format="csr")
         if not self.fit_intercept:
-            return X
-        ones = np.ones((X.shape[0], 1))
-        return sp.hstack([X, sp.csr_matrix(ones)], format="csr") if sp.issparse(X) else np.hstack([X, ones])
+            return np.ascontiguousarray(X)
+        A = np.empty((X.shape[0], X.shape[1] + 1))
+        A[:, :-1] = X
+        A[:, -1] = 1.0
+        return A
 
-    def _fit_posteriors(self, X, y, classes, prior, site_lik=None, sample_weight=None):
+    def _fit_posteriors(self, X, y, classes, prior, site_lik=None, sample_weight=None, stream=False,
+                        scale_note=None):
         """One binary posterior per model (one for two classes, else one-vs-rest), the models
         spread over ``n_jobs`` threads.  ``site_lik`` overrides the likelihood whose tilted
         moments refine the sites (the operator site of ``method="kjit"``); every model sees
-        the rows' weights ``sample_weight`` (None: unweighted)."""
+        the rows' weights ``sample_weight`` (None: unweighted); ``stream``: a ``partial_fit``
+        batch; ``scale_note``: the features' scale problem, the cause an unconverged fit names."""
         A = X if isinstance(X, DaskRows) else self._design(X)
         dim, n_weights = A.shape[1], A.shape[1] - self.fit_intercept
+        method, covariance = self._inference(n_weights)
         positives = classes[1:] if classes.size == 2 else classes
-        own_lik, evidence_lik = self._likelihoods()  # evidence: the accurate (predictive) rule
+        own_lik, evidence_lik = self._likelihoods(method)  # evidence: the accurate (predictive) rule
         site_lik = site_lik or own_lik
         progress = self._progress()
         options = dict(damping=None if self.damping == "auto" else self.damping, tol=self.tol,
@@ -204,14 +267,12 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         auto = self.prior_variance == "auto"
         prior_var = np.r_[np.full(n_weights, 1.0 if auto else float(self.prior_variance)),
                           [self.intercept_prior_variance] * self.fit_intercept]
-        full = self.covariance == "full"
+        full = covariance == "full"
         if not full:
-            options["method"] = "ep" if self.method == "kjit" else self.method
-        tune = n_weights if auto and prior is None and n_weights else None
+            options["method"] = "ep" if method == "kjit" else method
+        tune = n_weights if auto and not stream and n_weights else None
 
-        def fit_one(k):
-            mean0 = np.zeros(dim) if prior is None else prior["mean"][k]
-            spread0 = prior_var if prior is None else prior["cov" if full else "var"][k]
+        def fit_from(k, mean0, spread0):
             if isinstance(A, DaskRows):  # rows and sites held on Dask workers
                 return A.fit(positives[k], site_lik, evidence_lik, mean0, spread0,
                              tune_weights=tune, **options)
@@ -220,8 +281,18 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
                            evidence_likelihood=evidence_lik, tune_weights=tune,
                            sample_weight=sample_weight, **options)
 
+        def fit_one(k):
+            mean0 = np.zeros(dim) if prior is None else prior["mean"][k]
+            spread0 = prior_var if prior is None else prior["cov" if full else "var"][k]
+            if not (stream and auto and n_weights):
+                return fit_from(k, mean0, spread0)
+            # λ follows the stream: chosen again at the sites of every batch so far
+            lam = 1.0 if prior is None else prior["prior_variance"][k]
+            return stream_batch(partial(fit_from, k), mean0, spread0, np.zeros(dim),
+                                np.r_[np.full(n_weights, lam), prior_var[n_weights:]], n_weights)
+
         # a learned operator is trained as it answers: its models run one after another
-        n_jobs = 1 if self.method == "kjit" else self.n_jobs
+        n_jobs = 1 if method == "kjit" else self.n_jobs
         results = map_chunks(fit_one, range(len(positives)), n_jobs=n_jobs)
         if progress is not None:  # the objective of each model: its EP evidence (E1)
             for k, r in enumerate(results):
@@ -229,26 +300,28 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
                 progress.section(f"{label}log evidence {r.log_evidence:.6g} at prior variance "
                                  f"{r.prior_variance or prior_var[0]:.4g}, {r.n_iter} sweeps")
         if not all(r.converged for r in results):
-            self._warn_not_converged(self.max_iter, cause=_large_variance_cause(results))
+            self._warn_not_converged(self.max_iter, cause=_large_variance_cause(results) or scale_note)
         stack = {name: np.array([getattr(r, name) for r in results])
                  for name in ("mean", "var", "cov", "n_iter", "converged", "log_evidence")}
-        if prior is not None:  # streaming: the evidence accumulates, λ stays the first call's
-            stack["log_evidence"], stack["prior_variance"] = (
-                prior["log_evidence"] + stack["log_evidence"], prior["prior_variance"])
-        else:
-            stack["prior_variance"] = np.array([r.prior_variance or prior_var[0] for r in results])
-        return {**stack, "cov": stack["cov"] if self.covariance == "full" else None}
+        stack["prior_variance"] = np.array([r.prior_variance or prior_var[0] for r in results])
+        if prior is not None:  # streaming: the evidence accumulates
+            stack["log_evidence"] = prior["log_evidence"] + stack["log_evidence"]
+            if not auto:
+                stack["prior_variance"] = prior["prior_variance"]
+        return {**stack, "cov": stack["cov"] if full else None, "method": method}
 
     def _set_posterior(self, posterior):
         for name in ("message_operator_", "coef_cov_"):  # left by a fit with other options
             self.__dict__.pop(name, None)
         if (operator := posterior.pop("message_operator", None)) is not None:
             self.message_operator_ = operator
+        self.method_ = posterior.pop("method")
+        self.covariance_ = "full" if posterior["cov"] is not None else "diagonal"
         self._posterior = posterior
         d = self.n_features_in_
         self.coef_ = posterior["mean"][:, :d].copy()
         self.coef_var_ = posterior["var"][:, :d].copy()
-        if self.covariance == "full":
+        if posterior["cov"] is not None:
             self.coef_cov_ = posterior["cov"][:, :d, :d].copy()
         zeros = np.zeros(self.coef_.shape[0])
         self.intercept_ = posterior["mean"][:, d].copy() if self.fit_intercept else zeros
@@ -274,16 +347,27 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         return (*predictor_moments(A, post["mean"], post["var"], post["cov"]), scale)
 
     @predict_method
-    def decision_function(self, X):
-        """Posterior mean of the linear predictor, E[xᵀw + b] (±inf beyond the largest float).
+    def decision_function(self, X, return_std=False):
+        """Posterior mean of the linear predictor a = xᵀw + b, E[a] (±inf beyond the largest
+        float), and with ``return_std`` its posterior standard deviation √(xᵀΣx + v_b)
+        (Σ the weights' posterior covariance, diagonal for a factorized posterior).
 
-        Returns an array of shape (n_samples,) for two classes, else (n_samples, n_classes).
+        The probability of class 1 is σ(a) (probit: Φ(a)) with a ~ N(mean, std²): its
+        posterior mean is :meth:`predict_proba`, and its spread follows from the same normal,
+        e.g. quantiles σ(mean ± 1.96 std) or E[σ(a)²] − E[σ(a)]² by Gauss–Hermite quadrature
+        (``docs/classifiers.md``, "Predictive uncertainty").
+
+        Returns an array of shape (n_samples,) for two classes, else (n_samples, n_classes);
+        with ``return_std``, a tuple (mean, std) of two such arrays.
         """
-        mean, _, scale = self._predictor_moments(X)
+        mean, var, scale = self._predictor_moments(X)
+        std = np.sqrt(var)
         if scale is not None:
             with np.errstate(over="ignore"):
-                mean = mean * scale
-        return mean[:, 0] if mean.shape[1] == 1 else mean
+                mean, std = mean * scale, std * scale
+        if mean.shape[1] == 1:
+            mean, std = mean[:, 0], std[:, 0]
+        return (mean, std) if return_std else mean
 
     @predict_method
     def predict_log_proba(self, X):
@@ -324,8 +408,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         """Factorized methods: integer weights and repeated rows reach the same EP/CEP fixed
         point only to ``tol`` (the sweeps refine rows in blocks, so the two take different
         paths); full-covariance EP passes every check."""
-        if self.covariance == "full":
-            return {}
+        if self.covariance == "full" or (self.covariance == "auto" and self.method == "auto"):
+            return {}  # the checks' data have a few features: full-covariance EP
         reason = ("integer weights and repeated rows reach the same fixed point only to tol: "
                   "factorized sweeps refine rows in blocks, so the two take different paths")
         return {"check_sample_weight_equivalence_on_dense_data": reason,
@@ -353,7 +437,7 @@ def _large_variance_cause(results):
 class CEPProbitClassifier(_CEPClassifierBase):
     __doc__ = PROBIT_DOC
 
-    def _likelihoods(self):
+    def _likelihoods(self, method=None):
         lik = Probit()
         return lik, lik
 
@@ -363,13 +447,13 @@ class CEPLogisticClassifier(_CEPClassifierBase):
 
     _parameter_constraints = {
         **_CEPClassifierBase._parameter_constraints,
-        "method": [StrOptions({"cep1", "cep2", "ep", "kjit"})],
+        "method": [StrOptions({"auto", "cep1", "cep2", "ep", "kjit"})],
         "n_quadrature": [Interval(Integral, 2, None, closed="left")],
         "message_operator": [None, HasMethods(["send"])],
         "random_state": ["random_state"],
     }
 
-    def __init__(self, *, method="cep1", covariance="diagonal", prior_variance="auto",
+    def __init__(self, *, method="auto", covariance="auto", prior_variance="auto",
                  fit_intercept=True, intercept_prior_variance=100.0, max_iter=300, tol=1e-3,
                  damping="auto", block_size=None, class_weight=None, n_quadrature=9,
                  message_operator=None, random_state=None, n_jobs=None, verbose=0):
@@ -381,9 +465,12 @@ class CEPLogisticClassifier(_CEPClassifierBase):
         self.message_operator = message_operator
         self.random_state = random_state
 
-    def _likelihoods(self):
+    def _likelihoods(self, method=None):
+        """(site, predictive) likelihoods; the sites of ``method`` (default: as resolved by
+        the last fit, else ``self.method``)."""
+        method = method or getattr(self, "method_", self.method)
         predictive = Logistic(max(self.n_quadrature, 20))
-        site = Logistic(self.n_quadrature) if self.method not in ("ep", "kjit") else predictive
+        site = Logistic(self.n_quadrature) if method not in ("ep", "kjit") else predictive
         return site, predictive
 
     def _check_options(self, n_features):
@@ -393,9 +480,9 @@ class CEPLogisticClassifier(_CEPClassifierBase):
                 f"message_operator is only used by method='kjit'; got method={self.method!r}. "
                 "Set method='kjit' or message_operator=None.")
 
-    def _fit_posteriors(self, X, y, classes, prior, site_lik=None, sample_weight=None):
+    def _fit_posteriors(self, X, y, classes, prior, site_lik=None, **options):
         if self.method != "kjit":
-            return super()._fit_posteriors(X, y, classes, prior, sample_weight=sample_weight)
+            return super()._fit_posteriors(X, y, classes, prior, **options)
         # Work on a copy: the user's operator (fit, first partial_fit) or the fitted one
         # (later partial_fit) is only replaced once the whole call has succeeded.
         previous = getattr(self, "message_operator_", None) if prior is not None else None
@@ -406,7 +493,7 @@ class CEPLogisticClassifier(_CEPClassifierBase):
                 message_families=("gaussian", "beta"), oracle=LogisticFactor().exact,
                 noise_variance=1e-8, uncertainty_threshold=-16.0, random_state=self.random_state)
         posterior = super()._fit_posteriors(X, y, classes, prior, site_lik=OperatorSite(operator),
-                                            sample_weight=sample_weight)
+                                            **options)
         posterior["message_operator"] = operator
         return posterior
 

@@ -30,3 +30,13 @@ def messages(n=600, seed=0):
     X = np.column_stack([rng.normal(0, 2, n), rng.uniform(0.5, 4, n),
                          rng.integers(1, 3, n).astype(float), rng.integers(1, 3, n).astype(float)])
     return X, LogisticFactor().exact(X)[:, :2]
+
+
+def row_weights(rng, n, site_prec, site_shift):
+    """Fractional, integer and zero row weights for a kernel test (row 3, whose site is made
+    improper there, keeps weight 1); a zero-weight row's stored sites are zeroed (its total of
+    zero copies)."""
+    weight = rng.choice([0.0, 0.4, 1.0, 3.0], size=n)
+    weight[3] = 1.0
+    site_prec[weight == 0] = site_shift[weight == 0] = 0.0
+    return weight

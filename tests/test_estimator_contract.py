@@ -159,7 +159,7 @@ def test_structural_change_between_partial_fit_calls_is_refused(name):
 
 def test_ep_partial_fit_then_full_covariance_is_a_clear_error():
     X, y = _classification(n_classes=2)
-    est = CEPProbitClassifier(method="ep").partial_fit(X, y, classes=[0, 1])
+    est = CEPProbitClassifier(method="ep", covariance="diagonal").partial_fit(X, y, classes=[0, 1])
     coef = est.coef_.copy()
     est.set_params(covariance="full")
     with pytest.raises(ValueError, match="covariance changed from 'diagonal' to 'full'"):

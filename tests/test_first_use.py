@@ -16,7 +16,7 @@ from sklearn.preprocessing import StandardScaler
 from skcep import (BayesianCPTensor, CEPLogisticClassifier, CEPProbitClassifier,
                    StreamingDeepTensor, compile_kernels)
 from skcep.datasets import load_cep_paper
-from skcep.engines import _deep_kernel, _glm_kernel, _rff_kernel
+from skcep.engines import _deep_kernel, _full_kernel, _glm_kernel, _rff_kernel
 
 # --------------------------------------------------------------------------------------------
 # results independent of BLAS threading and n_jobs
@@ -79,7 +79,7 @@ def test_fits_are_bit_identical_whatever_the_blas_threads_and_n_jobs(tmp_path):
 # --------------------------------------------------------------------------------------------
 # kernels compiled ahead
 # --------------------------------------------------------------------------------------------
-KERNEL_MODULES = (_glm_kernel, _deep_kernel, _rff_kernel)
+KERNEL_MODULES = (_glm_kernel, _full_kernel, _deep_kernel, _rff_kernel)
 
 
 def _compiled_signatures():
@@ -94,7 +94,8 @@ def test_compile_kernels_compiles_what_real_fits_then_use():
     """After :func:`compile_kernels`, real fits of every compiled engine on real data compile
     nothing more: the warm-up used the argument types that fits use."""
     seconds = compile_kernels()
-    assert set(seconds) == {"dense probit EP and CEP-1, evidence", "SBDT assumed density filtering",
+    assert set(seconds) == {"dense probit EP and CEP-1, evidence", "dense logistic EP and CEP-1",
+                            "full-covariance EP, probit and logistic", "SBDT assumed density filtering",
                             "KJIT random features"}
     before = _compiled_signatures()
     for module in KERNEL_MODULES:  # every engine's entry points compiled
@@ -102,8 +103,9 @@ def test_compile_kernels_compiles_what_real_fits_then_use():
     data = load_cep_paper("pima", split=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        for method in ("cep1", "ep"):
-            CEPProbitClassifier(method=method).fit(data.X_train, data.y_train)
+        for cls in (CEPProbitClassifier, CEPLogisticClassifier):
+            for method in ("cep1", "ep", "auto"):  # auto: full-covariance EP here
+                cls(method=method).fit(data.X_train, data.y_train)
         CEPLogisticClassifier(method="kjit", random_state=0, max_iter=3).fit(
             data.X_train, data.y_train)
         rng = np.random.default_rng(1)

@@ -73,7 +73,7 @@ def _always_oracle(oracle, **kw):
 
 def test_kjit_with_engine_oracle_is_ep():
     X, y, _, _ = _crabs()
-    ep = CEPLogisticClassifier(method="ep", prior_variance=1.0, block_size=25).fit(X, y)
+    ep = CEPLogisticClassifier(method="ep", covariance="diagonal", prior_variance=1.0, block_size=25).fit(X, y)
     oracle = EngineOracle()
     kjit = CEPLogisticClassifier(
         method="kjit", message_operator=_always_oracle(oracle), block_size=25, prior_variance=1.0
@@ -90,7 +90,7 @@ def test_kjit_with_engine_oracle_is_ep():
 def test_kjit_with_exact_oracle_matches_ep():
     """The exact factor and the engine's quadrature agree to ~1e-7, so do the posteriors."""
     X, y, _, _ = _crabs()
-    ep = CEPLogisticClassifier(method="ep", prior_variance=1.0, block_size=25).fit(X, y)
+    ep = CEPLogisticClassifier(method="ep", covariance="diagonal", prior_variance=1.0, block_size=25).fit(X, y)
     op = _always_oracle(LogisticFactor().exact)
     kjit = CEPLogisticClassifier(method="kjit", prior_variance=1.0, message_operator=op, block_size=25).fit(X, y)
     np.testing.assert_allclose(kjit.coef_, ep.coef_, rtol=0, atol=1e-5)
@@ -101,7 +101,7 @@ def test_kjit_learns_and_saves_oracle_calls_on_crabs():
     """Default operator: after its initial oracle batch (300 rows = 3 sweeps here) most
     messages are predicted, and the posterior is close to exact EP's."""
     X, y, Xt, yt = _crabs()
-    ep = CEPLogisticClassifier(method="ep", prior_variance=1.0).fit(X, y)
+    ep = CEPLogisticClassifier(method="ep", covariance="diagonal", prior_variance=1.0).fit(X, y)
     clf = CEPLogisticClassifier(method="kjit", prior_variance=1.0, random_state=0).fit(X, y)
     assert clf.converged_.all()
     op = clf.message_operator_
@@ -215,7 +215,7 @@ def test_multiclass_shares_one_operator():
     X = rng.standard_normal((120, 4))
     y = np.argmax(X[:, :3] + 0.3 * rng.standard_normal((120, 3)), axis=1)
     clf = CEPLogisticClassifier(method="kjit", random_state=0, max_iter=6).fit(X, y)
-    ep = CEPLogisticClassifier(method="ep", max_iter=6).fit(X, y)
+    ep = CEPLogisticClassifier(method="ep", covariance="diagonal", max_iter=6).fit(X, y)
     assert clf.coef_.shape == (3, 4)
     assert len(clf.message_operator_.log_predictive_variance_) >= 3 * len(y)
     assert abs(clf.score(X, y) - ep.score(X, y)) <= 0.02

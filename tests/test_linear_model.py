@@ -308,9 +308,12 @@ def test_full_covariance_is_a_covariance(cls):
 @ignore_convergence
 @pytest.mark.parametrize("cls, method, cov", ALL)
 def test_partial_fit_on_all_data_equals_fit(cls, method, cov):
+    """At a fixed λ one batch is the fit (under "auto" a stream starts at λ = 1 and follows
+    the data: test_stream_learns_the_prior_variance)."""
     X, y = _toy(n_classes=3)
-    fitted = cls(method=method, covariance=cov, max_iter=30).fit(X, y)
-    streamed = cls(method=method, covariance=cov, max_iter=30).partial_fit(X, y, classes=[0, 1, 2])
+    fitted = cls(method=method, covariance=cov, max_iter=30, prior_variance=0.7).fit(X, y)
+    streamed = cls(method=method, covariance=cov, max_iter=30, prior_variance=0.7).partial_fit(
+        X, y, classes=[0, 1, 2])
     for name, value in _posterior(fitted).items():
         np.testing.assert_allclose(getattr(streamed, name), value, rtol=1e-12, atol=1e-14)
 
@@ -351,7 +354,8 @@ def test_partial_fit_over_chunks_approaches_fit(cls, cov, mean_tol):
 @pytest.mark.parametrize("cls, method, cov", ALL)
 def test_partial_fit_continues_from_current_posterior(cls, method, cov):
     X, y = _toy(n=120, n_classes=3)
-    est = cls(method=method, covariance=cov, max_iter=10)
+    # at a fixed λ every batch shrinks the variances ("auto" re-chooses λ, which can widen them)
+    est = cls(method=method, covariance=cov, max_iter=10, prior_variance=1.0)
     # a first batch may lack a class; the model still has one row per class of `classes`
     first = y < 2
     est.partial_fit(X[first][:40], y[first][:40], classes=[0, 1, 2])
@@ -360,7 +364,7 @@ def test_partial_fit_continues_from_current_posterior(cls, method, cov):
     est.partial_fit(X[40:], y[40:])  # classes only needed on the first call
     assert np.all(est.coef_var_ < var_before)
     # partial_fit after fit folds new data into fit's posterior
-    est2 = cls(method=method, covariance=cov, max_iter=10).fit(X[:60], y[:60])
+    est2 = cls(method=method, covariance=cov, max_iter=10, prior_variance=1.0).fit(X[:60], y[:60])
     var_fit = est2.coef_var_.copy()
     est2.partial_fit(X[60:], y[60:])
     assert np.all(est2.coef_var_ < var_fit)

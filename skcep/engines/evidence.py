@@ -98,6 +98,8 @@ SEARCH_BUDGET = 5.0  # the search's fits stop once their sweeps reach this many 
 SEARCH_GAIN_TOL = 0.2  # nats: the search stops when no interval may hold more above its best
 SLOPE_TOL = 0.02  # nats per unit of log λ: a slope this small at the best fit is a peak
 SEPARABLE_ROWS = 2000  # rows of the linear program that tells non-separable data
+STREAM_ROUNDS = 3  # fits of a stream's batch, λ chosen again after each (stream_batch)
+STREAM_LAMBDA_TOL = 0.1  # in log λ: a smaller move of λ keeps the batch's fit
 KEEP_SITES = 2  # the search keeps the sites of its last fits (and its best) for warm starts
 RUNAWAY = 10.0  # posterior sd in one sweep after the first GRACE: a CEP fit has diverged
 GRACE = 2
@@ -674,9 +676,83 @@ def site_totals(post, prior_mean, prior_spread):
     parameters less the prior's (q = p0 Π_i t̃_i), per coordinate (d,) for a factorized q, a
     (d, d) precision and (d,) shift for a full one — without a pass over the rows."""
     if post.cov is not None:
-        prec, prior_prec = post.precision, precision_of(prior_spread)
-        return prec - prior_prec, prec @ post.mean - prior_prec @ prior_mean
-    return 1.0 / post.var - 1.0 / prior_spread, post.mean / post.var - prior_mean / prior_spread
+        return natural_totals(post.mean, post.cov, prior_mean, prior_spread, post.precision)
+    return natural_totals(post.mean, post.var, prior_mean, prior_spread)
+
+
+def natural_totals(mean, spread, prior_mean, prior_spread, precision=None):
+    """(Σ_i T_i, Σ_i ν_i) of q = N(``mean``, ``spread``) against the prior N(``prior_mean``,
+    ``prior_spread``): q's natural parameters less the prior's (variances (d,) or covariances
+    (d, d); ``precision``: q's, when known).  What :func:`site_totals` takes from a fit."""
+    if np.ndim(spread) == 2:
+        prec = np.linalg.inv(spread) if precision is None else precision
+        prior_prec = precision_of(prior_spread)
+        return prec - prior_prec, prec @ mean - prior_prec @ prior_mean
+    return 1.0 / spread - 1.0 / prior_spread, mean / spread - prior_mean / prior_spread
+
+
+def with_prior_variance(mean, spread, prior_mean, prior_spread, n_weights, lam):
+    """q = p0 Π_i t̃_i (``prior_spread`` p0's variances (d,), λ in its first ``n_weights``)
+    rebuilt as p0(``lam``) Π_i t̃_i: the same sites (:func:`natural_totals`) under the prior
+    variance ``lam``.  Returns (mean, spread) of ``spread``'s shape (variances or covariance)."""
+    if np.ndim(spread) == 2 and np.ndim(prior_spread) == 1:
+        prior_spread = np.diag(prior_spread)
+    totals = natural_totals(mean, spread, prior_mean, prior_spread)
+    new_prior = _with_variance(prior_spread, n_weights, lam)
+    if np.ndim(spread) == 2:
+        prior_prec = precision_of(new_prior)
+        chol = cho_factor(prior_prec + totals[0], lower=True)[0]
+        root = solve_triangular(chol, np.eye(mean.size), lower=True)  # L⁻¹, Σ = L⁻ᵀ L⁻¹
+        cov = root.T @ root
+        return cov @ (prior_prec @ prior_mean + totals[1]), 0.5 * (cov + cov.T)
+    prec = 1.0 / new_prior + totals[0]
+    return (prior_mean / new_prior + totals[1]) / prec, 1.0 / prec
+
+
+def sites_prior_variance(mean, spread, prior_mean, prior_spread, n_weights, bounds=LOG_VARIANCE_BOUNDS):
+    """The λ that maximises the evidence of q's sites held fixed (:func:`fixed_site_evidence`
+    of :func:`natural_totals`; the M-step of EP-EM, stationary where (E2) vanishes)."""
+    if np.ndim(spread) == 2 and np.ndim(prior_spread) == 1:
+        prior_spread = np.diag(prior_spread)
+    totals = natural_totals(mean, spread, prior_mean, prior_spread)
+    value = fixed_site_evidence(totals, prior_mean, prior_spread, n_weights)
+    return float(np.exp(fixed_site_argmax(value, bounds)))
+
+
+def stream_batch(fit_from, mean, spread, prior_mean, prior_spread, n_weights, *,
+                 rounds=STREAM_ROUNDS, lambda_tol=STREAM_LAMBDA_TOL):
+    """One batch of a stream whose prior variance λ is learned (ADF, Minka 2001 §3.1: the
+    posterior after the earlier batches is the batch's prior).
+
+    q = N(``mean``, ``spread``) = p0(λ) Π t̃ holds the sites of every earlier batch under the
+    prior ``prior_spread`` (λ its first ``n_weights`` variances).  The batch is fitted by
+    ``fit_from(mean0, spread0)`` (a :class:`~skcep.engines.glm.GLMPosterior`) from q, λ is
+    chosen again at the sites of all batches (:func:`sites_prior_variance`) and, where it moved
+    by more than ``lambda_tol`` in log λ, the batch is fitted again from the earlier sites under
+    the new λ (:func:`with_prior_variance`), at most ``rounds`` fits: EP-EM restricted to the
+    batch, since earlier batches' rows are gone.  A first batch starts from the prior itself.
+    Returns the last fit with its q rebuilt under the λ chosen (``mean``, ``var``, ``cov``;
+    ``prior_variance`` = λ)."""
+    lam = float(prior_spread[0])
+    start_mean, start_spread = mean, spread
+    for _ in range(rounds):
+        post = fit_from(start_mean, start_spread)
+        fitted = post.cov if post.cov is not None else post.var
+        at = _with_variance(np.asarray(prior_spread, dtype=float), n_weights, lam)
+        chosen = sites_prior_variance(post.mean, fitted, prior_mean, at, n_weights)
+        done = abs(np.log(chosen) - np.log(lam)) <= lambda_tol
+        post.mean, fitted = with_prior_variance(post.mean, fitted, prior_mean, at, n_weights, chosen)
+        if done:
+            break
+        start_mean, start_spread = with_prior_variance(mean, spread, prior_mean, prior_spread,
+                                                       n_weights, chosen)
+        lam = chosen
+    if post.cov is not None:
+        post.cov, post.var, post.precision = fitted, np.diag(fitted).copy(), None
+    else:
+        post.var = fitted
+    post.prior_variance = chosen
+    return post
 
 
 class _RunAway(Exception):

@@ -49,6 +49,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, solve_triangular
 
+from ._full_kernel import full_dense_step
 from ._glm_kernel import ep_share, factorized_dense_step
 from .gaussian import (cavity, cavity_natural, damped, precision_of, site_from_marginal,
                        to_moments)
@@ -282,8 +283,9 @@ class _Design:
 
     def compiled(self, likelihood, method):
         """Whether :func:`factorized_partition_step` runs compiled here: a dense design, the
-        probit likelihood, EP or CEP-1."""
-        return not sp.issparse(self.X) and likelihood.name == "probit" and method in ("ep", "cep1")
+        probit or logistic likelihood, EP or CEP-1."""
+        return (not sp.issparse(self.X) and likelihood.name in ("probit", "logistic")
+                and method in ("ep", "cep1"))
 
     def col_total(self, sites):
         if sp.issparse(self.X):
@@ -591,7 +593,7 @@ def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, 
     arrays of their shape), the new sites are written there and the old ones are left as they
     were (the roll-back copy without a copy).  ``sample_weight`` (n,) or None: the rows'
     weights, each row's sites those of its repeated copies (:func:`site_copy`).  A dense
-    design with the probit likelihood runs EP and CEP-1 compiled, in one pass
+    design with the probit or logistic likelihood runs EP and CEP-1 compiled, in one pass
     (:func:`~skcep.engines._glm_kernel.factorized_dense_step`).
 
     Returns
@@ -605,10 +607,11 @@ def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, 
         totals = np.zeros(site_prec.shape[1]), np.zeros(site_prec.shape[1])
         y = np.ascontiguousarray(y, dtype=float)
         weight = np.empty(0) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=float)
+        rule = likelihood.quadrature_rule if likelihood.name == "logistic" else None
         n_skipped = factorized_dense_step(design.X, y, weight, site_prec, site_shift, prec, shift,
                                           design.compiled_block_size, method == "cep1", float(step),
                                           *totals, out_prec, out_shift,
-                                          *map(float, CEP_SPREAD_BAND))
+                                          *map(float, CEP_SPREAD_BAND), rule)
         return (*totals, n_skipped)
     if out is not None:
         np.copyto(out_prec, site_prec)
@@ -693,7 +696,8 @@ def fit_factorized(
         (posterior means in posterior sd, variances relative).
     block_size : int, optional
         Rows refined together; default :func:`default_block_size`, and
-        ``COMPILED_BLOCK_SIZE`` (8) where the step runs compiled (dense, probit, EP / CEP-1).
+        ``COMPILED_BLOCK_SIZE`` (8) where the step runs compiled (dense, probit or logistic,
+        EP / CEP-1).
     init_sites : (site_precision, site_shift), optional
         Starting sites (zero by default, i.e. q = prior).
     warmup_sweeps : int
@@ -871,9 +875,16 @@ def _dense_rows(X, rows):
     return block.toarray() if sp.issparse(block) else block
 
 
+# The quadrature-rule argument of the compiled full step for the probit, which has none (four
+# empty arrays: one argument type for both likelihoods)
+_NO_RULE = (np.empty(0),) * 4
+
+
 def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size,
                         sample_weight=None):
-    """Partition step of full-covariance EP: refine the sites of one partition of the rows.
+    """Partition step of full-covariance EP: refine the sites of one partition of the rows
+    (a dense design with the probit or logistic likelihood: compiled,
+    :func:`~skcep.engines._full_kernel.full_dense_step`, the same step to rounding).
 
     The partition's row blocks are refined in order against its running posterior
     N(P⁻¹b, P⁻¹) (the global precision P and shift b plus the blocks' changes so far): the
@@ -888,6 +899,20 @@ def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, 
         The change of the summed natural parameters, Xᵀ diag(Δτ̃) X (d, d) and Xᵀ Δν̃ (d,),
         and the number of skipped site updates; the global step adds them to P and b.
     """
+    if not sp.issparse(X) and likelihood.name in ("probit", "logistic"):  # one compiled pass
+        logistic = likelihood.name == "logistic"
+        weight = np.empty(0) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=float)
+        return full_dense_step(np.ascontiguousarray(X, dtype=float), np.ascontiguousarray(y, dtype=float),
+                               weight, site_prec, site_shift, P, b, int(block_size), float(step), logistic,
+                               likelihood.quadrature_rule if logistic else _NO_RULE)
+    return full_partition_numpy(X, y, site_prec, site_shift, P, b, likelihood=likelihood, step=step,
+                                block_size=block_size, sample_weight=sample_weight)
+
+
+def full_partition_numpy(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size,
+                         sample_weight=None):
+    """:func:`full_partition_step` in numpy, block by block: sparse designs and every
+    likelihood, and the reference the compiled step is tested against."""
     n, d = X.shape
     P0, b0 = P, b
     P, b = P.copy(), b.copy()

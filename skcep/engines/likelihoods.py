@@ -23,6 +23,8 @@ import numpy as np
 from numpy.polynomial.hermite import hermgauss
 from scipy.special import erfcx, expit, log_expit, log_ndtr, ndtr
 
+from ._glm_kernel import LOGISTIC_LOWER_TAIL, LOGISTIC_S_SWITCH, logistic_derivatives_array
+
 __all__ = ["Probit", "Logistic", "Gaussian", "log_phi_derivatives", "mills_ratio"]
 
 _SQRT_2_OVER_PI = np.sqrt(2.0 / np.pi)
@@ -160,10 +162,15 @@ class Logistic:
     σ⁽³⁾/σ = (1−σ)(1−6σ(1−σ)), σ⁽⁴⁾/σ = (1−σ)(1−2σ)(1−12σ(1−σ)), and, for Φ(v) with
     r = φ/Φ: Φ'/Φ = r, Φ''/Φ = −v r, Φ⁽³⁾/Φ = (v² − 1) r, Φ⁽⁴⁾/Φ = (3v − v³) r.
     All are bounded or computed in log space, so nothing overflows for any m.
+
+    L_0, L_1 and L_2 are computed by the compiled
+    :func:`~skcep.engines._glm_kernel.logistic_derivatives_array` (the same rules and switch,
+    the same values to rounding, 2.5× faster than numpy where s > 2 and ~40× elsewhere); L_3
+    and L_4 (CEP-2) by the numpy code here (:meth:`_numpy_derivatives`).
     """
 
     name = "logistic"
-    _S_SWITCH = 2.0
+    _S_SWITCH = LOGISTIC_S_SWITCH
 
     def __init__(self, n_quadrature=9):
         self.n_quadrature = int(n_quadrature)
@@ -173,11 +180,38 @@ class Logistic:
         self._eps, w_eps = logistic_gauss_rule(max(self.n_quadrature, 64))
         self._log_w_eps = np.log(w_eps)
 
+    @property
+    def quadrature_rule(self):
+        """(t, log_w, eps, log_w_eps): the Gauss–Hermite nodes and log weights (1/√π included)
+        and the logistic-noise rule's nodes and log weights, as writable contiguous float
+        arrays, the arguments of the compiled twins in :mod:`skcep.engines._glm_kernel` (whose
+        sums take the Gauss–Hermite nodes by symmetric pairs: ``hermgauss`` makes them so)."""
+        rule = self.__dict__.get("_rule")
+        if rule is None:
+            rule = tuple(np.array(a, dtype=float) for a in
+                         (self._t, self._log_w, self._eps, self._log_w_eps))
+            if not (np.array_equal(rule[0], -rule[0][::-1])
+                    and np.array_equal(rule[1], rule[1][::-1])):
+                raise ValueError("the Gauss-Hermite rule is not symmetric")
+            self._rule = rule
+        return rule
+
     def derivatives(self, m, s, y, order=2, value=True):
+        m, s, y = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (m, s, y)))
+        flat = (np.ravel(a) for a in (m, s, y))  # read-only ones copied: one compiled signature
+        ders = [d.reshape(m.shape) for d in logistic_derivatives_array(
+            *(a if a.flags.writeable else a.copy() for a in flat), *self.quadrature_rule)]
+        if order <= 2:
+            return ders[: order + 1]
+        # L_3, L_4 by numpy; L_0 … L_2 the compiled ones, so every order's prefix is the same
+        return ders + self._numpy_derivatives(m, s, y, order)[3:]
+
+    def _numpy_derivatives(self, m, s, y, order=2):
+        """[L_0 … L_order] by numpy (the reference of the compiled twin)."""
         m, s, y = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (m, s, y)))
         z = y * m
         # Far in the lower tail σ(a) ≈ eᵃ is smooth again and Gauss–Hermite is the better rule.
-        wide = (s > self._S_SWITCH) & (z > -12.0 * np.sqrt(s))
+        wide = (s > self._S_SWITCH) & (z > LOGISTIC_LOWER_TAIL * np.sqrt(s))
         if not wide.any():
             ders = self._hermite(z, s, order)
         elif wide.all():
