@@ -116,8 +116,9 @@ def main():
         "interpreter (import included); `python -m skcep` runs it first and reports it apart "
         "from the fit times.",
         "",
-        "An empty cache costs the compilation of the kernels the fit runs (the dense probit "
-        "step and the factorized evidence for the classifiers, the per-entry ADF loop for "
+        "An empty cache costs the compilation of the kernels the fit runs (the dense EP and "
+        "CEP-1 steps, the full-covariance EP step and the factorized evidence for the "
+        "classifiers, the per-entry ADF loop for "
         "StreamingDeepTensor; BayesianCPTensor runs none).  numba writes the machine code to "
         "its cache, so this is paid once per machine (and numba version); every later "
         "interpreter loads it.",
