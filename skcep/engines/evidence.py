@@ -161,7 +161,7 @@ def full_site_terms(X, y, site_prec, site_shift, mean, cov, *, likelihood, block
     (s_i = 0) keeps a zero site and adds log Z(0, ·) = log ½ for these symmetric links.
     ``sample_weight`` as in :func:`factorized_site_terms` (E1w)."""
     n, d = X.shape
-    block_size = block_size or max(1, min(n, 2**20 // max(d, 1)))
+    block_size = block_size or max(1, min(n, 2**17 // max(d, 1)))  # 1 MiB blocks
     total = 0.0
     for start in range(0, n, block_size):
         rows = slice(start, min(start + block_size, n))

@@ -1023,11 +1023,18 @@ def fit_full(
 
 
 def full_site_totals(X, site_prec, site_shift):
-    """The summed natural parameters of full-EP sites: (Xᵀ diag(τ̃) X, Xᵀ ν̃)."""
+    """The summed natural parameters of full-EP sites: (Xᵀ diag(τ̃) X, Xᵀ ν̃), a dense X in
+    blocks of rows (~65,000 entries: no n × d temporary, which would grow a fit by the size
+    of X)."""
     if sp.issparse(X):
         gram = (X.T @ sp.csr_matrix(X.multiply(site_prec[:, None]))).toarray()
     else:
-        gram = X.T @ (site_prec[:, None] * X)
+        n, d = X.shape
+        gram = np.zeros((d, d))
+        rows = max(1, 2**16 // max(d, 1))
+        for start in range(0, n, rows):
+            xb = X[start:start + rows]
+            gram += xb.T @ (site_prec[start:start + rows, None] * xb)
     return gram, np.asarray(X.T @ site_shift).ravel()
 
 
