@@ -1,5 +1,7 @@
 """skcep: fast, deterministic approximate Bayesian inference as scikit-learn estimators."""
 
+from importlib import metadata as _metadata
+
 from . import datasets
 from ._compile import compile_kernels
 from .linear_model import CEPLogisticClassifier, CEPProbitClassifier
@@ -7,7 +9,10 @@ from .message_operator import KJITMessageOperator
 from .deep import StreamingDeepTensor
 from .tensor import BayesianCPTensor
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version (pyproject.toml), one source of truth
+    __version__ = _metadata.version("skcep")
+except _metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "CEPProbitClassifier",
