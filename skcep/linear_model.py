@@ -32,7 +32,7 @@ from .engines.glm import predictor_moments
 from .engines.likelihoods import Logistic, Probit
 from .message_operator import KJITMessageOperator
 
-__all__ = ["CEPProbitClassifier", "CEPLogisticClassifier"]
+__all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "BadlyScaledWarning"]
 
 _MAX_FULL_BYTES = 2**31  # a d×d covariance larger than 2 GiB is refused with a clear message
 

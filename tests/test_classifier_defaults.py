@@ -11,8 +11,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from skcep import CEPLogisticClassifier, CEPProbitClassifier
-from skcep._validation import BadlyScaledWarning, feature_scale_span
-from skcep.linear_model import FULL_AUTO_FEATURES, choose_inference
+from skcep._validation import feature_scale_span
+from skcep.linear_model import FULL_AUTO_FEATURES, BadlyScaledWarning, choose_inference
 
 CLASSES = [CEPProbitClassifier, CEPLogisticClassifier]
 
