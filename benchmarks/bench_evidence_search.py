@@ -200,7 +200,7 @@ def run(datasets, splits):
             A, s = np.hstack([X, np.ones((len(y), 1))]), 2.0 * y - 1.0
             for link in LINKS:
                 cls = ESTIMATORS[link]
-                lik = cls()._likelihoods()[1]  # the evidence's (predictive) likelihood
+                lik = cls()._likelihoods("ep")[1]  # the evidence's (predictive) likelihood
                 refs = {}
                 for method, kw in METHODS.items():
                     full = kw.get("covariance") == "full"

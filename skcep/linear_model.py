@@ -377,7 +377,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         posterior; multiclass: one-vs-rest probabilities normalised over classes.
         """
         mean, var, scale = self._predictor_moments(X)
-        log_neg, log_pos = self._likelihoods()[1].predict_log_proba(mean, var, scale)
+        log_neg, log_pos = self._likelihoods(self.method_)[1].predict_log_proba(mean, var, scale)
         if mean.shape[1] == 1:
             return np.column_stack([log_neg[:, 0], log_pos[:, 0]])
         return log_pos - np.logaddexp.reduce(log_pos, axis=1, keepdims=True)
@@ -408,8 +408,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         """Factorized methods: integer weights and repeated rows reach the same EP/CEP fixed
         point only to ``tol`` (the sweeps refine rows in blocks, so the two take different
         paths); full-covariance EP passes every check."""
-        if self.covariance == "full" or (self.covariance == "auto" and self.method == "auto"):
-            return {}  # the checks' data have a few features: full-covariance EP
+        if choose_inference(self.method, self.covariance, dim=10)[1] == "full":
+            return {}  # the checks' data have a few features
         reason = ("integer weights and repeated rows reach the same fixed point only to tol: "
                   "factorized sweeps refine rows in blocks, so the two take different paths")
         return {"check_sample_weight_equivalence_on_dense_data": reason,
@@ -437,7 +437,7 @@ def _large_variance_cause(results):
 class CEPProbitClassifier(_CEPClassifierBase):
     __doc__ = PROBIT_DOC
 
-    def _likelihoods(self, method=None):
+    def _likelihoods(self, method):
         lik = Probit()
         return lik, lik
 
@@ -465,10 +465,8 @@ class CEPLogisticClassifier(_CEPClassifierBase):
         self.message_operator = message_operator
         self.random_state = random_state
 
-    def _likelihoods(self, method=None):
-        """(site, predictive) likelihoods; the sites of ``method`` (default: as resolved by
-        the last fit, else ``self.method``)."""
-        method = method or getattr(self, "method_", self.method)
+    def _likelihoods(self, method):
+        """(site, predictive) likelihoods; the sites of the resolved ``method``."""
         predictive = Logistic(max(self.n_quadrature, 20))
         site = Logistic(self.n_quadrature) if method not in ("ep", "kjit") else predictive
         return site, predictive

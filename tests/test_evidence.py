@@ -28,6 +28,7 @@ from skcep.engines.evidence import (
     fixed_site_evidence,
     fit_glm,
     maximize_evidence,
+    natural_totals,
     prior_variance_gradient,
     separable,
     site_totals,
@@ -613,7 +614,8 @@ def test_prior_variance_moves_the_sites_to_another_prior(covariance):
     cov = np.linalg.inv(np.diag(1 / prior) + root @ root.T)
     mean = rng.normal(size=d)
     spread = cov if covariance == "full" else np.diag(cov)
-    moved_mean, moved = with_prior_variance(mean, spread, np.zeros(d), prior, d - 1, new)
+    totals = natural_totals(mean, spread, np.zeros(d), np.diag(prior) if covariance == "full" else prior)
+    moved_mean, moved = with_prior_variance(totals, np.zeros(d), prior, d - 1, new)
     if covariance == "full":
         change = np.linalg.inv(moved) - np.linalg.inv(cov)
         assert_allclose(change, np.diag(np.r_[np.full(d - 1, 1 / new - 1 / lam), 0.0]), atol=1e-10)
@@ -621,7 +623,10 @@ def test_prior_variance_moves_the_sites_to_another_prior(covariance):
     else:
         assert_allclose(1 / moved - 1 / spread, np.r_[np.full(d - 1, 1 / new - 1 / lam), 0.0], atol=1e-10)
         assert_allclose(moved_mean / moved, mean / spread, rtol=1e-12)
-    back = with_prior_variance(moved_mean, moved, np.zeros(d), np.r_[np.full(d - 1, new), 100.0], d - 1, lam)
+    new_prior = np.r_[np.full(d - 1, new), 100.0]
+    back_totals = natural_totals(moved_mean, moved, np.zeros(d),
+                                 np.diag(new_prior) if covariance == "full" else new_prior)
+    back = with_prior_variance(back_totals, np.zeros(d), new_prior, d - 1, lam)
     assert_allclose(back[0], mean, rtol=1e-9)
     assert_allclose(back[1], spread, rtol=1e-9)
 

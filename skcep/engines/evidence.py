@@ -59,7 +59,8 @@ from scipy.optimize import linprog, minimize_scalar
 
 from ._glm_kernel import dense_cavity_terms
 from .full_dual import dual_applies, fit_full_dual, log_evidence_dual
-from .gaussian import cavity, cavity_natural, gaussian_log_normalizer, is_diagonal, precision_of, weighted_sum
+from .gaussian import (batched_inverse, cavity, cavity_natural, gaussian_log_normalizer, is_diagonal,
+                       precision_of, weighted_sum)
 from .glm import (
     _Design,
     _site_shape,
@@ -691,32 +692,32 @@ def natural_totals(mean, spread, prior_mean, prior_spread, precision=None):
     return 1.0 / spread - 1.0 / prior_spread, mean / spread - prior_mean / prior_spread
 
 
-def with_prior_variance(mean, spread, prior_mean, prior_spread, n_weights, lam):
-    """q = p0 Π_i t̃_i (``prior_spread`` p0's variances (d,), λ in its first ``n_weights``)
-    rebuilt as p0(``lam``) Π_i t̃_i: the same sites (:func:`natural_totals`) under the prior
-    variance ``lam``.  Returns (mean, spread) of ``spread``'s shape (variances or covariance)."""
-    if np.ndim(spread) == 2 and np.ndim(prior_spread) == 1:
-        prior_spread = np.diag(prior_spread)
-    totals = natural_totals(mean, spread, prior_mean, prior_spread)
-    new_prior = _with_variance(prior_spread, n_weights, lam)
-    if np.ndim(spread) == 2:
-        prior_prec = precision_of(new_prior)
-        chol = cho_factor(prior_prec + totals[0], lower=True)[0]
-        root = solve_triangular(chol, np.eye(mean.size), lower=True)  # L⁻¹, Σ = L⁻ᵀ L⁻¹
-        cov = root.T @ root
-        return cov @ (prior_prec @ prior_mean + totals[1]), 0.5 * (cov + cov.T)
+def with_prior_variance(totals, prior_mean, prior_spread, n_weights, lam):
+    """q = p0(``lam``) Π_i t̃_i: the sites' ``totals`` (:func:`natural_totals`) under the prior
+    ``prior_spread`` (variances (d,) or a covariance) with the weights' variance set to ``lam``
+    in its first ``n_weights`` coordinates.  Returns (mean, spread), spread a covariance where
+    the totals' precision is a matrix, else variances."""
+    new_prior = _with_variance(np.asarray(prior_spread, dtype=float), n_weights, lam)
+    if np.ndim(totals[0]) == 2:
+        prior_prec = precision_of(np.diag(new_prior) if new_prior.ndim == 1 else new_prior)
+        cov = batched_inverse(prior_prec + totals[0])
+        return cov @ (prior_prec @ prior_mean + totals[1]), cov
     prec = 1.0 / new_prior + totals[0]
     return (prior_mean / new_prior + totals[1]) / prec, 1.0 / prec
 
 
-def sites_prior_variance(mean, spread, prior_mean, prior_spread, n_weights, bounds=LOG_VARIANCE_BOUNDS):
-    """The λ that maximises the evidence of q's sites held fixed (:func:`fixed_site_evidence`
-    of :func:`natural_totals`; the M-step of EP-EM, stationary where (E2) vanishes)."""
-    if np.ndim(spread) == 2 and np.ndim(prior_spread) == 1:
+def sites_prior_variance(totals, prior_mean, prior_spread, n_weights, bounds=LOG_VARIANCE_BOUNDS):
+    """The λ that maximises the evidence of the sites' ``totals`` held fixed
+    (:func:`fixed_site_evidence`; the M-step of EP-EM, stationary where (E2) vanishes)."""
+    if np.ndim(totals[0]) == 2 and np.ndim(prior_spread) == 1:
         prior_spread = np.diag(prior_spread)
-    totals = natural_totals(mean, spread, prior_mean, prior_spread)
     value = fixed_site_evidence(totals, prior_mean, prior_spread, n_weights)
     return float(np.exp(fixed_site_argmax(value, bounds)))
+
+
+def _in_form(variances, full):
+    """A diagonal prior's variances as a covariance where q is full, else as they are."""
+    return np.diag(variances) if full else variances
 
 
 def stream_batch(fit_from, mean, spread, prior_mean, prior_spread, n_weights, *,
@@ -733,21 +734,23 @@ def stream_batch(fit_from, mean, spread, prior_mean, prior_spread, n_weights, *,
     batch, since earlier batches' rows are gone.  A first batch starts from the prior itself.
     Returns the last fit with its q rebuilt under the λ chosen (``mean``, ``var``, ``cov``;
     ``prior_variance`` = λ)."""
+    prior_spread = np.asarray(prior_spread, dtype=float)  # variances (d,)
+    earlier = natural_totals(mean, spread, prior_mean, _in_form(prior_spread, np.ndim(spread) == 2))
     lam = float(prior_spread[0])
     start_mean, start_spread = mean, spread
     for _ in range(rounds):
         post = fit_from(start_mean, start_spread)
-        fitted = post.cov if post.cov is not None else post.var
-        at = _with_variance(np.asarray(prior_spread, dtype=float), n_weights, lam)
-        chosen = sites_prior_variance(post.mean, fitted, prior_mean, at, n_weights)
-        done = abs(np.log(chosen) - np.log(lam)) <= lambda_tol
-        post.mean, fitted = with_prior_variance(post.mean, fitted, prior_mean, at, n_weights, chosen)
-        if done:
+        full = post.cov is not None  # a first batch's q (the prior) is diagonal even then
+        at = _with_variance(prior_spread, n_weights, lam)
+        totals = natural_totals(post.mean, post.cov if full else post.var, prior_mean,
+                                _in_form(at, full), post.precision if full else None)
+        chosen = sites_prior_variance(totals, prior_mean, at, n_weights)
+        if abs(np.log(chosen) - np.log(lam)) <= lambda_tol:
             break
-        start_mean, start_spread = with_prior_variance(mean, spread, prior_mean, prior_spread,
-                                                       n_weights, chosen)
+        start_mean, start_spread = with_prior_variance(earlier, prior_mean, prior_spread, n_weights, chosen)
         lam = chosen
-    if post.cov is not None:
+    post.mean, fitted = with_prior_variance(totals, prior_mean, prior_spread, n_weights, chosen)
+    if full:
         post.cov, post.var, post.precision = fitted, np.diag(fitted).copy(), None
     else:
         post.var = fitted
