@@ -91,13 +91,14 @@ _PARAMS_DOC = """
         features as it shrinks) the search says so with one
         :class:`~skcep.engines.evidence.EvidenceRisingWarning`.  CEP-1/CEP-2 (and "kjit")
         take the λ of factorized EP's evidence and fit at it, halving log λ towards 0 where
-        CEP runs away (separable data).  With ``partial_fit`` λ follows the stream: after each
-        batch it maximises the evidence of the sites of every batch so far, held fixed, and the
-        batch is refitted under the new λ where it moved (at most 3 fits;
-        :func:`skcep.engines.evidence.stream_batch`); the first batch starts at λ = 1.  On Dask collections each trial is a distributed fit, warm started from the
-        sites an earlier trial left on the workers, and the search is the in-memory one.  It is
-        the default because on the seven data sets of ``benchmarks/bench_classification.py``
-        it predicts better on average than λ = 1 for every method and link; it costs about
+        CEP runs away (separable data).  With ``partial_fit`` λ follows the stream: the
+        stream is run at every candidate λ (a factor 2 apart) with the summed evidence of its
+        batches, and the λ reported is where the best candidates' evidence peaks
+        (:func:`skcep.engines.evidence.stream_batch`; one fit of each batch per candidate
+        alive, so a number is 10–17 times cheaper there).  On Dask collections each trial is
+        a distributed fit, warm started from the sites an earlier trial left on the workers,
+        and the search is the in-memory one.  It is the default because on the seven data
+        sets of ``benchmarks/bench_classification.py`` it predicts better on average than λ = 1 for every method and link; it costs about
         1.2–5 fits (more on separable data, where EP needs hundreds of sweeps at the large λ
         the evidence asks for).  A number fixes λ (and skips the
         search): e.g. 1.0, the prior of the CEP paper's experiments, or a value read from

@@ -27,7 +27,7 @@ from ._validation import (FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_ra
                           validate_data)
 from .engines.chunks import map_chunks
 from .engines.factors import LogisticFactor, OperatorSite
-from .engines.evidence import fit_glm, stream_batch
+from .engines.evidence import fit_glm, stream_batch, stream_candidates
 from .engines.glm import predictor_moments
 from .engines.likelihoods import Logistic, Probit
 from .message_operator import KJITMessageOperator
@@ -285,15 +285,18 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             mean0 = np.zeros(dim) if prior is None else prior["mean"][k]
             spread0 = prior_var if prior is None else prior["cov" if full else "var"][k]
             if not (stream and auto and n_weights):
-                return fit_from(k, mean0, spread0)
-            # λ follows the stream: chosen again at the sites of every batch so far
-            lam = 1.0 if prior is None else prior["prior_variance"][k]
-            return stream_batch(partial(fit_from, k), mean0, spread0, np.zeros(dim),
-                                np.r_[np.full(n_weights, lam), prior_var[n_weights:]], n_weights)
+                return fit_from(k, mean0, spread0), None
+            # λ follows the stream: ADF at every candidate λ, each with its own evidence
+            candidates = None if prior is None else (prior.get("stream") or [None] * (k + 1))[k]
+            if candidates is None:
+                earlier = None if prior is None else (mean0, spread0, prior["prior_variance"][k],
+                                                      prior["log_evidence"][k])
+                candidates = stream_candidates(np.zeros(dim), prior_var, n_weights, earlier)
+            return stream_batch(partial(fit_from, k), candidates, np.zeros(dim), prior_var, n_weights)
 
         # a learned operator is trained as it answers: its models run one after another
         n_jobs = 1 if method == "kjit" else self.n_jobs
-        results = map_chunks(fit_one, range(len(positives)), n_jobs=n_jobs)
+        results, candidates = zip(*map_chunks(fit_one, range(len(positives)), n_jobs=n_jobs))
         if progress is not None:  # the objective of each model: its EP evidence (E1)
             for k, r in enumerate(results):
                 label = f"class {positives[k]!r}: " if len(results) > 1 else ""
@@ -304,11 +307,13 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         stack = {name: np.array([getattr(r, name) for r in results])
                  for name in ("mean", "var", "cov", "n_iter", "converged", "log_evidence")}
         stack["prior_variance"] = np.array([r.prior_variance or prior_var[0] for r in results])
-        if prior is not None:  # streaming: the evidence accumulates
+        learned = candidates[0] is not None  # a stream's candidates hold its summed evidence
+        if prior is not None and not learned:  # streaming at a fixed λ: the evidence accumulates
             stack["log_evidence"] = prior["log_evidence"] + stack["log_evidence"]
             if not auto:
                 stack["prior_variance"] = prior["prior_variance"]
-        return {**stack, "cov": stack["cov"] if full else None, "method": method}
+        return {**stack, "cov": stack["cov"] if full else None, "method": method,
+                "stream": list(candidates) if learned else None}
 
     def _set_posterior(self, posterior):
         for name in ("message_operator_", "coef_cov_"):  # left by a fit with other options
