@@ -22,6 +22,7 @@ from scipy.stats import multivariate_normal
 from skcep import CEPLogisticClassifier, CEPProbitClassifier
 from skcep.engines.evidence import (
     LOG_VARIANCE_BOUNDS,
+    SEARCH_GAIN_TOL,
     EvidenceRisingWarning,
     evidence_of,
     fixed_site_argmax,
@@ -493,6 +494,40 @@ def test_search_lands_within_its_gain_tolerance_of_an_interior_peak(seed, scale)
     theta, fitted, rising = _search(value, slope)
     assert value(theta) >= top - 0.2, (theta, peak)
     assert rising is None and len(fitted) <= 8
+
+
+def test_search_brackets_a_sharp_peak_in_single_steps():
+    """Many rows make the evidence a sharp peak (linear-Gaussian, 20,000 rows, weights of
+    variance 1/50: log λ* ≈ −4).  From λ = 1 the fixed-site step (exact sites: the evidence
+    itself) lands next to the peak, whose slope is then small; Newton and the fixed-site step
+    both put the peak within one unit, so the search brackets it with one unit step instead of
+    doubling its last step (4 units: a fit 4 units beyond the peak, 3 sweeps cold on
+    100,000 × 50 logistic rows): no fit more than one unit beyond the peak, at most 4 fits,
+    within ``gain_tol``."""
+    rng = np.random.default_rng(2)  # peak at log λ = −4.06
+    X = rng.normal(size=(20_000, 5))
+    y = X @ rng.normal(scale=np.sqrt(1 / 50), size=5) + rng.normal(size=20_000)
+    U, sv, _ = np.linalg.svd(X, full_matrices=False)
+    z, rest = U.T @ y, y @ y - (U.T @ y) @ (U.T @ y)
+
+    def value(theta):
+        v = 1.0 + np.exp(theta) * sv**2
+        return float(-0.5 * (np.sum(np.log(v) + z**2 / v) + rest))
+
+    def slope(theta):
+        a = np.exp(theta) * sv**2
+        return float(-0.5 * np.sum(a / (1 + a) - z**2 * a / (1 + a) ** 2))
+
+    def step_of(theta, post, lo, hi):  # exact sites: the fixed-site evidence is the evidence
+        return fixed_site_argmax(lambda t: value(t), (lo, hi))
+
+    theta, fitted, rising = maximize_evidence(lambda t, warm, max_sweeps=None: _Fit(value(t)),
+                                              lambda t, post: slope(t), step_of, 0.0, probe=False)
+    grid = np.arange(-8.0, 2.0, 0.001)
+    top = max(value(t) for t in grid)
+    assert value(theta) >= top - SEARCH_GAIN_TOL and rising is None
+    assert len(fitted) <= 4, sorted(fitted)
+    assert min(fitted) >= theta - 1.01, sorted(fitted)  # the start, 0, is on the other side
 
 
 def test_search_reports_an_evidence_still_rising_towards_its_bound():

@@ -101,6 +101,13 @@ SLOPE_TOL = 0.02  # nats per unit of log λ: a slope this small at the best fit 
 SEPARABLE_ROWS = 2000  # rows of the linear program that tells non-separable data
 STREAM_GRID = 2.0 ** np.arange(-12, 13)  # a stream's candidate λ: ratio 2, 2.4e-4 … 4096
 STREAM_PRUNE_NATS = 10.0  # a candidate this far below the best (and not its neighbour) is dropped
+REFINE_WITHIN = 10.0  # nats: a neighbour further below the best fit is not refined
+# Full EP's search starts a fit from the sites of the nearest one within this distance in log λ
+# (one outward step of the search): its sites (one per row, in the row's predictor) move little
+# with λ where the rows are many (100,000 × 50 logistic rows: 2 sweeps instead of 3).  A fit
+# further away starts from the prior: on separable data the probe at λ = 10⁶ started from the
+# sites at λ ≈ 3 stops at an evidence 40 nats below its limit (wdbc, split 3, probit).
+FULL_WARM_WITHIN = 4.0
 KEEP_SITES = 2  # the search keeps the sites of its last fits (and its best) for warm starts
 RUNAWAY = 10.0  # posterior sd in one sweep after the first GRACE: a CEP fit has diverged
 GRACE = 2
@@ -376,7 +383,7 @@ def maximize_evidence(fit_at, slope_of, step_of, log_variance, *, bounds=LOG_VAR
         theta = float(np.clip(theta, low, high))
         if theta not in fitted:
             near = min(fitted, key=lambda t: abs(t - theta)) if fitted else None
-            warm = fitted[near] if near is not None and abs(near - theta) <= warm_within else None
+            warm = fitted[near] if near is not None and abs(near - theta) <= warm_within + 1e-9 else None
             fitted[theta] = fit_at(theta, warm, **limit)
             slope[theta] = float(slope_of(theta, fitted[theta]))
         return theta
@@ -405,18 +412,22 @@ def maximize_evidence(fit_at, slope_of, step_of, log_variance, *, bounds=LOG_VAR
         edge = high if side > 0 else low
         if theta == edge:
             return None
-        step = first_step
+        lo, hi = (theta, min(theta + max_step, high)) if side > 0 else (max(theta - max_step, low), theta)
+        fixed_step = (step_of(theta, fitted[theta], lo, hi) - theta) * side
+        step = max(first_step, fixed_step)
         inner = [t for t in slope if (t - theta) * side < 0]
         if inner:  # Newton with the secant of the slope; twice the last step where the
             t0 = max(inner, key=lambda t: t * side)  # slope fell by less than 4× a unit of θ
             curvature = (slope[theta] - slope[t0]) / (theta - t0)
-            if curvature < 0:
-                step = max(step, -slope[theta] / curvature * side)
+            newton = -slope[theta] / curvature * side if curvature < 0 else np.inf
+            step = max(step, newton) if curvature < 0 else step
             ratio = slope[theta] / slope[t0] if slope[t0] else 0.0
-            if curvature >= 0 or (ratio > 0 and ratio ** (1 / abs(theta - t0)) > 0.25):
+            # near the peak by both estimates: Newton within first_step, and the fixed-site
+            # maximiser (a step short of the true one) inside the range, away from both ends
+            # (it ends within 1e-3 of an end it is pushed to): then no doubling
+            near = newton < first_step and 0.005 < fixed_step < abs(hi - lo) - 0.05
+            if not near and (curvature >= 0 or (ratio > 0 and ratio ** (1 / abs(theta - t0)) > 0.25)):
                 step = max(step, 2.0 * abs(theta - t0))
-        lo, hi = (theta, min(theta + max_step, high)) if side > 0 else (max(theta - max_step, low), theta)
-        step = max(step, (step_of(theta, fitted[theta], lo, hi) - theta) * side)
         return float(np.clip(theta + side * min(step, max_step), low, high))
 
     probed, fine, ignored = False, set(), set()
@@ -445,7 +456,8 @@ def maximize_evidence(fit_at, slope_of, step_of, log_variance, *, bounds=LOG_VAR
         if not gains or gains[0][0] <= gain_tol:
             if refine is not None:  # the best fit and its neighbours refined, then judged again
                 i = [t for t, _, _ in points].index(best)
-                rough = [t for t, _, _ in points[max(i - 1, 0):i + 2] if t not in fine]
+                rough = [t for t, value, _ in points[max(i - 1, 0):i + 2]
+                         if t not in fine and value >= evidence[best] - REFINE_WITHIN]
                 for t in rough:
                     fitted[t] = refine(t, fitted[t])
                     slope[t] = float(slope_of(t, fitted[t]))
@@ -590,6 +602,8 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
         """``rough`` continued to ``SEARCH_TOL_FACTOR`` × ``tol`` (factorized EP: its sweeps
         resumed; full EP: from its sites; from the prior where they were dropped)."""
         options = {**search, "tol": SEARCH_TOL_FACTOR * tol}
+        if _settled(rough, options["tol"]):  # its last sweep already changed q by less
+            return rough
         if section is not None:
             section(f"λ search, refining λ = {np.exp(t):.4g}")
         if not full and rough.sites is not None:
@@ -615,6 +629,7 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
 
     start = np.log((np.diag(prior_spread) if full else prior_spread)[0])
     theta, fitted, rising = maximize_evidence(trial, slope_of, step_of, start,
+                                              warm_within=FULL_WARM_WITHIN if full else 1.0,
                                               budget=lambda first: SEARCH_BUDGET * max_iter,
                                               probe=bool(full) and (separable or False),
                                               refine=refine)
@@ -627,7 +642,10 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
         section(f"λ search: λ = {np.exp(theta):.4g} chosen (log evidence "
                 f"{chosen.log_evidence:.6g}, {len(fitted)} trials), fitting "
                 f"{'EP' if full or method == 'ep' else method.upper()} there")
-    if full:  # the search's fit continued to ``tol``
+    if (full or method == "ep") and likelihood is evidence_likelihood and _settled(chosen, tol):
+        spent -= chosen.n_iter  # the search's fit is already within ``tol``: it is the fit
+        post = chosen
+    elif full:  # the search's fit continued to ``tol``
         post = fit(spread_at(theta), likelihood, chosen, **own)
     elif method == "ep" and likelihood is evidence_likelihood:  # its sweeps resumed, counted once
         spent -= chosen.n_iter
@@ -643,6 +661,12 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
         post.evidence_rising = rising
         _warn_rising(fitted[searched], searched, rising, theta)
     return post
+
+
+def _settled(post, tol):
+    """Whether a fit converged with its last sweep changing q by less than ``tol`` posterior
+    sd: continuing it to ``tol`` would stop after one more sweep of a smaller change."""
+    return bool(post.converged) and bool(post.trace) and post.trace[-1] < tol
 
 
 class EvidenceRisingWarning(UserWarning):
@@ -844,13 +868,18 @@ def separable(X, y, sample_weight=None, max_rows=SEPARABLE_ROWS):
     (:func:`scipy.optimize.linprog`, feasibility).  A subset that cannot be separated proves
     the whole set cannot; one that can only suggests it.  Only separable data give the EP
     evidence a finite limit as λ → ∞ (the likelihood tends to 1 on the separating directions;
-    otherwise it is integrable and the evidence falls like −½ d log λ)."""
+    otherwise it is integrable and the evidence falls like −½ d log λ).  A subset of
+    ``max_rows`` / 4 rows is tried first: on data far from separable it settles the question
+    at a fraction of the cost (100,000 × 50 logistic rows: 15–20 ms against 75 ms)."""
     rows = np.arange(X.shape[0]) if sample_weight is None else np.flatnonzero(sample_weight > 0)
-    rows = rows[:: -(-len(rows) // max_rows)] if len(rows) > max_rows else rows
-    A = X[rows]
-    A = -(A.multiply(y[rows][:, None]).tocsr() if sp.issparse(A) else y[rows][:, None] * A)
-    res = linprog(np.zeros(X.shape[1]), A_ub=A, b_ub=-np.ones(len(rows)),
-                  bounds=[(None, None)] * X.shape[1], method="highs")
+    for limit in (max_rows // 4, max_rows):
+        subset = rows[:: -(-len(rows) // limit)] if len(rows) > limit else rows
+        A = X[subset]
+        A = -(A.multiply(y[subset][:, None]).tocsr() if sp.issparse(A) else y[subset][:, None] * A)
+        res = linprog(np.zeros(X.shape[1]), A_ub=A, b_ub=-np.ones(len(subset)),
+                      bounds=[(None, None)] * X.shape[1], method="highs")
+        if res.status != 0 or len(subset) == len(rows):
+            break
     return res.status == 0
 
 
