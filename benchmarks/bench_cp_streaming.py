@@ -53,7 +53,7 @@ from sklearn.metrics import roc_auc_score  # noqa: E402
 from _common import RESULTS, command, hand_notes, library_state, md_table, pm, warning_lines  # noqa: E402
 from bench_cp_movielens import movielens_split  # noqa: E402
 from skcep.datasets import load_movielens  # noqa: E402
-from skcep.tensor import WARM_UP_GAUSSIAN, BayesianCPTensor  # noqa: E402
+from skcep.tensor._cp import WARM_UP_GAUSSIAN, BayesianCPTensor  # noqa: E402
 
 BATCH_SIZES = (100, 500, 1000, 5000, 10000)
 TASKS = ("binary", "ratings")

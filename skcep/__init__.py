@@ -4,10 +4,10 @@ from importlib import metadata as _metadata
 
 from . import datasets
 from ._compile import compile_kernels
-from .linear_model import CEPLogisticClassifier, CEPProbitClassifier
-from .message_operator import KJITMessageOperator
-from .deep import StreamingDeepTensor
-from .tensor import BayesianCPTensor
+from .linear_model._classifiers import CEPLogisticClassifier, CEPProbitClassifier
+from .message_operator._operator import KJITMessageOperator
+from .tensor._sbdt import StreamingDeepTensor
+from .tensor._cp import BayesianCPTensor
 
 try:  # the installed distribution's version (pyproject.toml), one source of truth
     __version__ = _metadata.version("skcep")

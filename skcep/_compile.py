@@ -23,8 +23,8 @@ __all__ = ["compile_kernels"]
 
 def _tiny_fits():
     """(name, fit) pairs: each fit runs one compiled engine on a few rows."""
-    from .deep import StreamingDeepTensor
-    from .linear_model import CEPLogisticClassifier, CEPProbitClassifier
+    from .tensor._sbdt import StreamingDeepTensor
+    from .linear_model._classifiers import CEPLogisticClassifier, CEPProbitClassifier
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((24, 3))
@@ -49,7 +49,7 @@ def _tiny_fits():
 def _tiny_operator(rng):
     """A small KJIT operator fitted, updated online and asked for predictive spreads."""
     from .engines.factors import LogisticFactor
-    from .message_operator import KJITMessageOperator
+    from .message_operator._operator import KJITMessageOperator
 
     messages = np.column_stack([rng.normal(0, 2, 60), rng.uniform(0.1, 4, 60),
                                 rng.uniform(1, 5, 60), rng.uniform(1, 5, 60)])

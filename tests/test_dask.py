@@ -125,7 +125,7 @@ def test_distributed_ep_over_relaxed_converges_where_the_plain_schedule_creeps(o
     halve EP's step, and without over-relaxation the grow-then-halve cycle keeps shrinking it
     (measured: 0.001 after 150 sweeps, unconverged); over-relaxed (``PARALLEL_RELAX``, changes
     compared per unit step) the fit converges in about 75 sweeps to the numpy posterior."""
-    import skcep._dask_glm as dask_glm  # noqa: PLC0415
+    import skcep.linear_model._dask as dask_glm  # noqa: PLC0415
 
     X, y = classification(n=6000, d=8, n_classes=2, seed=5)
     options = dict(method="ep", prior_variance=1.0, tol=1e-5, max_iter=150)

@@ -1,4 +1,4 @@
-"""BayesianCPTensor.fit on Dask collections (skcep._dask_cp) against the in-memory fit.
+"""BayesianCPTensor.fit on Dask collections (skcep.tensor._dask_cp) against the in-memory fit.
 
 The entries are spread over a real two-process cluster in 3–4 chunks; the group updates are
 sums over entries, so the distributed fit must reproduce the in-memory one from the same

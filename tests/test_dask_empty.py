@@ -339,7 +339,7 @@ def test_a_chunk_step_rounds_alike_wherever_its_input_starts():
     message it came in); numpy's matrix products then skip BLAS and round differently.  The
     chunk task aligns what it receives, so the full-covariance step is the same bit for bit."""
     from skcep._dask import _chunk_task
-    from skcep._dask_glm import _full_chunk
+    from skcep.linear_model._dask import _full_chunk
     from skcep.engines.likelihoods import Probit
 
     X, y = classification()

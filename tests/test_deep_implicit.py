@@ -18,7 +18,7 @@ import pickle
 import numpy as np
 import pytest
 
-from skcep.deep import StreamingDeepTensor
+from skcep.tensor import StreamingDeepTensor
 from skcep.engines import deep
 
 SMALL = dict(rank=2, hidden_layer_sizes=(8,), batch_size=32)

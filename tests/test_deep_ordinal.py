@@ -24,7 +24,7 @@ from scipy.special import ndtr
 from scipy.stats import norm
 from sklearn.base import clone, is_classifier, is_regressor
 
-from skcep.deep import StreamingDeepTensor
+from skcep.tensor import StreamingDeepTensor
 from skcep.engines import deep
 from skcep.engines._deep_kernel import ORDINAL, evidence_derivatives, ordinal_derivatives
 from skcep.engines.ordinal import OrderedProbit, log_interval_prob

@@ -18,7 +18,7 @@ from sklearn.utils.estimator_checks import check_estimators_nan_inf
 
 from skcep import BayesianCPTensor, KJITMessageOperator, StreamingDeepTensor
 from skcep.message_operator import LogisticFactor
-from skcep._tensor import check_state_size
+from skcep.tensor._base import check_state_size
 from skcep._validation import COMPLETE_ROWS, check_finite, validate_data
 from synthetic import messages, tensor
 

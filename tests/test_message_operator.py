@@ -19,7 +19,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import check_estimator, parametrize_with_checks
 
 import skcep.engines.factors
-import skcep.message_operator
+import skcep.message_operator._operator
 from skcep.engines import factors
 from skcep.engines.likelihoods import Logistic
 from skcep.engines import random_features as rf
@@ -611,7 +611,7 @@ def test_bad_oracle_answers_leave_the_operator_unchanged():
         assert pickle.dumps(op) == state
 
 
-@pytest.mark.parametrize("module", [skcep.message_operator, skcep.engines.factors])
+@pytest.mark.parametrize("module", [skcep.message_operator._operator, skcep.engines.factors])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

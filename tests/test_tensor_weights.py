@@ -25,7 +25,7 @@ from scipy.stats import norm
 from sklearn.exceptions import ConvergenceWarning
 
 from skcep import BayesianCPTensor
-from skcep.deep import StreamingDeepTensor
+from skcep.tensor import StreamingDeepTensor
 from skcep.engines import cp, deep
 from test_deep_engine import grid_moments, power_site_step, reference_entry, small_posterior, store_entry_moments
 

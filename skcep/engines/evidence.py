@@ -531,7 +531,7 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
     of the earlier result ``warm`` (None: from the prior), and returns a
     :class:`~skcep.engines.glm.GLMPosterior` with ``log_evidence`` set and its sites (or a
     handle to them) in ``sites``; in-memory rows (:func:`fit_glm`) and rows held on Dask
-    workers (:mod:`skcep._dask_glm`) differ only there.
+    workers (:mod:`skcep.linear_model._dask`) differ only there.
 
     With ``tune_weights`` = d_w, λ is chosen first by :func:`maximize_evidence`, from its value
     in ``prior_spread``, on the evidence of EP — weight-space EP for the full covariance, else

@@ -19,16 +19,16 @@ from sklearn.utils import check_array
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
-from ._dask import DaskPartitions, fit_without_rows, is_dask_collection, row_blocks, rows
-from ._validation import FEATURE_RANGE_ADVICE, check_fit_range
-from .engines.evidence import (
+from .._dask import DaskPartitions, fit_without_rows, is_dask_collection, row_blocks, rows
+from .._validation import FEATURE_RANGE_ADVICE, check_fit_range
+from ..engines.evidence import (
     factorized_site_terms,
     fit_with_evidence,
     full_site_terms,
     log_evidence,
     site_totals,
 )
-from .engines.glm import (
+from ..engines.glm import (
     COMPILED_BLOCK_SIZE,
     PARALLEL_RELAX,
     _Design,

@@ -11,10 +11,10 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from ._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, fit_method
+from .._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, fit_method
 from ._dask_sbdt import fit_stream
-from ._tensor import TensorEstimator, _check_noise_prior, _check_positive_ints, check_tensor_index
-from .engines import deep
+from ._base import TensorEstimator, _check_noise_prior, _check_positive_ints, check_tensor_index
+from ..engines import deep
 
 __all__ = ["StreamingDeepTensor"]
 
@@ -112,7 +112,7 @@ class StreamingDeepTensor(TensorEstimator):
         The spike-and-slab refinement runs once per batch.
     shuffle : bool, default=True
         Whether ``fit`` visits the entries in a random order (seeded by ``random_state``; on a
-        Dask collection, within each chunk: see :func:`skcep._dask_sbdt.fit_stream`).
+        Dask collection, within each chunk: see :func:`skcep.tensor._dask_sbdt.fit_stream`).
     init_scale : float, default=0.0
         Standard deviation of random initial embedding means.  0: embeddings start at their
         prior mean 0 (the paper); > 0: objects start from working means drawn from
@@ -168,7 +168,7 @@ class StreamingDeepTensor(TensorEstimator):
     Examples
     --------
     >>> import numpy as np
-    >>> from skcep.deep import StreamingDeepTensor
+    >>> from skcep.tensor import StreamingDeepTensor
     >>> rng = np.random.default_rng(0)
     >>> U = [rng.standard_normal((d, 2)) for d in (30, 20, 5)]
     >>> X = np.column_stack([rng.integers(0, d, 4000) for d in (30, 20, 5)])

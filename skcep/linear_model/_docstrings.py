@@ -1,6 +1,6 @@
 """Docstrings of the classifiers (kept apart so that the estimator module reads as code)."""
 
-from ._base import N_JOBS_DOC, VERBOSE_DOC
+from .._base import N_JOBS_DOC, VERBOSE_DOC
 
 FIT_DOC = """Fit the posterior of the weights to all of (X, y).
 

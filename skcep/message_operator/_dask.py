@@ -35,9 +35,9 @@ per chunk, then over chunks).  Nothing of size n reaches the client.
 
 import numpy as np
 
-from ._dask import aligned, fit_without_rows, require_dask, row_blocks, rows
-from .engines import random_features as rf
-from .engines.chunks import chunk_slices
+from .._dask import aligned, fit_without_rows, require_dask, row_blocks, rows
+from ..engines import random_features as rf
+from ..engines.chunks import chunk_slices
 
 __all__ = ["RowChunks", "fit_chunks", "fit_operator"]
 

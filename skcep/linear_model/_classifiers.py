@@ -19,18 +19,18 @@ from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
-from ._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method, warn
-from ._dask import computed
-from ._dask_glm import DaskRows, fit_classifier
+from .._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method, warn
+from .._dask import computed
+from ._dask import DaskRows, fit_classifier
 from ._docstrings import FIT_DOC, LOGISTIC_DOC, PARTIAL_FIT_DOC, PROBIT_DOC
-from ._validation import (FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span,
+from .._validation import (FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span,
                           validate_data)
-from .engines.chunks import map_chunks
-from .engines.factors import LogisticFactor, OperatorSite
-from .engines.evidence import fit_glm, stream_batch, stream_candidates
-from .engines.glm import predictor_moments
-from .engines.likelihoods import Logistic, Probit
-from .message_operator import KJITMessageOperator
+from ..engines.chunks import map_chunks
+from ..engines.factors import LogisticFactor, OperatorSite
+from ..engines.evidence import fit_glm, stream_batch, stream_candidates
+from ..engines.glm import predictor_moments
+from ..engines.likelihoods import Logistic, Probit
+from ..message_operator._operator import KJITMessageOperator
 
 __all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "BadlyScaledWarning"]
 

@@ -19,10 +19,10 @@ import numpy as np
 
 from sklearn.utils.validation import _check_sample_weight
 
-from ._dask import DaskPartitions, aligned, fit_without_rows, is_dask_collection, row_blocks, rows
-from ._tensor import _TARGET_ADVICE, add_sums, moment_sums, scale_from, sum_value
-from ._validation import check_fit_range
-from .engines.cp import (EntryPartition, SweepTotals, fit_cp, noise_precision_for_variance,
+from .._dask import DaskPartitions, aligned, fit_without_rows, is_dask_collection, row_blocks, rows
+from ._base import _TARGET_ADVICE, add_sums, moment_sums, scale_from, sum_value
+from .._validation import check_fit_range
+from ..engines.cp import (EntryPartition, SweepTotals, fit_cp, noise_precision_for_variance,
                          posterior_sums)
 
 __all__ = ["DaskEntries", "fit_tensor"]
@@ -74,7 +74,7 @@ def _standardized(values, offset, scale):
 
 
 def _moment_sums(values, offset=None):
-    """:func:`~skcep._tensor.moment_sums` of a chunk's values and weights."""
+    """:func:`~skcep.tensor._base.moment_sums` of a chunk's values and weights."""
     return moment_sums(*_values(values), offset=offset)
 
 
@@ -161,7 +161,7 @@ class DaskEntries:
     the sweeps: the largest index of every mode (``maxima``), the entries per
     object (:meth:`n_seen`) and Var(y) (``variance``); with ``normalize_y`` it sets the
     estimator's ``y_offset_`` and ``y_scale_`` from the chunks' exact sums (the numpy fit's
-    bits, :func:`~skcep._tensor.target_scaling`) and holds the standardized values
+    bits, :func:`~skcep.tensor._base.target_scaling`) and holds the standardized values
     (``variance``: theirs).  :meth:`fit_cp`, :meth:`elbo` and
     :meth:`starting_noise_precision` take the arguments of the engine's functions of these
     names (their ``index`` and ``y`` unused) and run on the chunks.

@@ -11,13 +11,13 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
-from ._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method, warn
+from .._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method, warn
 from ._dask_cp import fit_tensor
-from ._tensor import (TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes, link_mean,
+from ._base import (TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes, link_mean,
                       target_scaling)
-from .engines.cp import (absorb_batch, elbo, fit_cp, grow_posterior, init_posterior, ordinal_start, predict_cp,
+from ..engines.cp import (absorb_batch, elbo, fit_cp, grow_posterior, init_posterior, ordinal_start, predict_cp,
                          starting_noise_precision, streaming_sweeps)
-from .engines.implicit import new_term
+from ..engines.implicit import new_term
 
 __all__ = ["BayesianCPTensor"]
 

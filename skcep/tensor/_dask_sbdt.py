@@ -14,9 +14,9 @@ import functools
 
 import numpy as np
 
-from ._dask import _blocks_of, aligned, fit_without_rows, partial_fit_chunks, require_dask
-from ._tensor import _TARGET_ADVICE, add_sums, check_tensor_index, moment_sums, scale_from, sum_value
-from ._validation import check_fit_range
+from .._dask import _blocks_of, aligned, fit_without_rows, partial_fit_chunks, require_dask
+from ._base import _TARGET_ADVICE, add_sums, check_tensor_index, moment_sums, scale_from, sum_value
+from .._validation import check_fit_range
 
 __all__ = ["fit_stream"]
 

@@ -15,11 +15,11 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import _check_sample_weight
 
-from ._base import SkcepMixin, predict_method
-from ._dask import computed
-from ._validation import MAX_FIT_VALUE, OBSERVED_ENTRIES, check_finite, check_fit_range, validate_data
-from .engines.cp import effective_rank
-from .engines.likelihoods import Probit
+from .._base import SkcepMixin, predict_method
+from .._dask import computed
+from .._validation import MAX_FIT_VALUE, OBSERVED_ENTRIES, check_finite, check_fit_range, validate_data
+from ..engines.cp import effective_rank
+from ..engines.likelihoods import Probit
 
 def _check_noise_prior(noise_prior, name="noise_prior"):
     """A Gamma prior (a0, b0) with finite positive shape and rate."""

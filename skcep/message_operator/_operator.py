@@ -12,11 +12,11 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from ._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, SkcepMixin, fit_method, predict_method
-from ._dask_kjit import fit_operator
-from ._validation import MESSAGE_ROWS, check_fit_range, validate_data
-from .engines import random_features as rf
-from .engines.factors import LogisticFactor, OperatorSite
+from .._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, SkcepMixin, fit_method, predict_method
+from ._dask import fit_operator
+from .._validation import MESSAGE_ROWS, check_fit_range, validate_data
+from ..engines import random_features as rf
+from ..engines.factors import LogisticFactor, OperatorSite
 
 __all__ = ["KJITMessageOperator", "LogisticFactor", "OperatorSite"]
 _POSITIVE = Interval(Real, 0, None, closed="neither")
