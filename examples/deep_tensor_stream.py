@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
 from skcep.datasets import load_movielens  # noqa: E402
-from skcep.deep import StreamingDeepTensor  # noqa: E402
+from skcep.tensor import StreamingDeepTensor  # noqa: E402
 
 FULL = dict(n_ratings=None, batch_size=256)
 QUICK = dict(n_ratings=4_000, batch_size=256)
