@@ -2,6 +2,7 @@
 
 The scripts set ``OPENBLAS_NUM_THREADS=1`` before importing this module (and numpy).
 """
+
 import hashlib
 import json
 import os
@@ -43,7 +44,7 @@ def command():
 
 
 def load_split(name, k):
-    """(X_train, y_train, X_test, y_test) of split k: the CEP paper's, or wdbc's (SPEC §8).
+    """(X_train, y_train, X_test, y_test) of split k: the CEP paper's, or wdbc's (splits of ``nuts_reference.py``).
 
     wdbc = sklearn's breast-cancer set, split by ``results/nuts/wdbc_splits.npz`` and
     standardised with the training split's mean/std, exactly as for the NUTS reference.
@@ -100,8 +101,7 @@ def gauss_kl(m0, S0, m1, S1):
     """KL(N(m0, S0) ‖ N(m1, S1)) in nats."""
     S1inv = np.linalg.inv(S1)
     d = m1 - m0
-    return 0.5 * (np.trace(S1inv @ S0) + d @ S1inv @ d - len(m0)
-                  + np.linalg.slogdet(S1)[1] - np.linalg.slogdet(S0)[1])
+    return 0.5 * (np.trace(S1inv @ S0) + d @ S1inv @ d - len(m0) + np.linalg.slogdet(S1)[1] - np.linalg.slogdet(S0)[1])
 
 
 def md_table(header, rows):
@@ -147,8 +147,13 @@ def warning_lines(seen):
 
 def hand_notes(notes, notes_source):
     """A results file's hand-written reading, tied to the source it was written for."""
-    return [f"Written by hand after the run on source sha1 {notes_source} (this run: {_SOURCE_HASH}); "
-            "re-check it if they differ.", "", notes.strip(), ""]
+    return [
+        f"Written by hand after the run on source sha1 {notes_source} (this run: {_SOURCE_HASH}); "
+        "re-check it if they differ.",
+        "",
+        notes.strip(),
+        "",
+    ]
 
 
 # ------------------------------------------------------------------------------------------
@@ -163,12 +168,13 @@ def snapshot_library(check, prefix):
     Returns dict(path, env, sha, time) for :func:`run_worker`.
     """
     root = Path(__file__).resolve().parent.parent
-    for attempt in range(10):
+    for _attempt in range(10):
         tmp = Path(tempfile.mkdtemp(prefix=prefix))
         shutil.copytree(root / "skcep", tmp / "skcep", ignore=shutil.ignore_patterns("__pycache__"))
         env = dict(os.environ, PYTHONPATH=str(tmp))
-        proc = subprocess.run([sys.executable, "-W", "ignore", "-c", check], capture_output=True,
-                              text=True, env=env, cwd=tmp)
+        proc = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", check], capture_output=True, text=True, env=env, cwd=tmp
+        )
         if proc.returncode == 0 and str(tmp) in proc.stdout:
             digest = hashlib.sha256()
             for f in sorted((tmp / "skcep").rglob("*.py")):
@@ -184,11 +190,12 @@ def run_worker(script, spec, snapshot, timeout=None, retry_after=10):
     and return the JSON it prints after "RESULT "; a crash is retried once."""
     cmd = [sys.executable, str(Path(script).resolve()), "--worker", json.dumps(spec)]
     for attempt in range(2):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              cwd=snapshot["path"], env=snapshot["env"])
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=snapshot["path"], env=snapshot["env"]
+        )
         for line in proc.stdout.splitlines():
             if line.startswith("RESULT "):
-                return json.loads(line[len("RESULT "):])
+                return json.loads(line[len("RESULT ") :])
         if attempt == 0:
             time.sleep(retry_after)
     raise RuntimeError(f"worker {spec} failed:\n{proc.stderr[-3000:]}")

@@ -7,7 +7,7 @@ other three as plain functions for the benchmarks, each returning a :class:`Base
 (means, marginal variances), so that the benchmarks' scoring (posterior predictive, AUC, KL to
 NUTS) applies unchanged.
 
-Model and notation as in SPEC §4: design A (n, d) (an intercept is a column of ones), label
+Model and notation as in `docs/classifiers.md`: design A (n, d) (an intercept is a column of ones), label
 signs y_i ∈ {−1, +1}, prior w_m ~ N(0, λ_m), likelihood Φ(y a) or σ(y a) with a = a_iᵀw.
 
 **Sites and cavities (LP, IS-EP).**  One Gaussian site per (i, m), natural parameters
@@ -28,7 +28,7 @@ N(w*_m, H⁻¹_mm) divided by the cavity gives the site.  (The tilted density de
 through a, so the mode could be found by a 1-D search; the d-dimensional L-BFGS is kept because
 it is the method the paper timed.)
 
-**EP with importance sampling.**  Factorized EP exactly as skcep's ``method="ep"`` (SPEC §4),
+**EP with importance sampling.**  Factorized EP exactly as skcep's ``method="ep"`` (`docs/classifiers.md`),
 except that the tilted moments of the linear predictor are estimated by self-normalised
 importance sampling: proposal = the cavity of a, N(m_a, s_a) with m_a = Σ a_im μ\_m,
 s_a = Σ a_im² v\_m (the Gaussian factor of the tilted distribution), weights lik(y a_j),
@@ -101,9 +101,19 @@ from threadpoolctl import threadpool_limits
 from skcep.engines.likelihoods import Logistic, Probit, log_phi_derivatives
 
 __all__ = [
-    "BaselinePosterior", "GaussianLikelihood", "laplace_propagation", "ep_importance_sampling",
-    "vb_probit", "vb_logistic", "BaselineClassifier", "ALGORITHMS", "cp_predict", "cp_wopt",
-    "cep_authors_gaussian", "cp_laplace_row", "cp_laplace_propagation",
+    "BaselinePosterior",
+    "GaussianLikelihood",
+    "laplace_propagation",
+    "ep_importance_sampling",
+    "vb_probit",
+    "vb_logistic",
+    "BaselineClassifier",
+    "ALGORITHMS",
+    "cp_predict",
+    "cp_wopt",
+    "cep_authors_gaussian",
+    "cp_laplace_row",
+    "cp_laplace_propagation",
 ]
 
 
@@ -163,8 +173,7 @@ class GaussianLikelihood:
         return -0.5 * (np.log(2 * np.pi * self.noise_var) + (y - a) ** 2 / self.noise_var)
 
     def derivatives(self, a, y):
-        return self.value(a, y), (y - a) / self.noise_var, np.full_like(np.asarray(a, float),
-                                                                     -1.0 / self.noise_var)
+        return self.value(a, y), (y - a) / self.noise_var, np.full_like(np.asarray(a, float), -1.0 / self.noise_var)
 
 
 def _loglik(likelihood):
@@ -178,8 +187,7 @@ def _loglik(likelihood):
 
 
 def _change(mean_old, var_old, mean, var):
-    return float(max(np.max(np.abs(mean - mean_old) / np.sqrt(var)),
-                     np.max(np.abs(var - var_old) / var)))
+    return float(max(np.max(np.abs(mean - mean_old) / np.sqrt(var)), np.max(np.abs(var - var_old) / var)))
 
 
 def _prior(A, prior_var):
@@ -194,8 +202,7 @@ def _prior(A, prior_var):
 # Sequential site refinement shared by LP and IS-EP
 
 
-def _sequential_sites(A, y, prior_var, refine, *, damping, max_iter, tol, record_history,
-                      row_order=None):
+def _sequential_sites(A, y, prior_var, refine, *, damping, max_iter, tol, record_history, row_order=None):
     """Sweeps of site-by-site refinement; ``refine(i, mu_c, v_c, mean)`` returns the new
     marginal (mean, var) of the weights for data point i, or None to skip it."""
     A = np.asarray(A, dtype=float)
@@ -244,8 +251,18 @@ def _sequential_sites(A, y, prior_var, refine, *, damping, max_iter, tol, record
     return out
 
 
-def laplace_propagation(A, y, likelihood="probit", prior_var=1.0, *, damping=1.0, max_iter=100,
-                        tol=1e-3, lbfgs_maxiter=100, record_history=False):
+def laplace_propagation(
+    A,
+    y,
+    likelihood="probit",
+    prior_var=1.0,
+    *,
+    damping=1.0,
+    max_iter=100,
+    tol=1e-3,
+    lbfgs_maxiter=100,
+    record_history=False,
+):
     """Fully factorized Laplace propagation (module docstring).
 
     Parameters
@@ -283,8 +300,7 @@ def laplace_propagation(A, y, likelihood="probit", prior_var=1.0, *, damping=1.0
             f0, f1, _ = lik.derivatives(x @ w, yi)
             return 0.5 * np.sum(r * r / v_c) - f0, r / v_c - f1 * x
 
-        res = minimize(neg_log_tilted, mean, jac=True, method="L-BFGS-B",
-                       options=dict(maxiter=lbfgs_maxiter))
+        res = minimize(neg_log_tilted, mean, jac=True, method="L-BFGS-B", options=dict(maxiter=lbfgs_maxiter))
         n_opt[0] += res.nit
         w_star = res.x
         if not np.all(np.isfinite(w_star)):
@@ -296,8 +312,9 @@ def laplace_propagation(A, y, likelihood="probit", prior_var=1.0, *, damping=1.0
             return None
         return w_star, var
 
-    out = _sequential_sites(A, y, prior_var, refine, damping=damping, max_iter=max_iter, tol=tol,
-                            record_history=record_history)
+    out = _sequential_sites(
+        A, y, prior_var, refine, damping=damping, max_iter=max_iter, tol=tol, record_history=record_history
+    )
     out.n_optimizer_iter = n_opt[0]
     return out
 
@@ -315,9 +332,19 @@ def is_tilted_moments(m_a, s_a, y, likelihood, n_samples, rng):
     return mean, w @ (r * r)
 
 
-def ep_importance_sampling(A, y, likelihood="logistic", prior_var=1.0, *, n_samples=500_000,
-                           damping=1.0, max_iter=100, tol=1e-3, random_state=0,
-                           record_history=False):
+def ep_importance_sampling(
+    A,
+    y,
+    likelihood="logistic",
+    prior_var=1.0,
+    *,
+    n_samples=500_000,
+    damping=1.0,
+    max_iter=100,
+    tol=1e-3,
+    random_state=0,
+    record_history=False,
+):
     """Fully factorized EP with importance-sampled tilted moments (module docstring).
 
     Parameters as in :func:`laplace_propagation`, and
@@ -346,8 +373,9 @@ def ep_importance_sampling(A, y, likelihood="logistic", prior_var=1.0, *, n_samp
             return None
         return mu_c + g * alpha, var
 
-    return _sequential_sites(A, y, prior_var, refine, damping=damping, max_iter=max_iter, tol=tol,
-                             record_history=record_history)
+    return _sequential_sites(
+        A, y, prior_var, refine, damping=damping, max_iter=max_iter, tol=tol, record_history=record_history
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,8 +387,7 @@ def _kl_to_prior(mean, var, lam, cov=None):
     if cov is None:
         return 0.5 * np.sum(var / lam + mean * mean / lam - 1.0 - np.log(var / lam))
     logdet = np.linalg.slogdet(cov)[1]
-    return 0.5 * (np.sum(np.diag(cov) / lam) + np.sum(mean * mean / lam) - len(mean)
-                  - logdet + np.sum(np.log(lam)))
+    return 0.5 * (np.sum(np.diag(cov) / lam) + np.sum(mean * mean / lam) - len(mean) - logdet + np.sum(np.log(lam)))
 
 
 def _mills(u):
@@ -376,8 +403,7 @@ def _jj_lambda(xi):
     return np.where(small, 0.125 - xi * xi / 96.0, np.tanh(safe / 2.0) / (4.0 * safe))
 
 
-def vb_probit(A, y, prior_var=1.0, *, covariance="diagonal", max_iter=2000, tol=1e-5,
-              record_history=False):
+def vb_probit(A, y, prior_var=1.0, *, covariance="diagonal", max_iter=2000, tol=1e-5, record_history=False):
     """Mean-field VB for probit regression in the augmented model (module docstring).
 
     ``covariance="diagonal"``: q(w) fully factorized; ``"full"``: q(w) = N(μ, Σ).
@@ -411,8 +437,7 @@ def vb_probit(A, y, prior_var=1.0, *, covariance="diagonal", max_iter=2000, tol=
                 new = var[j] * (x @ (ez - m) + np.sum(x * x) * mean[j])
                 m += x * (new - mean[j])
                 mean[j] = new
-        out.elbo.append(float(np.sum(log_ndtr(y * m)) - 0.5 * np.sum(s)
-                              - _kl_to_prior(mean, var, lam, cov)))
+        out.elbo.append(float(np.sum(log_ndtr(y * m)) - 0.5 * np.sum(s) - _kl_to_prior(mean, var, lam, cov)))
         out.n_iter = it
         if record_history:
             out.history.append((time.perf_counter() - t0, mean.copy(), var.copy()))
@@ -424,8 +449,7 @@ def vb_probit(A, y, prior_var=1.0, *, covariance="diagonal", max_iter=2000, tol=
     return out
 
 
-def vb_logistic(A, y, prior_var=1.0, *, covariance="diagonal", max_iter=2000, tol=1e-5,
-                record_history=False):
+def vb_logistic(A, y, prior_var=1.0, *, covariance="diagonal", max_iter=2000, tol=1e-5, record_history=False):
     """Mean-field VB for logistic regression with the Jaakkola–Jordan bound (module docstring).
 
     ``covariance="diagonal"``: q(w) fully factorized; ``"full"``: q(w) = N(μ, Σ).
@@ -459,8 +483,7 @@ def vb_logistic(A, y, prior_var=1.0, *, covariance="diagonal", max_iter=2000, to
                 mean[j] = new
             s = A2 @ var
         xi = np.sqrt(m * m + s)  # optimal ξ: E[a²] = ξ²
-        out.elbo.append(float(np.sum(log_expit(xi) + 0.5 * (y * m - xi))
-                              - _kl_to_prior(mean, var, lam, cov)))
+        out.elbo.append(float(np.sum(log_expit(xi) + 0.5 * (y * m - xi)) - _kl_to_prior(mean, var, lam, cov)))
         out.n_iter = it
         if record_history:
             out.history.append((time.perf_counter() - t0, mean.copy(), var.copy()))
@@ -482,8 +505,9 @@ class BaselineClassifier:
     """Binary classifier around one baseline: prior w ~ N(0, prior_variance I), intercept
     ~ N(0, intercept_prior_variance) (skcep's defaults); ``options`` go to the algorithm."""
 
-    def __init__(self, algorithm, link, *, fit_intercept=True, prior_variance=1.0,
-                 intercept_prior_variance=100.0, **options):
+    def __init__(
+        self, algorithm, link, *, fit_intercept=True, prior_variance=1.0, intercept_prior_variance=100.0, **options
+    ):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}; got {algorithm!r}")
         self.algorithm, self.link = algorithm, link
@@ -579,13 +603,13 @@ def cep_authors_gaussian(index, y, shape, rank, *, damping=0.5, max_iter=500, to
     row; the rows' priors are N(m₀, I) with random m₀ ~ N(0, I) (their ``c_initialize.m``), no
     offset; q(τ) from sites a_i = 3/2, b_i = ½ (y_i − E f_i)² (their constants) with
     Gam(0.01, 0.01 + 0.01 n) to start.  Stops when the summed squared change of the row means is
-    below ``tol``, or the training MSE is within ``tol`` of the 9 before on average.  Returns (the factors' means, sweeps)."""
+    below ``tol``, or the training MSE is within ``tol`` of the 9 before on average.  Returns (the factors'
+    means, sweeps)."""
     rng = np.random.default_rng(0) if rng is None else rng
     n, K = index.shape
     eye = np.eye(rank)
     prior_mean = [rng.standard_normal((d, rank)) for d in shape]
-    precision = [(np.bincount(index[:, k], minlength=d) * 1e-6 + 1.0)[:, None, None] * eye
-                 for k, d in enumerate(shape)]
+    precision = [(np.bincount(index[:, k], minlength=d) * 1e-6 + 1.0)[:, None, None] * eye for k, d in enumerate(shape)]
     shift = [m.copy() for m in prior_mean]
     site_prec, site_shift = np.broadcast_to(1e-6 * eye, (K, n, rank, rank)).copy(), np.zeros((K, n, rank))
     site_a, site_b = np.ones(n), np.full(n, 0.01)
@@ -648,6 +672,7 @@ def cp_laplace_row(Z, y, likelihood="gaussian", *, tau=1.0, start=None, options=
             log_cdf, d1, _ = _probit_terms(Z @ u, s)
             return 0.5 * (u @ u) - log_cdf.sum(), u - Z.T @ d1
     elif likelihood == "gaussian":
+
         def objective(u):
             r = y - Z @ u
             return 0.5 * (u @ u + tau * (r @ r)), u - tau * (Z.T @ r)
@@ -683,8 +708,7 @@ def cp_laplace_propagation(index, y, shape, rank, *, likelihood="gaussian", max_
     for k, d in enumerate(shape):
         counts = np.bincount(index[:, k], minlength=d)
         rows = np.flatnonzero(counts)
-        groups.append((np.argsort(index[:, k], kind="stable"), rows,
-                       np.concatenate([[0], np.cumsum(counts[rows])])))
+        groups.append((np.argsort(index[:, k], kind="stable"), rows, np.concatenate([[0], np.cumsum(counts[rows])])))
 
     def noise_precision():
         r = y - cp_predict(means, index)

@@ -82,24 +82,41 @@ def movielens_problem(cfg):
     tr, te = perm[:n_train], perm[n_train:]
     centre = d.y[tr].mean()
     X = d.X.astype(np.intp)
-    return dict(name="MovieLens-small", shape=tuple(int(s) for s in d.shape), Xtr=X[tr], ytr=d.y[tr] - centre,
-                Xte=X[te], yte=d.y[te] - centre,
-                desc=f"{d.shape[0]}×{d.shape[1]}×{d.shape[2]} (user × movie × time bin), "
-                     f"{tr.size:,} train / {te.size:,} test ratings, centred by the training mean {centre:.4f}")
+    return dict(
+        name="MovieLens-small",
+        shape=tuple(int(s) for s in d.shape),
+        Xtr=X[tr],
+        ytr=d.y[tr] - centre,
+        Xte=X[te],
+        yte=d.y[te] - centre,
+        desc=f"{d.shape[0]}×{d.shape[1]}×{d.shape[2]} (user × movie × time bin), "
+        f"{tr.size:,} train / {te.size:,} test ratings, centred by the training mean {centre:.4f}",
+    )
 
 
 def image_problem(cfg):
     img = load_image(cfg["size"])
     Xtr, ytr, Xte, yte, _ = split(img)
-    return dict(name="china.jpg", shape=img.shape, Xtr=Xtr, ytr=ytr, Xte=Xte, yte=yte,
-                desc=f"{cfg['size']}×{cfg['size']}×3 in [0, 1], {ytr.size:,} observed (20 %) / "
-                     f"{yte.size:,} held out")
+    return dict(
+        name="china.jpg",
+        shape=img.shape,
+        Xtr=Xtr,
+        ytr=ytr,
+        Xte=Xte,
+        yte=yte,
+        desc=f"{cfg['size']}×{cfg['size']}×3 in [0, 1], {ytr.size:,} observed (20 %) / {yte.size:,} held out",
+    )
 
 
 def initial_posterior(prob, rank):
     return cp_engine.init_posterior(
-        prob["shape"], rank, prior_variance=PRIOR_VARIANCE, init_scale=INIT_SCALE,
-        rng=np.random.default_rng(SEED), noise_prior=NOISE_PRIOR, noise_init=10.0 / np.var(prob["ytr"]),
+        prob["shape"],
+        rank,
+        prior_variance=PRIOR_VARIANCE,
+        init_scale=INIT_SCALE,
+        rng=np.random.default_rng(SEED),
+        noise_prior=NOISE_PRIOR,
+        noise_init=10.0 / np.var(prob["ytr"]),
     )
 
 
@@ -127,8 +144,10 @@ def run_bayespy(prob, post0, n_iter):
 
     rank = post0.rank
     t0 = time.perf_counter()
-    U = [GaussianARD(0.0, 1.0 / PRIOR_VARIANCE, shape=(rank,), plates=(d,), name=f"U{k}")
-         for k, d in enumerate(prob["shape"])]
+    U = [
+        GaussianARD(0.0, 1.0 / PRIOR_VARIANCE, shape=(rank,), plates=(d,), name=f"U{k}")
+        for k, d in enumerate(prob["shape"])
+    ]
     for u, f in zip(U, post0.factors):
         variances = np.diagonal(f.cov, axis1=1, axis2=2)
         assert np.allclose(f.cov, variances[:, :, None] * np.eye(rank)), "start must have diagonal covariances"
@@ -152,8 +171,16 @@ def run_bayespy(prob, post0, n_iter):
     diag = diagnostics() - diag0
     means = [u.get_moments()[0] for u in U]
     covs = [u.get_moments()[1] - m[:, :, None] * m[:, None, :] for u, m in zip(U, means)]
-    return dict(wall=np.array(wall), cpu=np.array(cpu), build=build, elbo=np.array(Q.L[:Q.iter]), diag=diag,
-                means=means, covs=covs, tau=float(tau.get_moments()[0]))
+    return dict(
+        wall=np.array(wall),
+        cpu=np.array(cpu),
+        build=build,
+        elbo=np.array(Q.L[: Q.iter]),
+        diag=diag,
+        means=means,
+        covs=covs,
+        tau=float(tau.get_moments()[0]),
+    )
 
 
 def run_skcep(prob, post0, n_iter, threads, method="cep"):
@@ -168,16 +195,34 @@ def run_skcep(prob, post0, n_iter, threads, method="cep"):
     t0 = time.perf_counter()
     clock["w"], clock["c"] = time.perf_counter(), time.process_time()
     diag0 = diagnostics()
-    res = cp_engine.fit_cp(post0, prob["Xtr"], prob["ytr"], likelihood="gaussian", method=method,
-                           schedule="group", max_iter=n_iter, tol=0.0, callback=callback, track_elbo=True,
-                           n_jobs=threads)
+    res = cp_engine.fit_cp(
+        post0,
+        prob["Xtr"],
+        prob["ytr"],
+        likelihood="gaussian",
+        method=method,
+        schedule="group",
+        max_iter=n_iter,
+        tol=0.0,
+        callback=callback,
+        track_elbo=True,
+        n_jobs=threads,
+    )
     total = time.perf_counter() - t0
     diag = diagnostics() - diag0
     # the first sweep's time includes building the entry index (sorting the entries per mode)
     post = res.posterior
-    return dict(wall=np.array(wall), cpu=np.array(cpu), total=total, elbo=np.array(res.elbo), diag=diag,
-                means=[f.mean for f in post.factors], covs=[f.cov for f in post.factors],
-                tau=float(post.noise_precision), threads=threads or 1)
+    return dict(
+        wall=np.array(wall),
+        cpu=np.array(cpu),
+        total=total,
+        elbo=np.array(res.elbo),
+        diag=diag,
+        means=[f.mean for f in post.factors],
+        covs=[f.cov for f in post.factors],
+        tau=float(post.noise_precision),
+        threads=threads or 1,
+    )
 
 
 def compare(prob, cfg, log):
@@ -203,8 +248,15 @@ def report_problem(r):
     def timing(name, t, ref):
         w, c = np.median(t["wall"]), np.median(t["cpu"])
         ratio = "" if ref is None else f"{np.median(ref['wall']) / w:.1f}× ({np.median(ref['cpu']) / c:.1f}×)"
-        return [name, f"{w:.4f}", f"{c:.4f}", ratio, f"{rmse(t['means'], Xte, yte):.6f}",
-                f"{t['elbo'][-1]:.8g}", f"{1 / np.sqrt(t['tau']):.6f}"]
+        return [
+            name,
+            f"{w:.4f}",
+            f"{c:.4f}",
+            ratio,
+            f"{rmse(t['means'], Xte, yte):.6f}",
+            f"{t['elbo'][-1]:.8g}",
+            f"{1 / np.sqrt(t['tau']):.6f}",
+        ]
 
     rows = [
         timing("BayesPy 0.6 (1 thread)", bp, None),
@@ -225,15 +277,24 @@ def report_problem(r):
         "",
         prob["desc"] + ".",
         "",
-        md_table(["library", "s/iter (wall)", "s/iter (cpu)", "skcep speed-up wall (cpu)", "test RMSE",
-                  f"ELBO after {n}", "1/√E[τ]"], rows),
+        md_table(
+            [
+                "library",
+                "s/iter (wall)",
+                "s/iter (cpu)",
+                "skcep speed-up wall (cpu)",
+                "test RMSE",
+                f"ELBO after {n}",
+                "1/√E[τ]",
+            ],
+            rows,
+        ),
         "",
         f"- same fit: max |ELBO_BayesPy − ELBO_skcep| over the {n} iterations {elbo_abs:.3g} "
         f"(relative {elbo_rel:.2e}); max |Δ factor mean| after {n} iterations {mean_diff:.2e} "
         f"(largest |mean| {mean_scale:.3g}); max |Δ factor covariance| {cov_diff:.2e}; "
         f"|Δ test RMSE| {rmse_diff:.2e}",
-        f"- skcep CEP 1 thread vs 2 threads: max |Δ factor mean| {same_threads:.1e}; "
-        f"CEP vs VMP: {same_vmp:.1e}",
+        f"- skcep CEP 1 thread vs 2 threads: max |Δ factor mean| {same_threads:.1e}; CEP vs VMP: {same_vmp:.1e}",
         "- target skcep ≥ 20× faster per iteration (CEP at its default, one thread): "
         f"wall {np.median(bp['wall']) / np.median(sk1['wall']):.1f}× → "
         f"**{'met' if np.median(bp['wall']) / np.median(sk1['wall']) >= 20 else 'not met'}**; CPU "
@@ -263,8 +324,10 @@ def main(quick):
     def log(msg):
         print(msg, flush=True)
 
-    results = [compare(movielens_problem(cfgs["movielens"]), cfgs["movielens"], log),
-               compare(image_problem(cfgs["image"]), cfgs["image"], log)]
+    results = [
+        compare(movielens_problem(cfgs["movielens"]), cfgs["movielens"], log),
+        compare(image_problem(cfgs["image"]), cfgs["image"], log),
+    ]
     load_end = os.getloadavg()
     wall = time.perf_counter() - t_start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -15,6 +15,7 @@ within 0.03 AUC of the best fit of the whole grid.
 
 ``--quick``: ranks 3 and 8, ``init_scale`` 0.5, no ARD; printed, not written.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -25,10 +26,10 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import command, library_state, machine_lines, md_table, write_report  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
-from _common import command, library_state, machine_lines, md_table, write_report  # noqa: E402
 from skcep import BayesianCPTensor  # noqa: E402
 from skcep.datasets import load_enron  # noqa: E402
 
@@ -62,22 +63,57 @@ def main():
     best = max(auc for _, auc, _ in fits)
     rows = []
     for method, prior, ard in itertools.product(("cep", "vmp"), PRIORS, (False, True)):
-        group = [(p, auc, r) for p, auc, r in fits
-                 if p["method"] == method and p["prior_variance"] == prior and p["ard"] == ard]
+        group = [
+            (p, auc, r)
+            for p, auc, r in fits
+            if p["method"] == method and p["prior_variance"] == prior and p["ard"] == ard
+        ]
         if not group:
             continue
         aucs = np.array([auc for _, auc, _ in group])
         worst = group[int(np.argmin(aucs))][0]
-        rows.append([method.upper(), repr(prior), ard, len(group), int(np.sum(aucs < FLOOR)),
-                     sum(r == 0 for _, _, r in group), f"{aucs.min():.3f}", f"{np.median(aucs):.3f}",
-                     f"{aucs.max():.3f}", f"{np.mean(aucs >= best - WITHIN):.0%}",
-                     ", ".join(f"{k}={v}" for k, v in worst.items() if k not in ("method", "prior_variance", "ard"))])
-    header = ["method", "prior_variance", "ard", "fits", f"AUC < {FLOOR}", "collapsed (effective rank 0)", "worst",
-              "median", "best", f"within {WITHIN} of the grid's best", "worst fit's settings"]
-    out = ["# The collapse grid: probit CP on the CEP paper's Enron fold 1", "", f"`{command()}`", "",
-           library_state(), "", *machine_lines(), "",
-           f"{len(fits)} fits, {time.perf_counter() - start:.0f} s in all; the grid's best test AUC {best:.3f}. "
-           "Grid and protocol: the script's docstring.", "", md_table(header, rows)]
+        rows.append(
+            [
+                method.upper(),
+                repr(prior),
+                ard,
+                len(group),
+                int(np.sum(aucs < FLOOR)),
+                sum(r == 0 for _, _, r in group),
+                f"{aucs.min():.3f}",
+                f"{np.median(aucs):.3f}",
+                f"{aucs.max():.3f}",
+                f"{np.mean(aucs >= best - WITHIN):.0%}",
+                ", ".join(f"{k}={v}" for k, v in worst.items() if k not in ("method", "prior_variance", "ard")),
+            ]
+        )
+    header = [
+        "method",
+        "prior_variance",
+        "ard",
+        "fits",
+        f"AUC < {FLOOR}",
+        "collapsed (effective rank 0)",
+        "worst",
+        "median",
+        "best",
+        f"within {WITHIN} of the grid's best",
+        "worst fit's settings",
+    ]
+    out = [
+        "# The collapse grid: probit CP on the CEP paper's Enron fold 1",
+        "",
+        f"`{command()}`",
+        "",
+        library_state(),
+        "",
+        *machine_lines(),
+        "",
+        f"{len(fits)} fits, {time.perf_counter() - start:.0f} s in all; the grid's best test AUC {best:.3f}. "
+        "Grid and protocol: the script's docstring.",
+        "",
+        md_table(header, rows),
+    ]
     write_report(out, "cp_collapse.md", args.quick)
 
 

@@ -24,6 +24,7 @@ acts with ``mode_bias=True``).  Sets:
 
 ``--quick``: fold 1 and seed 0 only; printed, not written.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -33,15 +34,17 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import command, library_state, machine_lines, md_table, pm, warning_lines, write_report  # noqa: E402
+from bench_cp_movielens import movielens_split  # noqa: E402
 from sklearn.metrics import mean_squared_error, roc_auc_score  # noqa: E402
 
-from _common import command, library_state, machine_lines, md_table, pm, warning_lines, write_report  # noqa: E402
 from skcep import BayesianCPTensor  # noqa: E402
-from bench_cp_movielens import movielens_split  # noqa: E402
 from skcep.datasets import load_alog, load_enron, load_movielens  # noqa: E402
 
-PRIORS = {"fixed (1.0)": dict(prior_variance=1.0, bias_prior_variance=1.0),
-          "learned ('auto', default)": dict(prior_variance="auto", bias_prior_variance="auto")}
+PRIORS = {
+    "fixed (1.0)": dict(prior_variance=1.0, bias_prior_variance=1.0),
+    "learned ('auto', default)": dict(prior_variance="auto", bias_prior_variance="auto"),
+}
 WARNINGS_SEEN = {}
 
 
@@ -112,8 +115,11 @@ def cases(folds, seeds):
         ("MovieLens ratings, user × movie (RMSE)", ratings2, dict(rank=8, mode_bias=True)),
         ("MovieLens ratings, user × movie × time (RMSE)", ratings3, dict(rank=8, mode_bias=True)),
         ("MovieLens binary, user × movie × time (AUC)", binary3, dict(rank=3, likelihood="probit", mode_bias=True)),
-        ("MovieLens binary, user × movie × time (AUC)", binary3,
-         dict(rank=8, likelihood="probit", method="vmp", mode_bias=True)),
+        (
+            "MovieLens binary, user × movie × time (AUC)",
+            binary3,
+            dict(rank=8, likelihood="probit", method="vmp", mode_bias=True),
+        ),
         ("planted 60×50×40 rank 3, mean 0, Gaussian (RMSE)", gauss0, dict(rank=3)),
         ("planted 60×50×40 rank 3, mean 0, Gaussian (RMSE)", gauss0, dict(rank=8)),
         ("planted 60×50×40 rank 3, mean 0, probit (AUC)", probit0, dict(rank=3, likelihood="probit")),
@@ -136,25 +142,56 @@ def main():
         cells = []
         for prior in PRIORS.values():
             got = [fit_score(data, prior, **params) for data in sets]
-            cells.append((pm([v for v, _, _ in got]), f"{np.mean([n for _, _, n in got]):.0f}",
-                          f"{np.mean([t for _, t, _ in got]):.2f}"))
+            cells.append(
+                (
+                    pm([v for v, _, _ in got]),
+                    f"{np.mean([n for _, _, n in got]):.0f}",
+                    f"{np.mean([t for _, t, _ in got]):.2f}",
+                )
+            )
         setting = f"rank {params['rank']}, {params.get('method', 'cep').upper()}" + (
-            ", mode_bias" if params.get("mode_bias") else "")
+            ", mode_bias" if params.get("mode_bias") else ""
+        )
         rows.append([name, setting] + [c for triple in cells for c in triple])
         print(rows[-1], flush=True)
     header = ["data", "fit"] + [f"{label}: {col}" for label in PRIORS for col in ("score", "sweeps", "s / fit")]
-    protocol = (f"Folds {', '.join(map(str, folds))} of the CEP paper's sets; MovieLens split 0; planted seeds "
-                f"{', '.join(map(str, seeds))}. Mean ± sd over folds or seeds; every fit at the estimator's defaults "
-                "(`max_iter=100`) with only the columns' settings changed. AUC: higher is better; RMSE: lower is "
-                "better (planted noise sd 0.1).")
-    write_report(report("BayesianCPTensor at defaults: the priors learned from the data (the default) against the "
-                        "fixed priors", protocol, header, rows), "cp_defaults.md", args.quick)
+    protocol = (
+        f"Folds {', '.join(map(str, folds))} of the CEP paper's sets; MovieLens split 0; planted seeds "
+        f"{', '.join(map(str, seeds))}. Mean ± sd over folds or seeds; every fit at the estimator's defaults "
+        "(`max_iter=100`) with only the columns' settings changed. AUC: higher is better; RMSE: lower is "
+        "better (planted noise sd 0.1)."
+    )
+    write_report(
+        report(
+            "BayesianCPTensor at defaults: the priors learned from the data (the default) against the fixed priors",
+            protocol,
+            header,
+            rows,
+        ),
+        "cp_defaults.md",
+        args.quick,
+    )
 
 
 def report(title, protocol, header, rows):
     """The report's lines: title, command, library and machine, protocol, table, warnings."""
-    return [f"# {title}", "", f"`{command()}`", "", library_state(), "", *machine_lines(), "", protocol, "",
-            md_table(header, rows), "", "Warnings raised by the fits:", "", *warning_lines(WARNINGS_SEEN)]
+    return [
+        f"# {title}",
+        "",
+        f"`{command()}`",
+        "",
+        library_state(),
+        "",
+        *machine_lines(),
+        "",
+        protocol,
+        "",
+        md_table(header, rows),
+        "",
+        "Warnings raised by the fits:",
+        "",
+        *warning_lines(WARNINGS_SEEN),
+    ]
 
 
 if __name__ == "__main__":

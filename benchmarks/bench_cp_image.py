@@ -73,7 +73,7 @@ def load_image(size):
     h, w, _ = img.shape
     s = min(h, w)
     r0, c0 = (h - s) // 2, (w - s) // 2
-    img = img[r0:r0 + s, c0:c0 + s]
+    img = img[r0 : r0 + s, c0 : c0 + s]
     A = area_matrix(s, size)
     small = np.stack([A @ img[:, :, c] @ A.T for c in range(3)], axis=2)
     return np.clip(small / 255.0, 0.0, 1.0)
@@ -121,8 +121,14 @@ def run(method, post0, Xtr, ytr, Xte, yte, max_iter, tol):
             converged = True
             break
     res = CPFitResult(post, it, converged, elbo, sweeps.n_skipped)
-    return dict(result=res, rmse=np.array(rmse), change=np.array(change), seconds=np.array(sweep_seconds),
-                cpu=np.array(sweep_cpu), elbo=np.array(res.elbo))
+    return dict(
+        result=res,
+        rmse=np.array(rmse),
+        change=np.array(change),
+        seconds=np.array(sweep_seconds),
+        cpu=np.array(sweep_cpu),
+        elbo=np.array(res.elbo),
+    )
 
 
 def cp_als(T, rank, n_sweeps, seed=0):
@@ -172,8 +178,11 @@ def plots(runs, img, observed, post, out_rmse, out_img):
     std = np.sqrt(var + 1.0 / post.noise_precision).reshape(img.shape).mean(axis=2)
     shown = np.where(observed.reshape(img.shape), img, 0.0)
     fig, axes = plt.subplots(1, 4, figsize=(16, 4.4))
-    for a, im, title in zip(axes[:3], (img, shown, completed),
-                            ("original", "observed (20 %; missing = black)", "completed (posterior mean)")):
+    for a, im, title in zip(
+        axes[:3],
+        (img, shown, completed),
+        ("original", "observed (20 %; missing = black)", "completed (posterior mean)"),
+    ):
         a.imshow(im)
         a.set_title(title)
         a.axis("off")
@@ -192,16 +201,24 @@ def main(quick):
     img = load_image(cfg["size"])
     Xtr, ytr, Xte, yte, observed = split(img)
     post0 = init_posterior(
-        img.shape, cfg["rank"], prior_variance=MODEL["prior_variance"], init_scale=MODEL["init_scale"],
-        rng=np.random.default_rng(SEED), noise_prior=MODEL["noise_prior"], noise_init=10.0 / np.var(ytr),
+        img.shape,
+        cfg["rank"],
+        prior_variance=MODEL["prior_variance"],
+        init_scale=MODEL["init_scale"],
+        rng=np.random.default_rng(SEED),
+        noise_prior=MODEL["noise_prior"],
+        noise_init=10.0 / np.var(ytr),
     )
     runs = {}
     for method in ("vmp", "cep"):
         t0 = time.perf_counter()
         runs[method] = run(method, post0, Xtr, ytr, Xte, yte, cfg["max_iter"], cfg["tol"])
         r = runs[method]
-        print(f"{method}: {r['rmse'].size} sweeps, final RMSE {r['rmse'][-1]:.5f}, "
-              f"{np.median(r['seconds']):.2f} s/sweep, total {time.perf_counter() - t0:.0f} s", flush=True)
+        print(
+            f"{method}: {r['rmse'].size} sweeps, final RMSE {r['rmse'][-1]:.5f}, "
+            f"{np.median(r['seconds']):.2f} s/sweep, total {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
     t0 = time.perf_counter()
     floor = cp_als(img, cfg["rank"], 150)
     floor_seconds = time.perf_counter() - t0
@@ -212,16 +229,25 @@ def main(quick):
     n = min(v["rmse"].size, c["rmse"].size)
     curve_diff = float(np.max(np.abs(v["rmse"][:n] - c["rmse"][:n])))
     elbo_diff = float(np.max(np.abs(v["elbo"][:n] - c["elbo"][:n]) / np.abs(v["elbo"][:n])))
-    mean_diff = max(float(np.max(np.abs(a.mean - b.mean)))
-                    for a, b in zip(v["result"].posterior.factors, c["result"].posterior.factors))
+    mean_diff = max(
+        float(np.max(np.abs(a.mean - b.mean)))
+        for a, b in zip(v["result"].posterior.factors, c["result"].posterior.factors)
+    )
     best = int(np.argmin(v["rmse"]))
 
     def row(name, r):
         res = r["result"]
-        return [name, f"{r['rmse'][-1]:.4f}", f"{r['rmse'].min():.4f} (sweep {int(np.argmin(r['rmse'])) + 1})",
-                str(res.n_iter), "yes" if res.converged else f"no (max_iter={cfg['max_iter']})",
-                f"{np.median(r['seconds']):.2f}", f"{np.median(r['cpu']):.2f}",
-                f"{r['elbo'][-1]:.6g}", f"{1.0 / np.sqrt(res.posterior.noise_precision):.4f}"]
+        return [
+            name,
+            f"{r['rmse'][-1]:.4f}",
+            f"{r['rmse'].min():.4f} (sweep {int(np.argmin(r['rmse'])) + 1})",
+            str(res.n_iter),
+            "yes" if res.converged else f"no (max_iter={cfg['max_iter']})",
+            f"{np.median(r['seconds']):.2f}",
+            f"{np.median(r['cpu']):.2f}",
+            f"{r['elbo'][-1]:.6g}",
+            f"{1.0 / np.sqrt(res.posterior.noise_precision):.4f}",
+        ]
 
     label = f"{cfg['size']}×{cfg['size']}×3"
     ls, le = load_start, load_end
@@ -245,8 +271,17 @@ def main(quick):
         "other jobs: wall times are inflated)",
         "",
         md_table(
-            ["method", "final RMSE", "best RMSE", "sweeps", "converged", "s/sweep (wall)", "s/sweep (cpu)",
-             "final ELBO", "1/√E[τ]"],
+            [
+                "method",
+                "final RMSE",
+                "best RMSE",
+                "sweeps",
+                "converged",
+                "s/sweep (wall)",
+                "s/sweep (cpu)",
+                "final ELBO",
+                "1/√E[τ]",
+            ],
             [row("VMP", v), row("CEP (group)", c)],
         ),
         "",
@@ -255,25 +290,29 @@ def main(quick):
         f"at the end: {mean_diff:.2e}",
         f"- CP-ALS of rank {cfg['rank']} on the *fully observed* image (150 sweeps, no prior): RMSE "
         f"**{floor:.4f}** — what rank {cfg['rank']} can represent of this image at all",
-        f"- the paper's Table 1 (its four SIPI images, same protocol): RMSE 0.0184 (facade) to "
-        "0.0403 (sailboat)",
+        "- the paper's Table 1 (its four SIPI images, same protocol): RMSE 0.0184 (facade) to 0.0403 (sailboat)",
         "",
-        "Held-out RMSE after sweep (VMP; CEP identical to the digits shown; every sweep up to 10, "
-        "then every 10th):",
+        "Held-out RMSE after sweep (VMP; CEP identical to the digits shown; every sweep up to 10, then every 10th):",
         "",
-        ", ".join(f"{i + 1}: {x:.4f}" for i, x in enumerate(v["rmse"])
-                  if i < 10 or (i + 1) % 10 == 0 or i == v["rmse"].size - 1),
+        ", ".join(
+            f"{i + 1}: {x:.4f}"
+            for i, x in enumerate(v["rmse"])
+            if i < 10 or (i + 1) % 10 == 0 or i == v["rmse"].size - 1
+        ),
         "",
-        f"Plots: `cp_image_rmse.png` (RMSE vs sweep, both methods, and their difference), "
+        "Plots: `cp_image_rmse.png` (RMSE vs sweep, both methods, and their difference), "
         "`cp_image_completed.png` (original / observed / completed / predictive std, CEP posterior).",
         "",
     ]
     notes = []
     worst = best + int(np.argmax(v["rmse"][best:]))
     if v["rmse"][worst] > v["rmse"][best] + 1e-4:
-        after = (f"rises to {v['rmse'][worst]:.4f} by sweep {worst + 1} (still rising)" if worst == v["rmse"].size - 1
-                 else f"rises to {v['rmse'][worst]:.4f} (sweep {worst + 1}), then returns to {v['rmse'][-1]:.4f} "
-                 f"by sweep {v['rmse'].size}")
+        after = (
+            f"rises to {v['rmse'][worst]:.4f} by sweep {worst + 1} (still rising)"
+            if worst == v["rmse"].size - 1
+            else f"rises to {v['rmse'][worst]:.4f} (sweep {worst + 1}), then returns to {v['rmse'][-1]:.4f} "
+            f"by sweep {v['rmse'].size}"
+        )
         why = (
             "most of the rise is transient: the fit keeps drifting slowly along nearly flat directions "
             "of the CP posterior (trading scale and rotation among the factors) long after the first "
@@ -291,8 +330,11 @@ def main(quick):
         notes.append(
             f"Not converged by `tol={cfg['tol']:g}`: the relative change of the training predictions "
             f"in the last sweep was {v['change'][-1]:.1e} (VMP) / {c['change'][-1]:.1e} (CEP)"
-            + (f"; the held-out RMSE moved by {abs(v['rmse'][-1] - v['rmse'][-11]):.1e} over the last 10 sweeps."
-               if v["rmse"].size > 10 else ".")
+            + (
+                f"; the held-out RMSE moved by {abs(v['rmse'][-1] - v['rmse'][-11]):.1e} over the last 10 sweeps."
+                if v["rmse"].size > 10
+                else "."
+            )
         )
     out += [x for note in notes for x in (note, "")]
     report = "\n".join(out) + "\n"

@@ -10,7 +10,8 @@ Protocol.  ``skcep.datasets.load_alog(fold)`` and ``load_enron(fold)``, folds 1�
 ``likelihood`` ("probit" for Enron), ``shape`` (the tensor's), ``random_state=0`` and
 ``max_iter=500`` (the authors' cap; everything else at its default), in three inference
 variants — group CEP (the default), entry CEP (``schedule="entry"``) and VMP
-(``method="vmp"``; entry CEP at ranks 3 and 8 only, for time) — each with the fixed prior (``prior_variance=1.0``) and with priors
+(``method="vmp"``; entry CEP at ranks 3 and 8 only, for time) — each with the fixed prior
+(``prior_variance=1.0``) and with priors
 learned from the data (``prior_variance="auto"``).  Beside them:
 
 * the authors' own per-fold results (``load_cep_tensor_figures()``), read from their result
@@ -40,6 +41,7 @@ Time per fit is wall-clock seconds of ``fit`` (one BLAS thread).  ``--quick``: f
 and 8, 60 sweeps; printed, not written.  ``--streams``: only the streams and the batch fits
 beside them, written to ``results/cp_paper_streams.md``.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -49,13 +51,13 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import command, library_state, machine_lines, md_table, warning_lines, write_report  # noqa: E402
+from baselines import cep_authors_gaussian, cp_laplace_propagation, cp_predict, cp_wopt  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.linear_model import LogisticRegression, Ridge  # noqa: E402
 from sklearn.metrics import mean_squared_error, roc_auc_score  # noqa: E402
 from sklearn.preprocessing import OneHotEncoder  # noqa: E402
 
-from _common import command, library_state, machine_lines, md_table, warning_lines, write_report  # noqa: E402
-from baselines import cep_authors_gaussian, cp_laplace_propagation, cp_predict, cp_wopt  # noqa: E402
 from skcep import BayesianCPTensor  # noqa: E402
 from skcep.datasets import load_alog, load_cep_tensor_figures, load_enron  # noqa: E402
 
@@ -83,8 +85,14 @@ def score(data, predict):
 
 def fit_skcep(data, rank, max_iter, **params):
     probit = data.name == "enron"
-    est = BayesianCPTensor(rank=rank, likelihood="probit" if probit else "gaussian", shape=data.shape,
-                           random_state=0, max_iter=max_iter, **params)
+    est = BayesianCPTensor(
+        rank=rank,
+        likelihood="probit" if probit else "gaussian",
+        shape=data.shape,
+        random_state=0,
+        max_iter=max_iter,
+        **params,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.perf_counter()
@@ -111,24 +119,32 @@ def fit_bias_model(data):
 
 def fit_wopt(data, rank, max_iter):
     start = time.perf_counter()
-    factors, n_iter = cp_wopt(data.X_train, data.y_train.astype(float), data.shape, rank, max_iter=max_iter,
-                              rng=np.random.default_rng(0))
+    factors, n_iter = cp_wopt(
+        data.X_train, data.y_train.astype(float), data.shape, rank, max_iter=max_iter, rng=np.random.default_rng(0)
+    )
     return score(data, lambda X: cp_predict(factors, X)), time.perf_counter() - start, n_iter
 
 
 def fit_lp(data, rank, max_iter):
     probit = data.name == "enron"
     start = time.perf_counter()
-    factors, n_iter = cp_laplace_propagation(data.X_train, data.y_train.astype(float), data.shape, rank,
-                                             likelihood="probit" if probit else "gaussian",
-                                             max_iter=min(max_iter, LP_MAX_ITER), rng=np.random.default_rng(0))
+    factors, n_iter = cp_laplace_propagation(
+        data.X_train,
+        data.y_train.astype(float),
+        data.shape,
+        rank,
+        likelihood="probit" if probit else "gaussian",
+        max_iter=min(max_iter, LP_MAX_ITER),
+        rng=np.random.default_rng(0),
+    )
     return score(data, lambda X: cp_predict(factors, X)), time.perf_counter() - start, n_iter
 
 
 def fit_authors(data, rank, max_iter):
     start = time.perf_counter()
-    factors, n_iter = cep_authors_gaussian(data.X_train, data.y_train, data.shape, rank, max_iter=max_iter,
-                                           rng=np.random.default_rng(0))
+    factors, n_iter = cep_authors_gaussian(
+        data.X_train, data.y_train, data.shape, rank, max_iter=max_iter, rng=np.random.default_rng(0)
+    )
     return score(data, lambda X: cp_predict(factors, X)), time.perf_counter() - start, n_iter
 
 
@@ -139,14 +155,15 @@ STREAM_RANK = 8
 def stream_skcep(data, batch, **params):
     """One pass of ``partial_fit`` over the fold's shuffled training entries."""
     probit = data.name == "enron"
-    est = BayesianCPTensor(rank=STREAM_RANK, likelihood="probit" if probit else "gaussian", shape=data.shape,
-                           random_state=0, **params)
+    est = BayesianCPTensor(
+        rank=STREAM_RANK, likelihood="probit" if probit else "gaussian", shape=data.shape, random_state=0, **params
+    )
     order = np.random.default_rng(0).permutation(data.y_train.size)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         for first in range(0, order.size, batch):
-            rows = order[first:first + batch]
+            rows = order[first : first + batch]
             est.partial_fit(data.X_train[rows], data.y_train[rows], **({"classes": [0, 1]} if probit else {}))
     seconds = time.perf_counter() - start
     predict = (lambda X: est.predict_proba(X)[:, 1]) if probit else est.predict
@@ -161,8 +178,11 @@ def cell(values, digits=3):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--streams", action="store_true",
-                        help="only the one-pass streams and their batch fits (writes cp_paper_streams.md)")
+    parser.add_argument(
+        "--streams",
+        action="store_true",
+        help="only the one-pass streams and their batch fits (writes cp_paper_streams.md)",
+    )
     args = parser.parse_args()
     ranks, folds, max_iter = ((3, 8), (1,), 60) if args.quick else (RANKS, FOLDS, 500)
     variants = VARIANTS
@@ -170,11 +190,21 @@ def main():
         ranks, variants = (STREAM_RANK,), {k: v for k, v in VARIANTS.items() if k != "CEP entry"}
     figures = load_cep_tensor_figures()
     title = "Fig. 5's set-up" if args.streams else "Fig. 3"
-    out = [f"# The CEP paper's {title} on its own tensor folds", "", f"`{command()}`", "", library_state(), "",
-           *machine_lines(), ""]
+    out = [
+        f"# The CEP paper's {title} on its own tensor folds",
+        "",
+        f"`{command()}`",
+        "",
+        library_state(),
+        "",
+        *machine_lines(),
+        "",
+    ]
     summary = {}
-    for name, loader, metric in (("enron", load_enron, "AUC (higher is better)"),
-                                 ("alog", load_alog, "RMSE (lower is better)")):
+    for name, loader, metric in (
+        ("enron", load_enron, "AUC (higher is better)"),
+        ("alog", load_alog, "RMSE (lower is better)"),
+    ):
         rows = []
         results = {}  # (label, rank) -> [(score, seconds, sweeps) per fold]
 
@@ -189,8 +219,14 @@ def main():
                 if variant == "CEP entry" and rank not in ENTRY_RANKS:
                     continue
                 for prior_label, prior in PRIORS.items():
-                    run(f"skcep {variant}, {prior_label}", rank, fit_skcep, max_iter=max_iter,
-                        prior_variance=prior, **params)
+                    run(
+                        f"skcep {variant}, {prior_label}",
+                        rank,
+                        fit_skcep,
+                        max_iter=max_iter,
+                        prior_variance=prior,
+                        **params,
+                    )
             if args.streams:
                 continue
             run("CP-WOPT (L-BFGS)", rank, fit_wopt, max_iter=max_iter)
@@ -200,27 +236,43 @@ def main():
         for fold in folds if not args.streams else ():
             results.setdefault(("bias model (one-hot indices)", None), []).append(fit_bias_model(loader(fold)))
         labels = list(dict.fromkeys(label for label, _ in results))
-        header = ["method"] + [f"rank {r}" for r in ranks] + ["s / fit (rank 8)" if 8 in ranks else "s / fit",
-                                                               "sweeps (rank 8)"]
+        header = (
+            ["method"]
+            + [f"rank {r}" for r in ranks]
+            + ["s / fit (rank 8)" if 8 in ranks else "s / fit", "sweeps (rank 8)"]
+        )
         for label in labels:
             per_rank = [results.get((label, r)) or results.get((label, None)) for r in ranks]
             timing = results.get((label, 8)) or results.get((label, None)) or per_rank[-1]
-            rows.append([label] + [cell([s for s, _, _ in p]) if p else "—" for p in per_rank]
-                        + [f"{np.mean([t for _, t, _ in timing]):.2f}",
-                           f"{np.mean([n for _, _, n in timing]):.0f}"])
+            rows.append(
+                [label]
+                + [cell([s for s, _, _ in p]) if p else "—" for p in per_rank]
+                + [f"{np.mean([t for _, t, _ in timing]):.2f}", f"{np.mean([n for _, _, n in timing]):.0f}"]
+            )
         for method, label in AUTHORS.items():
             sub = figures[(figures.dataset == name) & (figures.method == method) & figures.fold.isin(folds)]
             if sub.empty:
                 continue
-            rows.append([f"the authors' {label} (their result files)"]
-                        + [cell(sub[sub["rank"] == r].value) for r in ranks] + ["—", "—"])
+            rows.append(
+                [f"the authors' {label} (their result files)"]
+                + [cell(sub[sub["rank"] == r].value) for r in ranks]
+                + ["—", "—"]
+            )
         if not args.streams:
-            out += [f"## {name.capitalize()}: test {metric}, mean ± sd over folds {', '.join(map(str, folds))}", "",
-                    md_table(header, rows), ""]
+            out += [
+                f"## {name.capitalize()}: test {metric}, mean ± sd over folds {', '.join(map(str, folds))}",
+                "",
+                md_table(header, rows),
+                "",
+            ]
         summary[name] = results
-    out += [f"## One pass of `partial_fit` (Fig. 5's set-up), rank {STREAM_RANK}", "",
-            "Test AUC (Enron) / RMSE (Alog), mean ± sd over the folds, and seconds per pass; "
-            "ADF-CEP is the default `method=\"cep\"`, streaming VMP `method=\"vmp\"`.", ""]
+    out += [
+        f"## One pass of `partial_fit` (Fig. 5's set-up), rank {STREAM_RANK}",
+        "",
+        "Test AUC (Enron) / RMSE (Alog), mean ± sd over the folds, and seconds per pass; "
+        "ADF-CEP is the default `method=\"cep\"`, streaming VMP `method=\"vmp\"`.",
+        "",
+    ]
     stream_rows = []
     for name, loader in (("enron", load_enron), ("alog", load_alog)):
         for method in ("cep", "vmp"):
@@ -230,8 +282,9 @@ def main():
                     runs = [stream_skcep(loader(fold), batch, method=method, prior_variance=prior) for fold in folds]
                     print(name, method, prior_label, batch, runs, flush=True)
                     row.append(f"{cell([r[0] for r in runs])} ({np.mean([r[1] for r in runs]):.1f} s)")
-                batch_fit = summary[name].get((f"skcep {'CEP group' if method == 'cep' else 'VMP'}, {prior_label}",
-                                                STREAM_RANK))
+                batch_fit = summary[name].get(
+                    (f"skcep {'CEP group' if method == 'cep' else 'VMP'}, {prior_label}", STREAM_RANK)
+                )
                 row.append(cell([r[0] for r in batch_fit]) if batch_fit else "—")
                 stream_rows.append(row)
     out += [md_table(["stream"] + [f"batches of {b:,}" for b in STREAM_BATCHES] + ["the batch fit"], stream_rows), ""]

@@ -55,9 +55,8 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
-
 import _common  # noqa: E402
+import numpy as np  # noqa: E402
 from _common import machine_lines, maxrss_bytes, reset_peak_rss, snapshot_library, verdict  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -123,8 +122,9 @@ def fit_worker(spec):
         return engine_fit(*args, **kwargs)
 
     est_module.fit_cp = timed_fit_cp
-    est = BayesianCPTensor(rank=RANK, method=spec["method"], max_iter=max_iter, tol=0, random_state=0,
-                           prior_variance=1.0)  # the fixed prior: a study of speed and memory
+    est = BayesianCPTensor(
+        rank=RANK, method=spec["method"], max_iter=max_iter, tol=0, random_state=0, prior_variance=1.0
+    )  # the fixed prior: a study of speed and memory
     peak_reset = reset_peak_rss()
     before = maxrss_bytes()
     load = os.getloadavg()[0]
@@ -216,8 +216,9 @@ def peer_worker(spec):
         res[name + "_check"] = float(sum(np.abs(M).sum() for M in result))
     after = maxrss_bytes()
     assert np.isclose(res["add_at_check"], res["reduceat_check"]), res
-    out = dict(res, rss_before=before, rss_peak=after, extra=after - before, peak_reset=peak_reset,
-               load=load, repeats=repeats)
+    out = dict(
+        res, rss_before=before, rss_peak=after, extra=after - before, peak_reset=peak_reset, load=load, repeats=repeats
+    )
     print("RESULT " + json.dumps(out))
 
 
@@ -252,17 +253,21 @@ def measure_fit(n, method, max_iter, repeats, log):
     r["repeats"] = repeats
     r["max_iter"] = max_iter
     r["all_per_iter"] = [x["per_iter"] for x in runs]
-    log(f"  n={n:>10,} {method:4s} setup {r['setup']:6.2f} s  {r['per_iter']:7.3f} s/sweep "
+    log(
+        f"  n={n:>10,} {method:4s} setup {r['setup']:6.2f} s  {r['per_iter']:7.3f} s/sweep "
         f"(cpu {r['cpu_per_iter']:6.3f})  peak {r['rss_peak'] / 1e9:5.2f} GB  rmse {r['rmse']:.3f}  "
-        f"load {r['load']:.1f}  runs {[round(x, 3) for x in r['all_per_iter']]}")
+        f"load {r['load']:.1f}  runs {[round(x, 3) for x in r['all_per_iter']]}"
+    )
     return r
 
 
 def measure_peer(n, repeats, log):
     r = run_worker(dict(kind="peer", n=n, repeats=repeats))
-    log(f"  n={n:>10,} MTTKRP add.at {r['add_at']['seconds']:6.2f} s (cpu {r['add_at']['cpu']:.2f})  "
+    log(
+        f"  n={n:>10,} MTTKRP add.at {r['add_at']['seconds']:6.2f} s (cpu {r['add_at']['cpu']:.2f})  "
         f"sorted {r['reduceat']['seconds']:6.2f} s (cpu {r['reduceat']['cpu']:.2f})  "
-        f"peak {r['rss_peak'] / 1e9:5.2f} GB  load {r['load']:.1f}")
+        f"peak {r['rss_peak'] / 1e9:5.2f} GB  load {r['load']:.1f}"
+    )
     return r
 
 
@@ -344,8 +349,10 @@ def main(quick):
     for (n, method), r in fits.items():
         p = peers[n]
         per_m = r["per_iter"] / (n / 1e6)
-        ratio = [f"{r['per_iter'] / p[key]['seconds']:.1f} ({r['cpu_per_iter'] / p[key]['cpu']:.1f})"
-                 for key in ("add_at", "reduceat")]
+        ratio = [
+            f"{r['per_iter'] / p[key]['seconds']:.1f} ({r['cpu_per_iter'] / p[key]['cpu']:.1f})"
+            for key in ("add_at", "reduceat")
+        ]
         out.append(
             f"| {n:,} | {'group CEP' if method == 'cep' else 'VMP'} | {' × '.join(f'{d:,}' for d in r['shape'])} "
             f"| {r['max_iter']} | {r['repeats']} | {r['setup']:.2f} | {r['per_iter']:.3f} "
@@ -411,8 +418,10 @@ def main(quick):
         + "; ".join(f"{n:,} {m}: {', '.join(f'{s:.2f}' for s in r['sweeps'])}" for (n, m), r in fits.items())
         + ".",
         "",
-        "Warnings during fits: " + (", ".join(warned) if warned else "none")
-        + (" (expected: tol=0 never converges)" if warned == ["ConvergenceWarning"] else "") + ".",
+        "Warnings during fits: "
+        + (", ".join(warned) if warned else "none")
+        + (" (expected: tol=0 never converges)" if warned == ["ConvergenceWarning"] else "")
+        + ".",
     ]
     _common.write_report(out, "cp_scale.md", quick)  # --quick: print only
 

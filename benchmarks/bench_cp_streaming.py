@@ -21,8 +21,10 @@ mean; every later batch one sweep — for probit CEP a simultaneous one, every g
 posterior before the batch; in turn for Gaussian entries), without the warm-up buffer
 (``warm_up_entries=0``, the previous default) and with the default buffer (``warm_up_entries="auto"``:
 the first 50,000 Gaussian entries are kept and refitted by ``fit`` each time they double, then the
-buffer is dropped; probit streams keep none, so their rows are those of "auto" without it).  The previous ``"auto"`` (one sweep in
-turn for every later batch, probit included) is in "Previous figures".  Reference: ``fit`` on all training entries at the estimator's defaults
+buffer is dropped; probit streams keep none, so their rows are those of "auto" without it).  The previous
+``"auto"`` (one sweep in
+turn for every later batch, probit included) is in "Previous figures".  Reference: ``fit`` on all training
+entries at the estimator's defaults
 (max_iter 100).  Targets: binary, stream AUC ≥ batch AUC − 0.02; ratings, stream RMSE ≤ 1.02 ×
 batch RMSE.
 
@@ -37,6 +39,7 @@ models at batch 1000, and ``fit`` on the first 10,000 / 30,000 / 60,000 entries 
 stream order (ratings, both models).  ``--quick``: batch sizes 2000 and 5000 on a 10 %
 subsample, batch fits of 10 sweeps, seed 0, no diagnostics; printed (plot to /tmp), not written.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -48,19 +51,21 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
-from sklearn.metrics import roc_auc_score  # noqa: E402
-
 from _common import RESULTS, command, hand_notes, library_state, md_table, pm, warning_lines  # noqa: E402
 from bench_cp_movielens import movielens_split  # noqa: E402
+from sklearn.metrics import roc_auc_score  # noqa: E402
+
 from skcep.datasets import load_movielens  # noqa: E402
 from skcep.tensor._cp import WARM_UP_GAUSSIAN, BayesianCPTensor  # noqa: E402
 
 BATCH_SIZES = (100, 500, 1000, 5000, 10000)
 TASKS = ("binary", "ratings")
 MODELS = {"defaults (mode_bias=False)": dict(), "mode_bias=True": dict(mode_bias=True)}
-RULES = {"n_inner_iter=10 (old default)": dict(n_inner_iter=10),
-         '"auto", no buffer (previous default)': dict(n_inner_iter="auto"),
-         '"auto", warm_up_entries="auto" (new default)': dict(n_inner_iter="auto", warm_up_entries="auto")}
+RULES = {
+    "n_inner_iter=10 (old default)": dict(n_inner_iter=10),
+    '"auto", no buffer (previous default)': dict(n_inner_iter="auto"),
+    '"auto", warm_up_entries="auto" (new default)': dict(n_inner_iter="auto", warm_up_entries="auto"),
+}
 OLD, AUTO, WARM = RULES
 SHORT = {OLD: "10", AUTO: "auto", WARM: "buffer"}
 WARM_UP_SIZES = (10000, 20000, 30000, 40000)  # ratings without offsets, batch DIAG_BATCH, seed 0
@@ -124,7 +129,8 @@ object seen once restarts later batches from there).  ARD (0.706) and init_scale
 change little; streaming VMP, whose sweep stays in turn, loses its CP part (≈ 0.50).
 
 **Ratings without offsets: the collapse of the stream without the buffer, and why no rule of
-sweeps or noise fixes it** (damping does not apply: Gaussian sites are never damped).  The stream ends at the global mean (test RMSE 1.058 at batches of 1,000,
+sweeps or noise fixes it** (damping does not apply: Gaussian sites are never damped).  The stream ends at the
+global mean (test RMSE 1.058 at batches of 1,000,
 +15 %; the global mean alone gives 1.06): the CP part is near zero (|U| 0.13 / 0.09 / 0.21).
 Three facts, all at seed 0 ("`fit` on the first n entries" and "rules for q(τ)" above):
 
@@ -228,9 +234,18 @@ def make(task, d, seed, params):
     through the engine option ``hold_noise``)."""
     params = dict(params)
     hold = params.pop("hold_tau", False)
-    kw = dict(rank=RANK, likelihood="probit" if task == "binary" else "gaussian", shape=d.shape, random_state=seed,
-              warm_up_entries=0, prior_variance=1.0, bias_prior_variance=1.0)  # the fixed priors: these
-    # diagnostics study the zero-mean prior's collapse (the learned priors: cp_defaults.md, cp_paper_streams.md)  # no buffer unless a rule names one: the diagnostics study the plain stream
+    kw = dict(
+        rank=RANK,
+        likelihood="probit" if task == "binary" else "gaussian",
+        shape=d.shape,
+        random_state=seed,
+        warm_up_entries=0,
+        prior_variance=1.0,
+        bias_prior_variance=1.0,
+    )
+    # The fixed priors and no warm-up buffer (unless a rule names one): these diagnostics study the
+    # zero-mean prior's collapse in the plain stream (the learned priors: cp_defaults.md,
+    # cp_paper_streams.md).
     kw.update(params)
     est = BayesianCPTensor(**kw)
     if hold:
@@ -256,14 +271,16 @@ def prefix_fit(task, d, tr, te, params, n, seed=0, bs=DIAG_BATCH):
     size, _ = state(est)
     out = dict(metric=metric(task, est, d, te), size=size, tau=est.noise_precision_, it=est.n_iter_)
     for b in range(n, order.size, bs):
-        quiet(est.partial_fit, d.X[order[b:b + bs]], d.y[order[b:b + bs]])
+        quiet(est.partial_fit, d.X[order[b : b + bs]], d.y[order[b : b + bs]])
     return dict(out, then=metric(task, est, d, te))
 
 
 def state(est):
     """Mean |posterior mean| and mean posterior variance of the factors, per mode."""
-    return ([float(np.abs(f).mean()) for f in est.factors_],
-            [float(np.mean(np.trace(c, axis1=1, axis2=2)) / est.rank) for c in est.factor_covariances_])
+    return (
+        [float(np.abs(f).mean()) for f in est.factors_],
+        [float(np.mean(np.trace(c, axis1=1, axis2=2)) / est.rank) for c in est.factor_covariances_],
+    )
 
 
 def stream(task, d, tr, te, bs, seed, params, probes=()):
@@ -275,18 +292,27 @@ def stream(task, d, tr, te, bs, seed, params, probes=()):
     order = np.random.default_rng(seed).permutation(tr)
     t0, trace = time.perf_counter(), []
     for j, b in enumerate(range(0, order.size, bs), 1):
-        i = order[b:b + bs]
+        i = order[b : b + bs]
         quiet(est.partial_fit, d.X[i], d.y[i])
         if j == 1 and later is not None:
             hold_noise_from_now(est, est.noise_precision_ if later == "first" else later)
         if j in probes:
             size, var = state(est)
-            trace.append(dict(batch=j, seen=b + i.size, metric=metric(task, est, d, te), size=size, var=var,
-                              sweeps=est.n_iter_, tau=est.noise_precision_, b=est.intercept_))
+            trace.append(
+                dict(
+                    batch=j,
+                    seen=b + i.size,
+                    metric=metric(task, est, d, te),
+                    size=size,
+                    var=var,
+                    sweeps=est.n_iter_,
+                    tau=est.noise_precision_,
+                    b=est.intercept_,
+                )
+            )
     secs = time.perf_counter() - t0
     size, var = state(est)
-    return dict(metric=metric(task, est, d, te), s=secs, size=size, var=var, trace=trace,
-                tau=est.noise_precision_)
+    return dict(metric=metric(task, est, d, te), s=secs, size=size, var=var, trace=trace, tau=est.noise_precision_)
 
 
 def batch_fit(task, d, tr, te, params):
@@ -295,8 +321,16 @@ def batch_fit(task, d, tr, te, params):
     quiet(est.fit, d.X[tr], d.y[tr])
     secs = time.perf_counter() - t0
     size, var = state(est)
-    return dict(metric=metric(task, est, d, te), train=metric(task, est, d, tr), s=secs, size=size, var=var,
-                it=est.n_iter_, conv=est.converged_, tau=est.noise_precision_)
+    return dict(
+        metric=metric(task, est, d, te),
+        train=metric(task, est, d, tr),
+        s=secs,
+        size=size,
+        var=var,
+        it=est.n_iter_,
+        conv=est.converged_,
+        tau=est.noise_precision_,
+    )
 
 
 def within(task, stream_value, batch_value):
@@ -306,25 +340,66 @@ def within(task, stream_value, batch_value):
 
 
 DIAGNOSTICS = (  # (label, task, model, batch size, parameters, probes)
-    ("collapse: n_inner_iter=10", "binary", "defaults (mode_bias=False)", DIAG_BATCH, dict(n_inner_iter=10),
-     (1, 2, 5, 10, 30, 91)),
+    (
+        "collapse: n_inner_iter=10",
+        "binary",
+        "defaults (mode_bias=False)",
+        DIAG_BATCH,
+        dict(n_inner_iter=10),
+        (1, 2, 5, 10, 30, 91),
+    ),
     ('collapse: "auto"', "binary", "defaults (mode_bias=False)", DIAG_BATCH, dict(), (1, 2, 5, 10, 30, 91)),
-    ("sweeps in turn: n_inner_iter=1", "binary", "defaults (mode_bias=False)", DIAG_BATCH, dict(n_inner_iter=1),
-     (1, 2, 5, 10, 30, 91)),
-    ("collapse: n_inner_iter=10", "binary", "defaults (mode_bias=False)", 100, dict(n_inner_iter=10),
-     (1, 2, 10, 100, 901)),
+    (
+        "sweeps in turn: n_inner_iter=1",
+        "binary",
+        "defaults (mode_bias=False)",
+        DIAG_BATCH,
+        dict(n_inner_iter=1),
+        (1, 2, 5, 10, 30, 91),
+    ),
+    (
+        "collapse: n_inner_iter=10",
+        "binary",
+        "defaults (mode_bias=False)",
+        100,
+        dict(n_inner_iter=10),
+        (1, 2, 10, 100, 901),
+    ),
     ('collapse: "auto"', "binary", "defaults (mode_bias=False)", 100, dict(), (1, 2, 10, 100, 901)),
-    ("collapse: n_inner_iter=10", "ratings", "defaults (mode_bias=False)", DIAG_BATCH, dict(n_inner_iter=10),
-     (1, 2, 5, 10, 30, 91)),
-    ("one sweep, offset from 0: n_inner_iter=1", "ratings", "defaults (mode_bias=False)", DIAG_BATCH,
-     dict(n_inner_iter=1), (1, 2, 5, 10, 30, 91)),
+    (
+        "collapse: n_inner_iter=10",
+        "ratings",
+        "defaults (mode_bias=False)",
+        DIAG_BATCH,
+        dict(n_inner_iter=10),
+        (1, 2, 5, 10, 30, 91),
+    ),
+    (
+        "one sweep, offset from 0: n_inner_iter=1",
+        "ratings",
+        "defaults (mode_bias=False)",
+        DIAG_BATCH,
+        dict(n_inner_iter=1),
+        (1, 2, 5, 10, 30, 91),
+    ),
     ('collapse: "auto"', "ratings", "defaults (mode_bias=False)", DIAG_BATCH, dict(), (1, 2, 5, 10, 30, 91)),
-    ('q(τ) held at its start (10 / Var y): "auto"', "ratings", "defaults (mode_bias=False)", DIAG_BATCH,
-     dict(hold_tau=True), (1, 2, 5, 10, 30, 91)),
-    ('q(τ) held at its start (10 / Var y): "auto"', "ratings", "mode_bias=True", DIAG_BATCH,
-     dict(hold_tau=True), (1, 10, 91)),
-    ("first batch of 10,000: n_inner_iter=1", "ratings", "mode_bias=True", 10000, dict(n_inner_iter=1),
-     (1, 2, 5, 9)),
+    (
+        'q(τ) held at its start (10 / Var y): "auto"',
+        "ratings",
+        "defaults (mode_bias=False)",
+        DIAG_BATCH,
+        dict(hold_tau=True),
+        (1, 2, 5, 10, 30, 91),
+    ),
+    (
+        'q(τ) held at its start (10 / Var y): "auto"',
+        "ratings",
+        "mode_bias=True",
+        DIAG_BATCH,
+        dict(hold_tau=True),
+        (1, 10, 91),
+    ),
+    ("first batch of 10,000: n_inner_iter=1", "ratings", "mode_bias=True", 10000, dict(n_inner_iter=1), (1, 2, 5, 9)),
     ('first batch of 10,000: "auto"', "ratings", "mode_bias=True", 10000, dict(), (1, 2, 5, 9)),
 )
 NOISE_RULES = (  # ratings, batch DIAG_BATCH, seed 0, both models: (label, parameters)
@@ -352,8 +427,17 @@ VARIANTS = (  # binary, defaults, batch DIAG_BATCH: (label, parameters)
 
 def run(data, tr, te, batch_sizes, seeds, diagnostics, budget, log):
     t0 = time.perf_counter()
-    res = {"stream": {}, "batch": {}, "diag": {}, "variants": {}, "vmp": {}, "noise": {}, "prefix": {},
-           "warm_up": {}, "skipped": []}
+    res = {
+        "stream": {},
+        "batch": {},
+        "diag": {},
+        "variants": {},
+        "vmp": {},
+        "noise": {},
+        "prefix": {},
+        "warm_up": {},
+        "skipped": [],
+    }
 
     def over():
         return (time.perf_counter() - t0) / 60 > budget
@@ -437,15 +521,19 @@ def seeds_of(res):
 
 def warm_up_section(res, seeds):
     """Test metric by buffer size (``warm_up_entries``) at batches of DIAG_BATCH, per seed."""
-    out = [f"## Warm-up buffer sizes (batches of {DIAG_BATCH:,})", "",
-           "One pass under \"auto\" with `warm_up_entries` = n: the first n entries are kept and refitted by `fit` "
-           f"each time they double (with batches of {DIAG_BATCH:,}: after 1, 2, 4, … batches and at the last batch "
-           "that fits), then plain ADF.  n = 0 is the previous default; "
-           f"n = {WARM_UP_GAUSSIAN:,} the new default for Gaussian entries (\"auto\"; the rows of the tables above).  "
-           "Binary: the buffer of the Gaussian default on probit streams (where \"auto\" keeps none).  Mean over "
-           "the seeds shown, its gap to the model's *fit*, mean wall seconds of the stream.", ""]
+    out = [
+        f"## Warm-up buffer sizes (batches of {DIAG_BATCH:,})",
+        "",
+        "One pass under \"auto\" with `warm_up_entries` = n: the first n entries are kept and refitted by `fit` "
+        f"each time they double (with batches of {DIAG_BATCH:,}: after 1, 2, 4, … batches and at the last batch "
+        "that fits), then plain ADF.  n = 0 is the previous default; "
+        f"n = {WARM_UP_GAUSSIAN:,} the new default for Gaussian entries (\"auto\"; the rows of the tables above).  "
+        "Binary: the buffer of the Gaussian default on probit streams (where \"auto\" keeps none).  Mean over "
+        "the seeds shown, its gap to the model's *fit*, mean wall seconds of the stream.",
+        "",
+    ]
     rows = []
-    none, default = list(MODELS)[0], None
+    none = list(MODELS)[0]
     for task, model in (("ratings", none), ("binary", none)):
         b = res["batch"].get((task, model))
         sizes = (0,) + WARM_UP_SIZES + (WARM_UP_GAUSSIAN,) if task == "ratings" else (0, WARM_UP_GAUSSIAN)
@@ -465,8 +553,11 @@ def warm_up_section(res, seeds):
             if not values:
                 continue
             mean = float(np.mean(values))
-            gap = "" if not b else (f"{mean - b['metric']:+.4f}" if task == "binary"
-                                    else f"{100 * (mean / b['metric'] - 1):+.1f} %")
+            gap = (
+                ""
+                if not b
+                else (f"{mean - b['metric']:+.4f}" if task == "binary" else f"{100 * (mean / b['metric'] - 1):+.1f} %")
+            )
             ok = "" if not b else ("met" if within(task, mean, b["metric"]) else "**not met**")
             rows.append(cells + [f"{mean:.4f}", f"{gap} {ok}", f"{np.mean(secs):.0f}"])
     header = ["task, model", "warm_up_entries"] + [f"seed {s}" for s in seeds] + ["mean", "vs fit", "s"]
@@ -489,8 +580,15 @@ def plot(res, batch_sizes, path):
                 bs = [b for b in batch_sizes if (task, model, rule, b) in res["stream"]]
                 values = [[r["metric"] for r in res["stream"][task, model, rule, b]] for b in bs]
                 sd = [np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in values]
-                ax.errorbar(bs, [np.mean(v) for v in values], yerr=sd, marker="o", capsize=3, color=colors[rule],
-                            label=f"one pass, {rule}")
+                ax.errorbar(
+                    bs,
+                    [np.mean(v) for v in values],
+                    yerr=sd,
+                    marker="o",
+                    capsize=3,
+                    color=colors[rule],
+                    label=f"one pass, {rule}",
+                )
             if batch:
                 ax.axhline(batch["metric"], ls="--", color="k", label="fit (all entries, 100 sweeps)")
                 bound = batch["metric"] - 0.02 if task == "binary" else 1.02 * batch["metric"]
@@ -523,35 +621,46 @@ def _per_model(first, columns):
 
 
 def report(res, batch_sizes, args, elapsed, n_train, n_test, cmd, library):
-    out = [f"`{cmd}`", "",
-           "# Streaming CP decomposition of MovieLens-small: one pass of `partial_fit` vs `fit`", "",
-           f"User × movie × 20 time bins, rank {RANK}; split `movielens_split(0)` of `bench_cp_movielens.py` "
-           f"({n_train:,} training / {n_test:,} test entries). *binary*: rating ≥ 4, probit, test AUC of "
-           "`decision_function`; *ratings*: Gaussian, test RMSE of `predict`. Training entries shuffled by the "
-           "seed (which also seeds the estimator) and streamed once through `partial_fit`, `shape` = full shape, "
-           "estimator defaults otherwise (method CEP, group schedule, prior_variance 1, init_scale 0.5, damping 1, "
-           "tol 1e-4, fit_intercept). Rules: `n_inner_iter=10`, the default before `\"auto\"`, and "
-           '`n_inner_iter="auto"` (a first batch: one sweep in turn, up to 10 with ≥ 2 entries per '
-           "object it touches, the global offset started at its mean; every later batch one sweep, for probit "
-           "CEP simultaneous — every group from the posterior before the batch — and in turn for Gaussian "
-           "entries), without the warm-up buffer (*auto*, `warm_up_entries=0`, the previous default) and with "
-           f'the default buffer (*buffer*, `warm_up_entries="auto"`: the first {WARM_UP_GAUSSIAN:,} Gaussian entries '
-           "kept and refitted by `fit`, max_iter 100, each time they double and at the last batch that fits, "
-           "then plain ADF; probit streams keep none, so their *buffer* columns repeat *auto*). *fit* = `fit` "
-           f"on all training entries, max_iter {BATCH_MAX_ITER}. Mean ± sample sd over the seeds run (n in "
-           "brackets). |U| = mean |posterior mean| of the factors per mode (user/movie/time): ≈ 0, the CP part "
-           "collapsed. Wall seconds on a 2-core machine shared with other jobs.", "",
-           f"Library measured: {library}.", "",
-           "Targets: binary, stream AUC ≥ fit AUC − 0.02; ratings, stream RMSE ≤ 1.02 × fit RMSE.", "",
-           "Plot: `cp_streaming_auc.png` (both tasks, both models).", ""]
+    out = [
+        f"`{cmd}`",
+        "",
+        "# Streaming CP decomposition of MovieLens-small: one pass of `partial_fit` vs `fit`",
+        "",
+        f"User × movie × 20 time bins, rank {RANK}; split `movielens_split(0)` of `bench_cp_movielens.py` "
+        f"({n_train:,} training / {n_test:,} test entries). *binary*: rating ≥ 4, probit, test AUC of "
+        "`decision_function`; *ratings*: Gaussian, test RMSE of `predict`. Training entries shuffled by the "
+        "seed (which also seeds the estimator) and streamed once through `partial_fit`, `shape` = full shape, "
+        "estimator defaults otherwise (method CEP, group schedule, prior_variance 1, init_scale 0.5, damping 1, "
+        "tol 1e-4, fit_intercept). Rules: `n_inner_iter=10`, the default before `\"auto\"`, and "
+        '`n_inner_iter="auto"` (a first batch: one sweep in turn, up to 10 with ≥ 2 entries per '
+        "object it touches, the global offset started at its mean; every later batch one sweep, for probit "
+        "CEP simultaneous — every group from the posterior before the batch — and in turn for Gaussian "
+        "entries), without the warm-up buffer (*auto*, `warm_up_entries=0`, the previous default) and with "
+        f'the default buffer (*buffer*, `warm_up_entries="auto"`: the first {WARM_UP_GAUSSIAN:,} Gaussian entries '
+        "kept and refitted by `fit`, max_iter 100, each time they double and at the last batch that fits, "
+        "then plain ADF; probit streams keep none, so their *buffer* columns repeat *auto*). *fit* = `fit` "
+        f"on all training entries, max_iter {BATCH_MAX_ITER}. Mean ± sample sd over the seeds run (n in "
+        "brackets). |U| = mean |posterior mean| of the factors per mode (user/movie/time): ≈ 0, the CP part "
+        "collapsed. Wall seconds on a 2-core machine shared with other jobs.",
+        "",
+        f"Library measured: {library}.",
+        "",
+        "Targets: binary, stream AUC ≥ fit AUC − 0.02; ratings, stream RMSE ≤ 1.02 × fit RMSE.",
+        "",
+        "Plot: `cp_streaming_auc.png` (both tasks, both models).",
+        "",
+    ]
     for task in TASKS:
         name = "test AUC" if task == "binary" else "test RMSE"
         for model in MODELS:
             b = res["batch"].get((task, model))
             out += [f"## {task}: {model}", ""]
             if b:
-                out += [f"*fit*: {name} **{b['metric']:.4f}** (training entries: {b['train']:.4f}; {b['s']:.0f} s, "
-                        f"{b['it']} sweeps, converged {b['conv']}, |U| {fmt([b['size']])}).", ""]
+                out += [
+                    f"*fit*: {name} **{b['metric']:.4f}** (training entries: {b['train']:.4f}; {b['s']:.0f} s, "
+                    f"{b['it']} sweeps, converged {b['conv']}, |U| {fmt([b['size']])}).",
+                    "",
+                ]
             rows = []
             for bs in batch_sizes:
                 cells = [f"{bs:,}"]
@@ -562,10 +671,21 @@ def report(res, batch_sizes, args, elapsed, n_train, n_test, cmd, library):
                         continue
                     mean = float(np.mean([r["metric"] for r in rs]))
                     ok = "" if not b else ("met" if within(task, mean, b["metric"]) else "**not met**")
-                    gap = "" if not b else (f"{mean - b['metric']:+.4f}" if task == "binary"
-                                            else f"{100 * (mean / b['metric'] - 1):+.1f} %")
-                    cells += [f"{pm([r['metric'] for r in rs], 4)} ({len(rs)})", f"{gap} {ok}",
-                              f"{np.mean([r['s'] for r in rs]):.0f}", fmt([r["size"] for r in rs])]
+                    gap = (
+                        ""
+                        if not b
+                        else (
+                            f"{mean - b['metric']:+.4f}"
+                            if task == "binary"
+                            else f"{100 * (mean / b['metric'] - 1):+.1f} %"
+                        )
+                    )
+                    cells += [
+                        f"{pm([r['metric'] for r in rs], 4)} ({len(rs)})",
+                        f"{gap} {ok}",
+                        f"{np.mean([r['s'] for r in rs]):.0f}",
+                        fmt([r["size"] for r in rs]),
+                    ]
                 rows.append(cells)
             header = ["batch size"]
             for rule in RULES:
@@ -573,45 +693,78 @@ def report(res, batch_sizes, args, elapsed, n_train, n_test, cmd, library):
                 header += [f"{short}: {name}", f"{short}: vs fit", f"{short}: s", f"{short}: |U|"]
             out += [md_table(header, rows), ""]
     if res["vmp"]:
-        out += ["## binary, defaults: ADF-CEP vs streaming VMP (the CEP paper's Fig. 5), both \"auto\"", "",
-                md_table(("batch size", "ADF-CEP AUC", "streaming VMP AUC", "VMP |U|"),
-                         [[f"{bs:,}", f"{res['stream'][('binary', list(MODELS)[0], AUTO, bs)][0]['metric']:.4f}"
-                           if ("binary", list(MODELS)[0], AUTO, bs) in res["stream"] else "–",
-                           f"{r['metric']:.4f}", fmt([r["size"]])] for bs, r in res["vmp"].items()]), ""]
+        out += [
+            "## binary, defaults: ADF-CEP vs streaming VMP (the CEP paper's Fig. 5), both \"auto\"",
+            "",
+            md_table(
+                ("batch size", "ADF-CEP AUC", "streaming VMP AUC", "VMP |U|"),
+                [
+                    [
+                        f"{bs:,}",
+                        f"{res['stream'][('binary', list(MODELS)[0], AUTO, bs)][0]['metric']:.4f}"
+                        if ("binary", list(MODELS)[0], AUTO, bs) in res["stream"]
+                        else "–",
+                        f"{r['metric']:.4f}",
+                        fmt([r["size"]]),
+                    ]
+                    for bs, r in res["vmp"].items()
+                ],
+            ),
+            "",
+        ]
     if res["variants"]:
-        out += [f"## binary, defaults, batch {DIAG_BATCH:,}, seed 0: sweeps, damping, ARD", "",
-                md_table(("setting", "test AUC", "s", "|U|"),
-                         [[k, f"{r['metric']:.4f}", f"{r['s']:.0f}", fmt([r["size"]])]
-                          for k, r in res["variants"].items()]), ""]
+        out += [
+            f"## binary, defaults, batch {DIAG_BATCH:,}, seed 0: sweeps, damping, ARD",
+            "",
+            md_table(
+                ("setting", "test AUC", "s", "|U|"),
+                [[k, f"{r['metric']:.4f}", f"{r['s']:.0f}", fmt([r["size"]])] for k, r in res["variants"].items()],
+            ),
+            "",
+        ]
     if res["warm_up"]:
         out += [warm_up_section(res, seeds_of(res))]
     if res["prefix"]:
-        out += ["## ratings: `fit` on the first n entries of the stream (seed 0 order)", "",
-                f"`fit` (max_iter {BATCH_MAX_ITER}) on the first n entries of the order the seed-0 streams use; "
-                "n = all is the *fit* above.  Test RMSE, E[τ] and |U| (user/movie/time) of that fit; *then "
-                f"stream*: the test RMSE after the remaining entries are streamed once from it through "
-                f"`partial_fit` (\"auto\", batches of {DIAG_BATCH:,}), and its gap to the *fit* on all.", ""]
+        out += [
+            "## ratings: `fit` on the first n entries of the stream (seed 0 order)",
+            "",
+            f"`fit` (max_iter {BATCH_MAX_ITER}) on the first n entries of the order the seed-0 streams use; "
+            "n = all is the *fit* above.  Test RMSE, E[τ] and |U| (user/movie/time) of that fit; *then "
+            f"stream*: the test RMSE after the remaining entries are streamed once from it through "
+            f"`partial_fit` (\"auto\", batches of {DIAG_BATCH:,}), and its gap to the *fit* on all.",
+            "",
+        ]
         rows = []
         for n in PREFIXES + (n_train,):
             cells = [f"{n:,}"]
             for model in MODELS:
                 r, b = res["prefix"].get((model, n)), res["batch"].get(("ratings", model))
                 if n == n_train:
-                    cells += ["–", "–", "–", ""] if not b else [f"{b['metric']:.4f}", f"{b['tau']:.3g}",
-                                                               fmt([b["size"]]), ""]
+                    cells += (
+                        ["–", "–", "–", ""]
+                        if not b
+                        else [f"{b['metric']:.4f}", f"{b['tau']:.3g}", fmt([b["size"]]), ""]
+                    )
                 else:
                     then = "" if not (r and b) else f"{r['then']:.4f} ({100 * (r['then'] / b['metric'] - 1):+.1f} %)"
-                    cells += ["–", "–", "–", "–"] if not r else [f"{r['metric']:.4f}", f"{r['tau']:.3g}",
-                                                                fmt([r["size"]]), then]
+                    cells += (
+                        ["–", "–", "–", "–"]
+                        if not r
+                        else [f"{r['metric']:.4f}", f"{r['tau']:.3g}", fmt([r["size"]]), then]
+                    )
             rows.append(cells)
         header = _per_model("first n entries", ("RMSE", "E[τ]", "|U|", "then stream (vs fit)"))
         out += [md_table(header, rows), ""]
     if res["noise"]:
-        out += [f"## ratings, batch {DIAG_BATCH:,}, seed 0: rules for q(τ) and sweeps", "",
-                "One pass under \"auto\" unless named.  q(τ) held (the engine's `hold_noise`, a diagnostic): "
-                "*at its start*, in every batch from the first; *after the first batch*, the first batch as in "
-                "\"auto\", then q(τ) kept at the value named (frozen: its own value then).  "
-                "Test RMSE and its gap to the model's *fit*; E[τ] after the pass; |U|.", ""]
+        out += [
+            f"## ratings, batch {DIAG_BATCH:,}, seed 0: rules for q(τ) and sweeps",
+            "",
+            "One pass under \"auto\" unless named.  q(τ) held (the engine's `hold_noise`, a diagnostic): "
+            "*at its start*, in every batch from the first; *after the first batch*, the first batch as in "
+            "\"auto\", then q(τ) kept at the value named (frozen: its own value then).  "
+            "Test RMSE and its gap to the model's *fit*; E[τ] after the pass; |U|.",
+            "",
+        ]
         rows = []
         for label, _ in NOISE_RULES:
             cells = [label]
@@ -620,22 +773,49 @@ def report(res, batch_sizes, args, elapsed, n_train, n_test, cmd, library):
                 if not r:
                     cells += ["skipped", "", "", ""]
                     continue
-                gap = "" if not b else (f"{100 * (r['metric'] / b['metric'] - 1):+.1f} % "
-                                        + ("met" if within("ratings", r["metric"], b["metric"]) else "**not met**"))
+                gap = (
+                    ""
+                    if not b
+                    else (
+                        f"{100 * (r['metric'] / b['metric'] - 1):+.1f} % "
+                        + ("met" if within("ratings", r["metric"], b["metric"]) else "**not met**")
+                    )
+                )
                 cells += [f"{r['metric']:.4f}", gap, f"{r['tau']:.3g}", fmt([r["size"]])]
             rows.append(cells)
         header = _per_model("rule", ("RMSE", "vs fit", "E[τ]", "|U|"))
         out += [md_table(header, rows), ""]
     if res["diag"]:
-        out += ["## What the first batches do to the factors (seed 0)", "",
-                "After the batch numbered: test metric, entries seen, sweeps of that batch, mean |posterior mean| "
-                "and mean posterior variance (trace/R) of the factors per mode (user/movie/time), E[τ] and the "
-                "intercept (ratings).", ""]
+        out += [
+            "## What the first batches do to the factors (seed 0)",
+            "",
+            "After the batch numbered: test metric, entries seen, sweeps of that batch, mean |posterior mean| "
+            "and mean posterior variance (trace/R) of the factors per mode (user/movie/time), E[τ] and the "
+            "intercept (ratings).",
+            "",
+        ]
         for (label, task, model, bs), r in res["diag"].items():
-            out += [f"**{label}** — {task}, {model}, batch {bs:,}; after the pass {r['metric']:.4f}", "",
-                    md_table(("batch", "seen", "metric", "sweeps", "|U|", "variance", "E[τ]", "intercept"),
-                             [[t["batch"], f"{t['seen']:,}", f"{t['metric']:.4f}", t["sweeps"], fmt([t["size"]]),
-                               fmt([t["var"]]), f"{t['tau']:.3g}", f"{t['b']:.3f}"] for t in r["trace"]]), ""]
+            out += [
+                f"**{label}** — {task}, {model}, batch {bs:,}; after the pass {r['metric']:.4f}",
+                "",
+                md_table(
+                    ("batch", "seen", "metric", "sweeps", "|U|", "variance", "E[τ]", "intercept"),
+                    [
+                        [
+                            t["batch"],
+                            f"{t['seen']:,}",
+                            f"{t['metric']:.4f}",
+                            t["sweeps"],
+                            fmt([t["size"]]),
+                            fmt([t["var"]]),
+                            f"{t['tau']:.3g}",
+                            f"{t['b']:.3f}",
+                        ]
+                        for t in r["trace"]
+                    ],
+                ),
+                "",
+            ]
     out += ["## Previous figures", "", PREVIOUS, "## Reading", "", *hand_notes(NOTES, NOTES_SOURCE)]
     if res["skipped"]:
         out += [f"## Skipped (budget {args.budget:g} min)", ""] + [f"- {s}" for s in res["skipped"]] + [""]
@@ -648,17 +828,29 @@ def report(res, batch_sizes, args, elapsed, n_train, n_test, cmd, library):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke test (< 2 min), not written")
-    parser.add_argument("--budget", type=float, default=40.0,
-                        help="minutes after which remaining items (see docstring) are skipped")
-    parser.add_argument("--report-only", metavar="PICKLE",
-                        help="re-write the report from the raw results a full run saved (no measuring)")
+    parser.add_argument(
+        "--budget", type=float, default=40.0, help="minutes after which remaining items (see docstring) are skipped"
+    )
+    parser.add_argument(
+        "--report-only",
+        metavar="PICKLE",
+        help="re-write the report from the raw results a full run saved (no measuring)",
+    )
     args = parser.parse_args()
     if args.report_only:
         with open(args.report_only, "rb") as f:
             saved = pickle.load(f)
         WARNINGS_SEEN.update(saved["warnings"])
-        text = report(saved["res"], BATCH_SIZES, argparse.Namespace(**saved["args"]), saved["elapsed"],
-                      saved["n_train"], saved["n_test"], saved["command"], saved["library"])
+        text = report(
+            saved["res"],
+            BATCH_SIZES,
+            argparse.Namespace(**saved["args"]),
+            saved["elapsed"],
+            saved["n_train"],
+            saved["n_test"],
+            saved["command"],
+            saved["library"],
+        )
         (RESULTS / "cp_streaming.md").write_text(text)
         print(text)
         return
@@ -679,8 +871,19 @@ def main():
     text = report(res, batch_sizes, args, elapsed, tr.size, te.size, command(), library_state())
     if not args.quick:
         with open(RAW, "wb") as f:  # for --report-only
-            pickle.dump(dict(res=res, args=vars(args), elapsed=elapsed, n_train=tr.size, n_test=te.size,
-                             command=command(), library=library_state(), warnings=WARNINGS_SEEN), f)
+            pickle.dump(
+                dict(
+                    res=res,
+                    args=vars(args),
+                    elapsed=elapsed,
+                    n_train=tr.size,
+                    n_test=te.size,
+                    command=command(),
+                    library=library_state(),
+                    warnings=WARNINGS_SEEN,
+                ),
+                f,
+            )
         (RESULTS / "cp_streaming.md").write_text(text)
         plot(res, batch_sizes, RESULTS / "cp_streaming_auc.png")
     else:

@@ -43,10 +43,9 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import _common  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
-
-import _common  # noqa: E402
 from _common import library_state, machine_lines, md_table, verdict, warning_lines  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -207,8 +206,7 @@ def sizes(quick):
         cp=dict(n=1_200_000 // s, shape=(300, 200, 50), rank=8, sweeps=15),
         kjit=dict(n=100_000 // s, inner=200, outer=500),
         sbdt=dict(n=200_000 // s, shape=(100, 80, 20), rank=3),
-        spill=dict(n=3_750_000 // (15 if quick else 1), d=50, chunk=20_000, memory_limit="700MB",
-                   max_iter=4),
+        spill=dict(n=3_750_000 // (15 if quick else 1), d=50, chunk=20_000, memory_limit="700MB", max_iter=4),
         comm=dict(n=8_000, dims=(20, 200), chunks=(4, 8), sweeps=6),
     )
 
@@ -232,8 +230,14 @@ def kjit_data(n, seed):
     from skcep.message_operator import LogisticFactor  # noqa: PLC0415
 
     rng = np.random.default_rng(seed)
-    X = np.column_stack([rng.normal(0, 2, n), np.exp(rng.uniform(-2, 2, n)),
-                         rng.integers(1, 3, n).astype(float), rng.integers(1, 3, n).astype(float)])
+    X = np.column_stack(
+        [
+            rng.normal(0, 2, n),
+            np.exp(rng.uniform(-2, 2, n)),
+            rng.integers(1, 3, n).astype(float),
+            rng.integers(1, 3, n).astype(float),
+        ]
+    )
     return X, LogisticFactor().exact(X)[:, :2]
 
 
@@ -246,8 +250,7 @@ def chunked(X, y, n_chunks=N_CHUNKS):
     import dask.array as da  # noqa: PLC0415
 
     size = -(-X.shape[0] // n_chunks)
-    return (da.from_array(X, chunks=(size, -1)),
-            da.from_array(y, chunks=(size,) + (-1,) * (y.ndim - 1)))
+    return (da.from_array(X, chunks=(size, -1)), da.from_array(y, chunks=(size,) + (-1,) * (y.ndim - 1)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,42 +287,69 @@ def cases(sz):
     def cmp_sbdt(a, b, data):
         X_test, y_test = data["test"]
         pa, pb = a.predict(X_test), b.predict(X_test)
-        return dict(pred=float(np.max(np.abs(pa - pb))),
-                    rmse=(float(np.sqrt(np.mean((pa - y_test) ** 2))), float(np.sqrt(np.mean((pb - y_test) ** 2)))),
-                    sweeps=(1, 1))
+        return dict(
+            pred=float(np.max(np.abs(pa - pb))),
+            rmse=(float(np.sqrt(np.mean((pa - y_test) ** 2))), float(np.sqrt(np.mean((pb - y_test) ** 2)))),
+            sweeps=(1, 1),
+        )
 
     c = {}
-    for key, label, kw in (("ep", "CEPProbitClassifier EP, diagonal", dict(method="ep")),
-                           ("cep1", "CEPProbitClassifier CEP-1, diagonal", dict(method="cep1")),
-                           ("ep_full", "CEPProbitClassifier EP, full", dict(method="ep", covariance="full")),
-                           ("ep_auto", "CEPProbitClassifier EP, diagonal, prior_variance=\"auto\"",
-                            dict(method="ep", prior_variance="auto"))):
+    for key, label, kw in (
+        ("ep", "CEPProbitClassifier EP, diagonal", dict(method="ep")),
+        ("cep1", "CEPProbitClassifier CEP-1, diagonal", dict(method="cep1")),
+        ("ep_full", "CEPProbitClassifier EP, full", dict(method="ep", covariance="full")),
+        (
+            "ep_auto",
+            "CEPProbitClassifier EP, diagonal, prior_variance=\"auto\"",
+            dict(method="ep", prior_variance="auto"),
+        ),
+    ):
         s = sz[key]
         X, y = probit_data(s["n"], s["d"], SEED)
-        c[key] = dict(label=label, make=classifier(**kw), X=X, y=y, compare=cmp_classifier,
-                      size=f"{s['n']:,} × {s['d']} dense", data={})
+        c[key] = dict(
+            label=label,
+            make=classifier(**kw),
+            X=X,
+            y=y,
+            compare=cmp_classifier,
+            size=f"{s['n']:,} × {s['d']} dense",
+            data={},
+        )
     s = sz["cp"]
     X, y = cp_data(s["n"], s["shape"], s["rank"], SEED + 1)
-    c["cp"] = dict(label="BayesianCPTensor VMP, Gaussian",
-                   make=lambda s=s: BayesianCPTensor(rank=s["rank"], method="vmp", max_iter=s["sweeps"], tol=0.0,
-                                                     prior_variance=1.0, random_state=1),
-                   X=X, y=y, compare=cmp_cp, data={},
-                   size=f"{s['n']:,} entries of {'×'.join(map(str, s['shape']))}, R={s['rank']}, "
-                        f"{s['sweeps']} sweeps")
+    c["cp"] = dict(
+        label="BayesianCPTensor VMP, Gaussian",
+        make=lambda s=s: BayesianCPTensor(
+            rank=s["rank"], method="vmp", max_iter=s["sweeps"], tol=0.0, prior_variance=1.0, random_state=1
+        ),
+        X=X,
+        y=y,
+        compare=cmp_cp,
+        data={},
+        size=f"{s['n']:,} entries of {'×'.join(map(str, s['shape']))}, R={s['rank']}, {s['sweeps']} sweeps",
+    )
     s = sz["kjit"]
     X, y = kjit_data(s["n"], SEED + 2)
-    c["kjit"] = dict(label="KJITMessageOperator",
-                     make=lambda s=s: KJITMessageOperator(n_inner_features=s["inner"], n_outer_features=s["outer"],
-                                                          random_state=0),
-                     X=X, y=y, compare=cmp_kjit, data=dict(test=kjit_data(2000, SEED + 3)[0]),
-                     size=f"{s['n']:,} messages, D_in={s['inner']}, D_out={s['outer']}")
+    c["kjit"] = dict(
+        label="KJITMessageOperator",
+        make=lambda s=s: KJITMessageOperator(n_inner_features=s["inner"], n_outer_features=s["outer"], random_state=0),
+        X=X,
+        y=y,
+        compare=cmp_kjit,
+        data=dict(test=kjit_data(2000, SEED + 3)[0]),
+        size=f"{s['n']:,} messages, D_in={s['inner']}, D_out={s['outer']}",
+    )
     s = sz["sbdt"]
     X, y = sbdt_data(s["n"] + 5000, s["shape"], s["rank"], SEED + 4)
-    c["sbdt"] = dict(label="StreamingDeepTensor",
-                     make=lambda s=s: StreamingDeepTensor(rank=s["rank"], hidden_layer_sizes=(10,), batch_size=256,
-                                                          random_state=0),
-                     X=X[:s["n"]], y=y[:s["n"]], compare=cmp_sbdt, data=dict(test=(X[s["n"]:], y[s["n"]:])),
-                     size=f"{s['n']:,} entries of {'×'.join(map(str, s['shape']))}, R={s['rank']}, 1 pass")
+    c["sbdt"] = dict(
+        label="StreamingDeepTensor",
+        make=lambda s=s: StreamingDeepTensor(rank=s["rank"], hidden_layer_sizes=(10,), batch_size=256, random_state=0),
+        X=X[: s["n"]],
+        y=y[: s["n"]],
+        compare=cmp_sbdt,
+        data=dict(test=(X[s["n"] :], y[s["n"] :])),
+        size=f"{s['n']:,} entries of {'×'.join(map(str, s['shape']))}, R={s['rank']}, 1 pass",
+    )
     return c
 
 
@@ -338,12 +368,15 @@ def run_pair(client, case, repeats, log):
             best_np = (t_np, model_np)
         if best_dk is None or t_dk < best_dk[0]:
             best_dk = (t_dk, model_dk, mem)
-    out = dict(numpy=best_np[0], dask=best_dk[0], mem=best_dk[2],
-               **case["compare"](best_dk[1], best_np[1], case["data"]))
+    out = dict(
+        numpy=best_np[0], dask=best_dk[0], mem=best_dk[2], **case["compare"](best_dk[1], best_np[1], case["data"])
+    )
     out["ratio"] = out["dask"] / out["numpy"]
     out["bytes"] = case["X"].nbytes + case["y"].nbytes
-    log(f"  {case['label']:38s} numpy {out['numpy']:6.2f} s  dask {out['dask']:6.2f} s  "
-        f"× {out['ratio']:.2f}  sweeps {out['sweeps']}")
+    log(
+        f"  {case['label']:38s} numpy {out['numpy']:6.2f} s  dask {out['dask']:6.2f} s  "
+        f"× {out['ratio']:.2f}  sweeps {out['sweeps']}"
+    )
     return out
 
 
@@ -385,13 +418,22 @@ def spill_run(s, log):
     out = dict(size=s, finished=False)
     # Under a tight memory limit the workers keep Dask's default allocator settings: a heap that
     # holds on to freed temporaries would push them over the limit (docs/dask.md).
-    environ = {k: v for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
-               if k != "MALLOC_MMAP_THRESHOLD_"}
+    environ = {
+        k: v for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items() if k != "MALLOC_MMAP_THRESHOLD_"
+    }
     try:
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}), \
-                LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                             memory_limit=s["memory_limit"], local_directory=scratch) as cluster, \
-                Client(cluster) as client:
+        with (
+            dask.config.set({"distributed.nanny.pre-spawn-environ": environ}),
+            LocalCluster(
+                n_workers=2,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                memory_limit=s["memory_limit"],
+                local_directory=scratch,
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             client.run(lambda: __import__("skcep"))
             rs = da.random.RandomState(SEED)
             X = rs.standard_normal((s["n"], s["d"]), chunks=(s["chunk"], s["d"]))
@@ -399,12 +441,16 @@ def spill_run(s, log):
             y = ((X @ w + rs.standard_normal(s["n"], chunks=s["chunk"])) > 0).astype(np.int64)
             out["data_bytes"] = X.nbytes + y.nbytes
             out["limit"] = sum(w_["memory_limit"] for w_ in client.scheduler_info()["workers"].values())
-            est = CEPProbitClassifier(method="ep", fit_intercept=False, prior_variance=1.0,
-                                      max_iter=s["max_iter"])
+            est = CEPProbitClassifier(method="ep", fit_intercept=False, prior_variance=1.0, max_iter=s["max_iter"])
             with ClusterMemory(client) as mem:
                 seconds, n_conv, n_other = _common.timed_fit(est, X, y)
-            out.update(finished=True, seconds=seconds, mem=mem, sweeps=int(np.max(est.n_iter_)),
-                       converged=bool(np.all(est.converged_)))
+            out.update(
+                finished=True,
+                seconds=seconds,
+                mem=mem,
+                sweeps=int(np.max(est.n_iter_)),
+                converged=bool(np.all(est.converged_)),
+            )
             metrics = client.run(_spill_metrics)
             out["metrics"] = metrics
             out["disk_write"] = sum(m.get("disk-write/bytes", 0.0) for m, _ in metrics.values())
@@ -472,24 +518,38 @@ def comm_run(client, s, log):
                     Xd, yd = Xd.persist(), yd.persist()
                     wait([Xd, yd])
                     time.sleep(0.2)
-                    est = CEPProbitClassifier(method="ep", fit_intercept=False, prior_variance=1.0, tol=0.0,
-                                              max_iter=s["sweeps"],
-                                              covariance="full" if full else "diagonal")
+                    est = CEPProbitClassifier(
+                        method="ep",
+                        fit_intercept=False,
+                        prior_variance=1.0,
+                        tol=0.0,
+                        max_iter=s["sweeps"],
+                        covariance="full" if full else "diagonal",
+                    )
                     record.clear()
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore", ConvergenceWarning)
                         est.fit(Xd, yd)
                     # the sweeps, then one pass that sums the rows' terms of the EP evidence
                     assert len(record) == s["sweeps"] + 1, len(record)
-                    later = record[1:s["sweeps"]]  # the first sweep also creates the sites
+                    later = record[1 : s["sweeps"]]  # the first sweep also creates the sites
                     per = {k: float(np.median([r[0][k] for r in later])) for k in later[0][0]}
-                    row = dict(full=full, d=d, p=p, per=per, seconds=float(np.median([r[1] for r in later])),
-                               formula=p * payload(d, full))
+                    row = dict(
+                        full=full,
+                        d=d,
+                        p=p,
+                        per=per,
+                        seconds=float(np.median([r[1] for r in later])),
+                        formula=p * payload(d, full),
+                    )
                     rows.append(row)
-                    log(f"  {'full' if full else 'diag'} d={d:3d} P={p}: to workers {per['to_workers']:9.0f} B, "
-                        f"from workers {per['from_workers']:9.0f} B, w↔w {per['worker_to_worker']:9.0f} B, client→sched {per['client_up']:9.0f} B, "
+                    log(
+                        f"  {'full' if full else 'diag'} d={d:3d} P={p}: to workers {per['to_workers']:9.0f} B, "
+                        f"from workers {per['from_workers']:9.0f} B, w↔w {per['worker_to_worker']:9.0f} B, "
+                        f"client→sched {per['client_up']:9.0f} B, "
                         f"sched→client {per['client_down']:9.0f} B, formula {row['formula']:9.0f} B each way, "
-                        f"{row['seconds'] * 1e3:.0f} ms/sweep")
+                        f"{row['seconds'] * 1e3:.0f} ms/sweep"
+                    )
                     del Xd, yd
     finally:
         DaskPartitions.step = original
@@ -528,8 +588,10 @@ def _main(quick):
     t_start = time.perf_counter()
     warnings.filterwarnings("ignore", message=".*Port 8787.*")
     warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         worker_limit = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
         log("warm-up")
         warm_up(client)
@@ -582,14 +644,27 @@ def _main(quick):
         elif key == "kjit":
             eq = f"max rel. Δ prediction (mean, sd) {r['pred']:.1e}"
         else:
-            eq = (f"max \\|Δ prediction\\| {r['pred']:.3f} (held-out RMSE Dask {r['rmse'][0]:.3f}, "
-                  f"numpy {r['rmse'][1]:.3f})")
+            eq = (
+                f"max \\|Δ prediction\\| {r['pred']:.3f} (held-out RMSE Dask {r['rmse'][0]:.3f}, "
+                f"numpy {r['rmse'][1]:.3f})"
+            )
         peaks = ", ".join(mib(p) for p in r["mem"].worker_peaks)
         ok = r["ratio"] <= RATIO_GOAL
-        rows.append([case["label"], case["size"], mib(r["bytes"]), f"{r['numpy']:.2f}", f"{r['dask']:.2f}",
-                     f"{r['ratio']:.2f}", f"{r['sweeps'][0]} / {r['sweeps'][1]}", eq,
-                     mib(r["mem"].client_growth), peaks,
-                     f"≤ 1.5×: {verdict(ok)}; ≤ 2×: {verdict(r['ratio'] <= RATIO_LIMIT)}"])
+        rows.append(
+            [
+                case["label"],
+                case["size"],
+                mib(r["bytes"]),
+                f"{r['numpy']:.2f}",
+                f"{r['dask']:.2f}",
+                f"{r['ratio']:.2f}",
+                f"{r['sweeps'][0]} / {r['sweeps'][1]}",
+                eq,
+                mib(r["mem"].client_growth),
+                peaks,
+                f"≤ 1.5×: {verdict(ok)}; ≤ 2×: {verdict(r['ratio'] <= RATIO_LIMIT)}",
+            ]
+        )
     out += [
         "",
         "## (a) Dask fit ÷ numpy fit, same data, same run",
@@ -598,12 +673,27 @@ def _main(quick):
         "classifiers — posterior means in numpy posterior sd, variances relative to numpy's; CP — "
         "‖U_k(Dask) − U_k(numpy)‖_F / ‖U_k(numpy)‖_F, worst mode, after the same fixed sweeps from the "
         "same `random_state`; KJIT — max |Δ| / max |numpy| of predicted means and of sds (worst of the "
-        "two outputs) on 2,000 held-out messages; SBDT — |Δ| of held-out predictions (several chunks: batches never span two "
+        "two outputs) on 2,000 held-out messages; SBDT — |Δ| of held-out predictions (several chunks: "
+        "batches never span two "
         "chunks and are shuffled within each, so the Dask stream is a different stream, not the "
         "numpy one). Worker peak = each worker process's peak RSS during the Dask fit.",
         "",
-        md_table(["estimator", "data", "X + y", "numpy s", "Dask s", "×", "sweeps", "equality",
-                  "client growth", "worker peaks", "target"], rows),
+        md_table(
+            [
+                "estimator",
+                "data",
+                "X + y",
+                "numpy s",
+                "Dask s",
+                "×",
+                "sweeps",
+                "equality",
+                "client growth",
+                "worker peaks",
+                "target",
+            ],
+            rows,
+        ),
     ]
 
     # (b)
@@ -623,12 +713,34 @@ def _main(quick):
             "after one fit); at 400 MB the nanny restarted workers in a loop, and at 600 MB the "
             "workers of this fit sat at the pause threshold and the fit stalled.",
             "",
-            md_table(["finished", "fit s", "sweeps", "converged", "bytes written to disk (spill)",
-                      "bytes read back", "on disk at end", "worker peaks", "client growth", "workers at end"],
-                     [["yes", f"{spill['seconds']:.1f}", str(spill["sweeps"]), "yes" if spill["converged"] else "no",
-                       f"{spill['disk_write'] / 1e9:.2f} GB", f"{spill['disk_read'] / 1e9:.2f} GB",
-                       f"{spill['disk_end'] / 1e9:.2f} GB", ", ".join(mib(p) for p in m.worker_peaks),
-                       mib(m.client_growth), str(spill["workers_alive"])]]),
+            md_table(
+                [
+                    "finished",
+                    "fit s",
+                    "sweeps",
+                    "converged",
+                    "bytes written to disk (spill)",
+                    "bytes read back",
+                    "on disk at end",
+                    "worker peaks",
+                    "client growth",
+                    "workers at end",
+                ],
+                [
+                    [
+                        "yes",
+                        f"{spill['seconds']:.1f}",
+                        str(spill["sweeps"]),
+                        "yes" if spill["converged"] else "no",
+                        f"{spill['disk_write'] / 1e9:.2f} GB",
+                        f"{spill['disk_read'] / 1e9:.2f} GB",
+                        f"{spill['disk_end'] / 1e9:.2f} GB",
+                        ", ".join(mib(p) for p in m.worker_peaks),
+                        mib(m.client_growth),
+                        str(spill["workers_alive"]),
+                    ]
+                ],
+            ),
         ]
     else:
         out += [f"**Did not finish**: {spill.get('error')}"]
@@ -637,11 +749,22 @@ def _main(quick):
     crow = []
     for r in comm["rows"]:
         per = r["per"]
-        crow.append(["full" if r["full"] else "diagonal", str(r["d"]), str(r["p"]), kb(r["formula"]),
-                     kb(per["to_workers"]), kb(per["from_workers"]), kb(per["worker_to_worker"]),
-                     kb(per["client_up"]), kb(per["client_down"]),
-                     f"{per['to_workers'] / r['formula']:.2f}", f"{per['from_workers'] / r['formula']:.2f}",
-                     f"{r['seconds'] * 1e3:.0f}"])
+        crow.append(
+            [
+                "full" if r["full"] else "diagonal",
+                str(r["d"]),
+                str(r["p"]),
+                kb(r["formula"]),
+                kb(per["to_workers"]),
+                kb(per["from_workers"]),
+                kb(per["worker_to_worker"]),
+                kb(per["client_up"]),
+                kb(per["client_down"]),
+                f"{per['to_workers'] / r['formula']:.2f}",
+                f"{per['from_workers'] / r['formula']:.2f}",
+                f"{r['seconds'] * 1e3:.0f}",
+            ]
+        )
     idle = comm["idle"]
     out += [
         "",
@@ -651,7 +774,8 @@ def _main(quick):
         "written while `DaskPartitions.step` runs (the client's side of one sweep), median over sweeps "
         "2–6 (the first also creates the sites), less what the reading itself costs, "
         "counted by wrapping `distributed.comm.tcp.TCP.write` in every process (framed message bytes, "
-        "TCP/IP headers excluded; the fit's persisted chunks were already on the workers). Formula, each way: P × 2·d·8 bytes (diagonal) or P × (d²+d)·8 (full). "
+        "TCP/IP headers excluded; the fit's persisted chunks were already on the workers). Formula, "
+        "each way: P × 2·d·8 bytes (diagonal) or P × (d²+d)·8 (full). "
         "*to workers* = scheduler → workers (tasks carrying q); *from workers* = what the workers "
         "wrote to the scheduler (reductions, task-finished messages, heartbeats); *worker ↔ worker* = "
         "transfers between workers (a chunk's data and sites fetched by the other worker when the "
@@ -660,9 +784,23 @@ def _main(quick):
         f"(heartbeats): {idle['to_workers']:.0f} B/s to workers, {idle['from_workers']:.0f} B/s from "
         "workers (within a sweep of ~50 ms: a few hundred bytes).",
         "",
-        md_table(["covariance", "d", "P", "formula (each way)", "to workers", "from workers", "worker ↔ worker",
-                  "client → sched.",
-                  "sched. → client", "to ÷ formula", "from ÷ formula", "ms / sweep"], crow),
+        md_table(
+            [
+                "covariance",
+                "d",
+                "P",
+                "formula (each way)",
+                "to workers",
+                "from workers",
+                "worker ↔ worker",
+                "client → sched.",
+                "sched. → client",
+                "to ÷ formula",
+                "from ÷ formula",
+                "ms / sweep",
+            ],
+            crow,
+        ),
     ]
 
     # projection
@@ -676,16 +814,28 @@ def _main(quick):
     overhead = {}
     for r in comm["rows"]:
         if r["p"] == max(sz["comm"]["chunks"]):
-            overhead[(r["full"], r["d"])] = ((r["per"]["to_workers"] - r["formula"]) / r["p"],
-                                             (r["per"]["client_down"] - r["formula"]) / r["p"])
+            overhead[(r["full"], r["d"])] = (
+                (r["per"]["to_workers"] - r["formula"]) / r["p"],
+                (r["per"]["client_down"] - r["formula"]) / r["p"],
+            )
     for full_, d in [(False, 20), (False, 200), (True, 20), (True, 200)]:
         compute = rows_per_worker * (per_row_full * (d / d_full) ** 2 if full_ else per_row_ep * d / d_ep)
         down_o, up_o = overhead[(full_, d)]
         down = 100 * (payload(d, full_) + max(down_o, 0.0))
         up = 100 * (payload(d, full_) + max(up_o, 0.0))
         comm_s = (down + up) / BANDWIDTH
-        proj.append(["full" if full_ else "diagonal", str(d), f"{compute:.1f}", kb(down), kb(up),
-                     f"{comm_s * 1e3:.2f}", f"{compute + comm_s:.1f}", f"{comm_s / (compute + comm_s):.1e}"])
+        proj.append(
+            [
+                "full" if full_ else "diagonal",
+                str(d),
+                f"{compute:.1f}",
+                kb(down),
+                kb(up),
+                f"{comm_s * 1e3:.2f}",
+                f"{compute + comm_s:.1f}",
+                f"{comm_s / (compute + comm_s):.1e}",
+            ]
+        )
     out += [
         "",
         "### Projection: one sweep over 10⁹ rows on 100 workers",
@@ -699,28 +849,41 @@ def _main(quick):
         f"{BANDWIDTH / 1e9:.0f} GB/s, not overlapped with compute; the scheduler's per-task latency "
         "(about 1 ms a task here) and stragglers are not modelled.",
         "",
-        md_table(["covariance", "d", "compute s", "down per sweep", "up per sweep", "comm ms",
-                  "sweep s", "comm share"], proj),
+        md_table(
+            ["covariance", "d", "compute s", "down per sweep", "up per sweep", "comm ms", "sweep s", "comm share"], proj
+        ),
     ]
 
     # targets
     out += ["", "## Targets", ""]
     for key, r in results.items():
-        out.append(f"- {all_cases[key]['label']}: Dask ÷ numpy {r['ratio']:.2f} — goal ≤ {RATIO_GOAL}×: "
-                   f"{verdict(r['ratio'] <= RATIO_GOAL)}; limit ≤ {RATIO_LIMIT:.0f}×: "
-                   f"{verdict(r['ratio'] <= RATIO_LIMIT)}")
+        out.append(
+            f"- {all_cases[key]['label']}: Dask ÷ numpy {r['ratio']:.2f} — goal ≤ {RATIO_GOAL}×: "
+            f"{verdict(r['ratio'] <= RATIO_GOAL)}; limit ≤ {RATIO_LIMIT:.0f}×: "
+            f"{verdict(r['ratio'] <= RATIO_LIMIT)}"
+        )
     cls_ok = all(results[k]["mean"] < 0.02 and results[k]["var"] < 0.02 for k in CLASSIFIERS)
-    out.append("- classifiers: means within 0.02 posterior sd and variances within 2 % of numpy (docs/dask.md): "
-               f"{verdict(cls_ok)}")
-    out.append(f"- CP: factors within 1e-10 relative after {sz['cp']['sweeps']} sweeps: "
-               f"{verdict(results['cp']['factor'] < 1e-10)}")
-    out.append(f"- KJIT: max \\|Δ prediction\\| / max \\|prediction\\| = {results['kjit']['pred']:.1e} ≤ 1e-6 "
-               f"(the numpy fit's predictions within 1e-6): {verdict(results['kjit']['pred'] <= 1e-6)}")
-    out.append("- data larger than the cluster's memory: the fit finishes with the workers spilling: "
-               f"{verdict(spill['finished'] and spill.get('disk_write', 0) > 0)}")
+    out.append(
+        "- classifiers: means within 0.02 posterior sd and variances within 2 % of numpy (docs/dask.md): "
+        f"{verdict(cls_ok)}"
+    )
+    out.append(
+        f"- CP: factors within 1e-10 relative after {sz['cp']['sweeps']} sweeps: "
+        f"{verdict(results['cp']['factor'] < 1e-10)}"
+    )
+    out.append(
+        f"- KJIT: max \\|Δ prediction\\| / max \\|prediction\\| = {results['kjit']['pred']:.1e} ≤ 1e-6 "
+        f"(the numpy fit's predictions within 1e-6): {verdict(results['kjit']['pred'] <= 1e-6)}"
+    )
+    out.append(
+        "- data larger than the cluster's memory: the fit finishes with the workers spilling: "
+        f"{verdict(spill['finished'] and spill.get('disk_write', 0) > 0)}"
+    )
     if spill["finished"]:
-        out.append("- nothing of size n reaches the client (client growth during (b)'s fit < 10 % of X + y): "
-                   f"{verdict(spill['mem'].client_growth < 0.1 * spill['data_bytes'])}")
+        out.append(
+            "- nothing of size n reaches the client (client growth during (b)'s fit < 10 % of X + y): "
+            f"{verdict(spill['mem'].client_growth < 0.1 * spill['data_bytes'])}"
+        )
     seen = {}
     for msg, n in _common.WARNINGS_SEEN.items():  # first line of each message
         key = msg.splitlines()[0]

@@ -26,6 +26,7 @@ separable data the engine's own sweeps need thousands at large λ); full EP by t
 to tol 1e-8.  The gap is measured on the reference curve, so it says where the search put λ,
 not how well the final fit converged.  ``--quick``: crabs and pima, split 1, printed only.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -35,16 +36,32 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import (  # noqa: E402
+    ESTIMATORS,
+    LINKS,
+    METHODS,
+    command,
+    library_state,
+    load_split,
+    machine_lines,
+    md_table,
+    write_report,
+)
+from bench_classification import DATASETS, SPLITS  # noqa: E402
 from scipy.optimize import minimize_scalar  # noqa: E402
 
 import skcep.engines.evidence as evidence_engine  # noqa: E402
-from _common import (ESTIMATORS, LINKS, METHODS, command, library_state, load_split,  # noqa: E402
-                     machine_lines, md_table, write_report)
-from bench_classification import DATASETS, SPLITS  # noqa: E402
 from skcep.engines.evidence import evidence_of  # noqa: E402
 from skcep.engines.gaussian import to_moments  # noqa: E402
-from skcep.engines.glm import (_change, _Design, _site_shape, GLMPosterior,  # noqa: E402
-                               factorized_global_step, factorized_partition_step, fit_full)
+from skcep.engines.glm import (  # noqa: E402
+    GLMPosterior,
+    _change,
+    _Design,
+    _site_shape,
+    factorized_global_step,
+    factorized_partition_step,
+    fit_full,
+)
 
 GRID = np.arange(-8.0, 8.01, 0.5)
 BOUND = float(np.log(1e6))  # the search's upper bound (LOG_VARIANCE_BOUNDS)
@@ -85,8 +102,7 @@ def _anderson_ep(A, s, lik, spread, init=None, depth=20, tol=1e-7, max_iter=5000
     def sweep(x):
         prec, shift = q_of(x)
         sites = x[:size].reshape(shape).copy(), x[size:].reshape(shape).copy()
-        factorized_partition_step(design, s, *sites, prec, shift, likelihood=lik, method="ep",
-                                  step=1.0)
+        factorized_partition_step(design, s, *sites, prec, shift, likelihood=lik, method="ep", step=1.0)
         return np.r_[sites[0].ravel(), sites[1].ravel()]
 
     x = np.zeros(2 * size) if init is None else np.r_[init[0].ravel(), init[1].ravel()]
@@ -104,7 +120,7 @@ def _anderson_ep(A, s, lik, spread, init=None, depth=20, tol=1e-7, max_iter=5000
             break
         xs.append(gx)
         fs.append(gx - x)
-        del xs[:-depth - 1], fs[:-depth - 1]
+        del xs[: -depth - 1], fs[: -depth - 1]
         x = gx
         if len(fs) > 1:
             dF, dX = np.diff(np.array(fs).T, axis=1), np.diff(np.array(xs).T, axis=1)
@@ -139,8 +155,7 @@ class Reference:
             spread = np.r_[np.full(d - 1, np.exp(theta)), INTERCEPT_VARIANCE]
             if self.full:
                 spread = np.diag(spread)
-                post = fit_full(self.A, self.s, self.lik, np.zeros(d), spread, tol=1e-8,
-                                max_iter=5000, init_sites=warm)
+                post = fit_full(self.A, self.s, self.lik, np.zeros(d), spread, tol=1e-8, max_iter=5000, init_sites=warm)
             else:
                 post = _anderson_ep(self.A, self.s, self.lik, spread, init=warm)
             if not post.converged:
@@ -158,8 +173,12 @@ class Reference:
             top = min(top + 1.0, BOUND)
             self(top)
         best = max(self.values, key=self.values.get)
-        res = minimize_scalar(lambda t: -self(t), method="bounded", options=dict(xatol=0.01),
-                              bounds=(max(best - 0.5, GRID[0]), min(best + 0.5, BOUND)))
+        minimize_scalar(  # its evaluations land in self.values
+            lambda t: -self(t),
+            method="bounded",
+            options=dict(xatol=0.01),
+            bounds=(max(best - 0.5, GRID[0]), min(best + 0.5, BOUND)),
+        )
         best = max(self.values, key=self.values.get)
         return best, self.values[best]
 
@@ -175,7 +194,9 @@ def _counting_search():
         def fit(*a, **k):
             counts[-1] += 1
             return fit_at(*a, **k)
+
         return search(fit, *args, **kwargs)
+
     evidence_engine.maximize_evidence = counted
     return counts
 
@@ -217,33 +238,65 @@ def run(datasets, splits):
                     fixed = cls(**kw, prior_variance=float(auto.prior_variance_[0]))
                     fixed_seconds = min(_fit(fixed, X, y)[0], _fit(fixed, X, y)[0])
                     seconds = min(seconds, _fit(cls(**kw), X, y)[0])
-                    rows.append(dict(
-                        name=name, split=k, link=link, method=method, theta=theta,
-                        at=ref(theta), top_theta=ref.top[0], top=ref.top[1],
-                        gap=ref.top[1] - ref(theta), log_evidence=float(auto.log_evidence_[0]),
-                        trials=trials, sweeps=int(auto.n_iter_[0]), fixed_sweeps=int(fixed.n_iter_[0]),
-                        time_ratio=seconds / fixed_seconds, rising=bool(rising),
-                        converged=bool(auto.converged_[0]), other=len(other),
-                        ref_seconds=ref.seconds, ref_unconverged=list(ref.unconverged)))
+                    rows.append(
+                        dict(
+                            name=name,
+                            split=k,
+                            link=link,
+                            method=method,
+                            theta=theta,
+                            at=ref(theta),
+                            top_theta=ref.top[0],
+                            top=ref.top[1],
+                            gap=ref.top[1] - ref(theta),
+                            log_evidence=float(auto.log_evidence_[0]),
+                            trials=trials,
+                            sweeps=int(auto.n_iter_[0]),
+                            fixed_sweeps=int(fixed.n_iter_[0]),
+                            time_ratio=seconds / fixed_seconds,
+                            rising=bool(rising),
+                            converged=bool(auto.converged_[0]),
+                            other=len(other),
+                            ref_seconds=ref.seconds,
+                            ref_unconverged=list(ref.unconverged),
+                        )
+                    )
                     r = rows[-1]
-                    print(f"{name:10s} {k} {link:8s} {method:7s} log λ {theta:6.2f} gap {r['gap']:+.3f} "
-                          f"(max {r['top']:.3f} at {r['top_theta']:.2f}) trials {trials} sweeps "
-                          f"{r['sweeps']} / {r['fixed_sweeps']} time × {r['time_ratio']:.1f}"
-                          f"{' RISING' if rising else ''}", flush=True)
+                    print(
+                        f"{name:10s} {k} {link:8s} {method:7s} log λ {theta:6.2f} gap {r['gap']:+.3f} "
+                        f"(max {r['top']:.3f} at {r['top_theta']:.2f}) trials {trials} sweeps "
+                        f"{r['sweeps']} / {r['fixed_sweeps']} time × {r['time_ratio']:.1f}"
+                        f"{' RISING' if rising else ''}",
+                        flush=True,
+                    )
     return rows
 
 
 def report(rows, seconds):
-    out = ["# The prior-variance search against a grid of the EP evidence", "",
-           f"`{command()}`", "", library_state(), "", *machine_lines(), "",
-           __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].split("``--quick``")[0].strip(), "",
-           f"Run time {seconds / 60:.1f} min (references included).", ""]
-    out += ["## Summary", "",
-            "Per link and method, over data sets × splits: the largest and the mean gap (nats), "
-            "the mean number of the search's fits, the mean sweeps of the fit with \"auto\" "
-            "(search and final fit) over those of a fit at the chosen λ, the mean time ratio "
-            "of the same two fits (each the faster of two runs), the largest such ratio, the "
-            "fits that ended unconverged, and the searches that reported a rising evidence.", ""]
+    out = [
+        "# The prior-variance search against a grid of the EP evidence",
+        "",
+        f"`{command()}`",
+        "",
+        library_state(),
+        "",
+        *machine_lines(),
+        "",
+        __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].split("``--quick``")[0].strip(),
+        "",
+        f"Run time {seconds / 60:.1f} min (references included).",
+        "",
+    ]
+    out += [
+        "## Summary",
+        "",
+        "Per link and method, over data sets × splits: the largest and the mean gap (nats), "
+        "the mean number of the search's fits, the mean sweeps of the fit with \"auto\" "
+        "(search and final fit) over those of a fit at the chosen λ, the mean time ratio "
+        "of the same two fits (each the faster of two runs), the largest such ratio, the "
+        "fits that ended unconverged, and the searches that reported a rising evidence.",
+        "",
+    ]
     summary = []
     for link in LINKS:
         for method in METHODS:
@@ -251,41 +304,118 @@ def report(rows, seconds):
             if not sel:
                 continue
             worst = max(sel, key=lambda r: r["gap"])
-            summary.append([
-                link, method, f"{worst['gap']:+.3f} ({worst['name']} {worst['split']})",
-                f"{np.mean([r['gap'] for r in sel]):+.4f}",
-                f"{np.mean([r['trials'] for r in sel]):.1f}",
-                f"{np.mean([r['sweeps'] / r['fixed_sweeps'] for r in sel]):.1f}",
-                f"{np.mean([r['time_ratio'] for r in sel]):.1f}",
-                f"{max(r['time_ratio'] for r in sel):.1f}",
-                sum(not r["converged"] for r in sel), sum(r["rising"] for r in sel)])
-    out += [md_table(["link", "method", "largest gap", "mean gap", "fits", "sweeps auto / at λ",
-                      "time auto / at λ", "largest time ratio", "unconverged", "rising"], summary), ""]
+            summary.append(
+                [
+                    link,
+                    method,
+                    f"{worst['gap']:+.3f} ({worst['name']} {worst['split']})",
+                    f"{np.mean([r['gap'] for r in sel]):+.4f}",
+                    f"{np.mean([r['trials'] for r in sel]):.1f}",
+                    f"{np.mean([r['sweeps'] / r['fixed_sweeps'] for r in sel]):.1f}",
+                    f"{np.mean([r['time_ratio'] for r in sel]):.1f}",
+                    f"{max(r['time_ratio'] for r in sel):.1f}",
+                    sum(not r["converged"] for r in sel),
+                    sum(r["rising"] for r in sel),
+                ]
+            )
+    out += [
+        md_table(
+            [
+                "link",
+                "method",
+                "largest gap",
+                "mean gap",
+                "fits",
+                "sweeps auto / at λ",
+                "time auto / at λ",
+                "largest time ratio",
+                "unconverged",
+                "rising",
+            ],
+            summary,
+        ),
+        "",
+    ]
     out += [BEFORE.replace("\n", " "), ""]
     over = [r for r in rows if r["gap"] > GAP_LIMIT]
-    out += [f"Gaps above {GAP_LIMIT} nats: {len(over)} of {len(rows)}"
-            + ("." if not over else ": " + ", ".join(
-                f"{r['name']} {r['split']} {r['link']} {r['method']} ({r['gap']:+.3f})" for r in over)
-               + "."), ""]
-    out += ["## Every search", "",
-            "θ = log λ. ref: the reference evidence (EP's, at its fixed point). "
-            "log_evidence_: the estimator's (CEP: the EP formula at CEP's sites). Sweeps: "
-            "`n_iter_` with \"auto\" / with λ fixed to the chosen value.", ""]
-    table = [[r["name"], r["split"], r["link"], r["method"], f"{r['theta']:.2f}", f"{r['at']:.3f}",
-              f"{r['top_theta']:.2f}", f"{r['top']:.3f}", f"{r['gap']:+.3f}",
-              f"{r['log_evidence']:.3f}", r["trials"], f"{r['sweeps']} / {r['fixed_sweeps']}",
-              f"{r['time_ratio']:.1f}", "yes" if r["rising"] else "",
-              "" if r["converged"] else "no"] for r in rows]
-    out += [md_table(["data set", "split", "link", "method", "chosen θ", "ref at θ", "ref max θ",
-                      "ref max", "gap", "log_evidence_", "fits", "sweeps", "time ratio", "rising",
-                      "converged"], table), ""]
+    out += [
+        f"Gaps above {GAP_LIMIT} nats: {len(over)} of {len(rows)}"
+        + (
+            "."
+            if not over
+            else ": "
+            + ", ".join(f"{r['name']} {r['split']} {r['link']} {r['method']} ({r['gap']:+.3f})" for r in over)
+            + "."
+        ),
+        "",
+    ]
+    out += [
+        "## Every search",
+        "",
+        "θ = log λ. ref: the reference evidence (EP's, at its fixed point). "
+        "log_evidence_: the estimator's (CEP: the EP formula at CEP's sites). Sweeps: "
+        "`n_iter_` with \"auto\" / with λ fixed to the chosen value.",
+        "",
+    ]
+    table = [
+        [
+            r["name"],
+            r["split"],
+            r["link"],
+            r["method"],
+            f"{r['theta']:.2f}",
+            f"{r['at']:.3f}",
+            f"{r['top_theta']:.2f}",
+            f"{r['top']:.3f}",
+            f"{r['gap']:+.3f}",
+            f"{r['log_evidence']:.3f}",
+            r["trials"],
+            f"{r['sweeps']} / {r['fixed_sweeps']}",
+            f"{r['time_ratio']:.1f}",
+            "yes" if r["rising"] else "",
+            "" if r["converged"] else "no",
+        ]
+        for r in rows
+    ]
+    out += [
+        md_table(
+            [
+                "data set",
+                "split",
+                "link",
+                "method",
+                "chosen θ",
+                "ref at θ",
+                "ref max θ",
+                "ref max",
+                "gap",
+                "log_evidence_",
+                "fits",
+                "sweeps",
+                "time ratio",
+                "rising",
+                "converged",
+            ],
+            table,
+        ),
+        "",
+    ]
     slow = [r for r in rows if r["ref_unconverged"]]
-    out += ["Reference points that did not converge (factorized EP: Anderson, 1e-7 in 5,000 "
-            "iterations; full EP: tol 1e-8 in 5,000 sweeps): "
-            + ("none." if not slow else "; ".join(
+    out += [
+        "Reference points that did not converge (factorized EP: Anderson, 1e-7 in 5,000 "
+        "iterations; full EP: tol 1e-8 in 5,000 sweeps): "
+        + (
+            "none."
+            if not slow
+            else "; ".join(
                 f"{r['name']} {r['split']} {r['link']} {r['method']}: θ = "
-                + ", ".join(f"{t:.2f}" for t in r["ref_unconverged"]) for r in slow
-                if r["method"] in ("ep", "ep-full"))), ""]
+                + ", ".join(f"{t:.2f}" for t in r["ref_unconverged"])
+                for r in slow
+                if r["method"] in ("ep", "ep-full")
+            )
+        ),
+        "",
+    ]
     return out
 
 

@@ -73,8 +73,7 @@ print(json.dumps({{"import": start - t0, "fit": time.perf_counter() - start}}))
 
 def run(code, cache_dir):
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -86,9 +85,11 @@ def main():
             cold = run(code, empty)
             warm = run(code, empty)  # the cache the first run filled
             start = time.perf_counter()
-            run("import skcep, time; start = time.perf_counter(); skcep.compile_kernels()\n"
+            run(
+                "import skcep, time; start = time.perf_counter(); skcep.compile_kernels()\n"
                 "import json; print(json.dumps({'import': 0, 'fit': time.perf_counter() - start}))",
-                ahead)
+                ahead,
+            )
             compile_seconds = time.perf_counter() - start
             after = run(code, ahead)
         rows.append((name, cold, warm, compile_seconds, after))
@@ -107,9 +108,11 @@ def main():
         "|---|---|---|---|---|---|---|",
     ]
     for name, cold, warm, _, after in rows:
-        lines.append(f"| {name} | {warm['import']:.2f} | {cold['fit']:.2f} | {warm['fit']:.3f} | "
-                     f"{warm['import'] + warm['fit']:.2f} | {after['fit']:.3f} | "
-                     f"{warm['fit'] / peer[2]['fit']:.1f} |")
+        lines.append(
+            f"| {name} | {warm['import']:.2f} | {cold['fit']:.2f} | {warm['fit']:.3f} | "
+            f"{warm['import'] + warm['fit']:.2f} | {after['fit']:.3f} | "
+            f"{warm['fit'] / peer[2]['fit']:.1f} |"
+        )
     lines += [
         "",
         f"`skcep.compile_kernels()` on an empty cache took {rows[0][3]:.1f} s in a fresh "

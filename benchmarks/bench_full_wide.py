@@ -23,6 +23,7 @@ Reported: seconds, ratio, sweeps, and the largest difference of the posterior me
 posterior sd (fit; estimator: ``coef_`` and ``intercept_``), of the evidence and of the
 maximiser.  ``--quick``: the two smaller shapes, printed only.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -34,13 +35,12 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import command, library_state, machine_lines, md_table, write_report  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 import skcep.engines.evidence as evidence  # noqa: E402
-from _common import command, library_state, machine_lines, md_table, write_report  # noqa: E402
 from skcep import CEPProbitClassifier  # noqa: E402
-from skcep.engines.full_dual import (fit_full_dual, fixed_site_evidence_dual,  # noqa: E402
-                                     log_evidence_dual)
+from skcep.engines.full_dual import fit_full_dual, fixed_site_evidence_dual, log_evidence_dual  # noqa: E402
 from skcep.engines.glm import fit_full  # noqa: E402
 from skcep.engines.likelihoods import Probit  # noqa: E402
 
@@ -98,28 +98,23 @@ def measure(n, d):
     log = lambda what: print(f"{n} × {d}: {what}", file=sys.stderr, flush=True)  # noqa: E731
     with threadpool_limits(1):
         with weight_space_only():
-            row["t_fit"], primal = timed(fit_full, A, sign, lik, zero, prior, tol=TOL,
-                                         max_iter=MAX_ITER)
+            row["t_fit"], primal = timed(fit_full, A, sign, lik, zero, prior, tol=TOL, max_iter=MAX_ITER)
         log(f"fit_full {row['t_fit']:.2f} s")
-        row["t_fit_dual"], dual = timed(fit_full_dual, A, sign, lik, zero, prior, tol=TOL,
-                                        max_iter=MAX_ITER)
+        row["t_fit_dual"], dual = timed(fit_full_dual, A, sign, lik, zero, prior, tol=TOL, max_iter=MAX_ITER)
         row["sweeps"] = f"{primal.n_iter} / {dual.n_iter}"
         row["d_mean"] = float(np.max(np.abs(dual.mean - primal.mean) / np.sqrt(primal.var)))
 
         def primal_evidence():
-            terms = evidence.full_site_terms(A, sign, *primal.sites, primal.mean, primal.cov,
-                                             likelihood=lik)
+            terms = evidence.full_site_terms(A, sign, *primal.sites, primal.mean, primal.cov, likelihood=lik)
             return evidence.log_evidence(zero, prior, primal.mean, primal.cov, terms)
 
         row["t_ev"], ev = timed(primal_evidence)
-        row["t_ev_dual"], ev_dual = timed(log_evidence_dual, A, sign, *primal.sites, zero, prior,
-                                          likelihood=lik)
+        row["t_ev_dual"], ev_dual = timed(log_evidence_dual, A, sign, *primal.sites, zero, prior, likelihood=lik)
         row["d_ev"] = abs(ev - ev_dual)
         log(f"evidence {row['t_ev']:.2f} s")
 
         def primal_step():
-            value = evidence.fixed_site_evidence(evidence.site_totals(primal, zero, prior), zero,
-                                                 prior, d - 1)
+            value = evidence.fixed_site_evidence(evidence.site_totals(primal, zero, prior), zero, prior, d - 1)
             return evidence.fixed_site_argmax(value, THETA_RANGE)
 
         def dual_step():
@@ -141,8 +136,7 @@ def measure(n, d):
             log(f"estimator {name} {row[f't_est_{name}']:.2f} s")
     (p, p_warn), (q, _) = estimators["primal"], estimators["dual"]
     sd = np.sqrt(np.r_[p.coef_var_[0], p.intercept_var_[0]])
-    row["d_est"] = float(np.max(np.abs(np.r_[q.coef_[0], q.intercept_[0]]
-                                       - np.r_[p.coef_[0], p.intercept_[0]]) / sd))
+    row["d_est"] = float(np.max(np.abs(np.r_[q.coef_[0], q.intercept_[0]] - np.r_[p.coef_[0], p.intercept_[0]]) / sd))
     row["est_sweeps"] = f"{p.n_iter_[0]} / {q.n_iter_[0]}"
     row["lam"] = f"{p.prior_variance_[0]:.4g} / {q.prior_variance_[0]:.4g}"
     row["d_est_ev"] = abs(p.log_evidence_[0] - q.log_evidence_[0])
@@ -155,28 +149,88 @@ def report(rows, seconds):
         a, b = r[f"t_{key}"], r[f"t_{key}_dual"]
         return [f"{a:.2f}", f"{b:.3f}", f"{a / b:.0f}×"]
 
-    out = ["# Full-covariance EP on short, wide data: weight space against predictor space", "",
-           f"`{command()}`", "", library_state(), ""] + machine_lines() + [""]
+    out = (
+        [
+            "# Full-covariance EP on short, wide data: weight space against predictor space",
+            "",
+            f"`{command()}`",
+            "",
+            library_state(),
+            "",
+        ]
+        + machine_lines()
+        + [""]
+    )
     out += [DESCRIPTION, ""]
-    out += ["## Engine functions (seconds, one BLAS thread)", "",
-            "Δ mean: the largest difference of the posterior means in posterior sd; Δ evidence "
-            "in nats; Δ θ: of the fixed-site maximiser (its xatol is 1e-3).", ""]
-    out += [md_table(["n × d", "fit_full", "fit_full_dual", "ratio", "sweeps", "Δ mean",
-                      "evidence", "dual", "ratio", "Δ evidence",
-                      "fixed-site step", "dual", "ratio", "Δ θ"],
-                     [[r["shape"], *pair(r, "fit"), r["sweeps"], f"{r['d_mean']:.1e}",
-                       *pair(r, "ev"), f"{r['d_ev']:.1e}", *pair(r, "fs"), f"{r['d_theta']:.1e}"]
-                      for r in rows]), ""]
-    out += ["## The estimator with prior_variance=\"auto\" (seconds, one BLAS thread)", "",
-            "`CEPProbitClassifier(method=\"ep\", covariance=\"full\")` as is, and with the dispatch "
-            "patched in. Sweeps and λ: as is / dual; Δ coef: the largest difference of "
-            "`coef_` and `intercept_` in posterior sd; Δ log_evidence_ in nats.", ""]
-    out += [md_table(["n × d", "as is", "dual", "ratio", "sweeps", "λ", "Δ coef",
-                      "Δ log_evidence_", "warnings (as is)"],
-                     [[r["shape"], f"{r['t_est_primal']:.2f}", f"{r['t_est_dual']:.2f}",
-                       f"{r['t_est_primal'] / r['t_est_dual']:.0f}×", r["est_sweeps"], r["lam"],
-                       f"{r['d_est']:.1e}", f"{r['d_est_ev']:.1e}", r["warnings"]]
-                      for r in rows]), ""]
+    out += [
+        "## Engine functions (seconds, one BLAS thread)",
+        "",
+        "Δ mean: the largest difference of the posterior means in posterior sd; Δ evidence "
+        "in nats; Δ θ: of the fixed-site maximiser (its xatol is 1e-3).",
+        "",
+    ]
+    out += [
+        md_table(
+            [
+                "n × d",
+                "fit_full",
+                "fit_full_dual",
+                "ratio",
+                "sweeps",
+                "Δ mean",
+                "evidence",
+                "dual",
+                "ratio",
+                "Δ evidence",
+                "fixed-site step",
+                "dual",
+                "ratio",
+                "Δ θ",
+            ],
+            [
+                [
+                    r["shape"],
+                    *pair(r, "fit"),
+                    r["sweeps"],
+                    f"{r['d_mean']:.1e}",
+                    *pair(r, "ev"),
+                    f"{r['d_ev']:.1e}",
+                    *pair(r, "fs"),
+                    f"{r['d_theta']:.1e}",
+                ]
+                for r in rows
+            ],
+        ),
+        "",
+    ]
+    out += [
+        "## The estimator with prior_variance=\"auto\" (seconds, one BLAS thread)",
+        "",
+        "`CEPProbitClassifier(method=\"ep\", covariance=\"full\")` as is, and with the dispatch "
+        "patched in. Sweeps and λ: as is / dual; Δ coef: the largest difference of "
+        "`coef_` and `intercept_` in posterior sd; Δ log_evidence_ in nats.",
+        "",
+    ]
+    out += [
+        md_table(
+            ["n × d", "as is", "dual", "ratio", "sweeps", "λ", "Δ coef", "Δ log_evidence_", "warnings (as is)"],
+            [
+                [
+                    r["shape"],
+                    f"{r['t_est_primal']:.2f}",
+                    f"{r['t_est_dual']:.2f}",
+                    f"{r['t_est_primal'] / r['t_est_dual']:.0f}×",
+                    r["est_sweeps"],
+                    r["lam"],
+                    f"{r['d_est']:.1e}",
+                    f"{r['d_est_ev']:.1e}",
+                    r["warnings"],
+                ]
+                for r in rows
+            ],
+        ),
+        "",
+    ]
     out += [f"Total time of this run: {seconds / 60:.1f} min.", ""]
     return out
 

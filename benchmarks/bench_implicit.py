@@ -18,6 +18,7 @@ with the stream.
 
 ``--quick``: fold 1 only; printed, not written.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -25,10 +26,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse  # noqa: E402
 
 import numpy as np  # noqa: E402
-
 from _common import pm, write_report  # noqa: E402
 from bench_cp_defaults import cases as defaults_cases  # noqa: E402
 from bench_cp_defaults import fit_score, report  # noqa: E402
+
 from skcep import StreamingDeepTensor  # noqa: E402
 
 VARIANTS = {"without": {}, "implicit_modes={0: 1, 1: 0}": dict(implicit_modes={0: 1, 1: 0})}
@@ -40,13 +41,22 @@ def cases(folds):
     cp_rows = [case for case in defaults_cases(folds, seeds=()) if not case[0].startswith("planted")]
     ratings2 = next(data for name, data, _ in cp_rows if name == "MovieLens ratings, user × movie (RMSE)")
     at = next(i for i, (name, _, _) in enumerate(cp_rows) if name == "MovieLens ratings, user × movie (RMSE)")
-    cp_rows.insert(at + 1, ("MovieLens ratings, user × movie, ordinal (RMSE)", ratings2,
-                            dict(rank=8, likelihood="ordinal", mode_bias=True)))
+    cp_rows.insert(
+        at + 1,
+        (
+            "MovieLens ratings, user × movie, ordinal (RMSE)",
+            ratings2,
+            dict(rank=8, likelihood="ordinal", mode_bias=True),
+        ),
+    )
     sets = {name: data for name, data, _ in cp_rows}
-    sbdt = [("Enron (AUC)", dict(rank=3, likelihood="probit")), ("Alog (RMSE)", dict(rank=3)),
-            ("MovieLens ratings, user × movie (RMSE)", dict(rank=10)),
-            ("MovieLens ratings, user × movie, ordinal (RMSE)", dict(rank=10, likelihood="ordinal")),
-            ("MovieLens binary, user × movie × time (AUC)", dict(rank=10, likelihood="probit"))]
+    sbdt = [
+        ("Enron (AUC)", dict(rank=3, likelihood="probit")),
+        ("Alog (RMSE)", dict(rank=3)),
+        ("MovieLens ratings, user × movie (RMSE)", dict(rank=10)),
+        ("MovieLens ratings, user × movie, ordinal (RMSE)", dict(rank=10, likelihood="ordinal")),
+        ("MovieLens binary, user × movie × time (AUC)", dict(rank=10, likelihood="probit")),
+    ]
     return cp_rows + [(name, sets[name], dict(estimator=StreamingDeepTensor, **params)) for name, params in sbdt]
 
 
@@ -55,8 +65,9 @@ def method_of(params, variant):
         return "ADF, one pass"
     if "method" in params:
         return params["method"].upper()
-    return "VMP" if params.get("likelihood") == "ordinal" or (variant and params.get("likelihood") == "probit") \
-        else "CEP"
+    return (
+        "VMP" if params.get("likelihood") == "ordinal" or (variant and params.get("likelihood") == "probit") else "CEP"
+    )
 
 
 def main():
@@ -69,17 +80,28 @@ def main():
         cells = []
         for variant in VARIANTS.values():
             got = [fit_score(data, variant, **params) for data in sets]
-            cells.append((method_of(params, variant), pm([v for v, _, _ in got]),
-                          f"{np.mean([n for _, _, n in got]):.0f}", f"{np.mean([t for _, t, _ in got]):.2f}"))
-        setting = (f"{'SBDT' if 'estimator' in params else 'CP'} rank {params['rank']}, "
-                   f"{params.get('likelihood', 'gaussian')}" + (", mode_bias" if params.get("mode_bias") else ""))
+            cells.append(
+                (
+                    method_of(params, variant),
+                    pm([v for v, _, _ in got]),
+                    f"{np.mean([n for _, _, n in got]):.0f}",
+                    f"{np.mean([t for _, t, _ in got]):.2f}",
+                )
+            )
+        setting = (
+            f"{'SBDT' if 'estimator' in params else 'CP'} rank {params['rank']}, "
+            f"{params.get('likelihood', 'gaussian')}" + (", mode_bias" if params.get("mode_bias") else "")
+        )
         rows.append([name, setting] + [c for cell in cells for c in cell])
         print(rows[-1], flush=True)
-    header = ["data", "fit"] + [f"{label}: {col}" for label in VARIANTS
-                                for col in ("method", "score", "sweeps (SBDT: passes)", "s / fit")]
-    protocol = (f"Folds {', '.join(map(str, folds))} of the CEP paper's sets; MovieLens split 0. Mean ± sd over "
-                "folds; every fit at the estimator's defaults (`max_iter=100`, priors learned) with only the columns' "
-                "settings changed. AUC: higher is better; RMSE: lower is better.")
+    header = ["data", "fit"] + [
+        f"{label}: {col}" for label in VARIANTS for col in ("method", "score", "sweeps (SBDT: passes)", "s / fit")
+    ]
+    protocol = (
+        f"Folds {', '.join(map(str, folds))} of the CEP paper's sets; MovieLens split 0. Mean ± sd over "
+        "folds; every fit at the estimator's defaults (`max_iter=100`, priors learned) with only the columns' "
+        "settings changed. AUC: higher is better; RMSE: lower is better."
+    )
     out = report("BayesianCPTensor and StreamingDeepTensor with and without implicit feedback", protocol, header, rows)
     write_report(out, "implicit.md", args.quick)
 

@@ -28,6 +28,7 @@ variance positive).  "previous" = the figure of the results file before issue 14
 row existed.  ``--quick``: 4 problems, 1,000/500 messages, paper's sizes D_in = 100,
 D_out = 200; printed, not written.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -37,22 +38,28 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import RESULTS, command, library_state, md_table, verdict  # noqa: E402
 from sklearn.ensemble import ExtraTreesRegressor, RandomForestRegressor  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 
-from _common import RESULTS, command, library_state, md_table, verdict  # noqa: E402
 from skcep import CEPLogisticClassifier  # noqa: E402
 from skcep.engines.random_features import gaussian_log_kl  # noqa: E402
 from skcep.message_operator import KJITMessageOperator, LogisticFactor  # noqa: E402
 
-PAPER_MEAN_LOG_KL = {"KJIT (paper)": (-8.97, 1.57), "random forest (paper)": (-8.69, 1.79),
-                     "extra trees (paper)": (-8.90, 1.59)}
+PAPER_MEAN_LOG_KL = {
+    "KJIT (paper)": (-8.97, 1.57),
+    "random forest (paper)": (-8.69, 1.79),
+    "extra trees (paper)": (-8.90, 1.59),
+}
 #: Mean log KL of the rows of results/kjit_batch.md before issue 14 (skcep source 9d9cf82653).
-PREVIOUS = {"paper's sizes, σ_y² by hold-out": -21.32, "paper's sizes, σ_y² = 1e-4": -10.61,
-            "random forest (64 trees, same inputs/targets)": -7.75,
-            "random forest (64 trees, log σ² in, log Var out)": -8.66,
-            "extra trees (64 trees, same inputs/targets)": -8.94,
-            "extra trees (64 trees, log σ² in, log Var out)": -9.88}
+PREVIOUS = {
+    "paper's sizes, σ_y² by hold-out": -21.32,
+    "paper's sizes, σ_y² = 1e-4": -10.61,
+    "random forest (64 trees, same inputs/targets)": -7.75,
+    "random forest (64 trees, log σ² in, log Var out)": -8.66,
+    "extra trees (64 trees, same inputs/targets)": -8.94,
+    "extra trees (64 trees, log σ² in, log Var out)": -9.88,
+}
 PREVIOUS_DEFAULTS = dict(noise_variance=1e-4, inner_widths="median", outer_width="median")
 
 
@@ -79,8 +86,9 @@ def collect_messages(n_problems, seed, n=300, d=20, sweeps=10, keep_sweeps=5):
         X = rng.standard_normal((n, d))
         y = (rng.random(n) < 1.0 / (1.0 + np.exp(-X @ w))).astype(int)
         rec = RecordingExactOperator()
-        clf = CEPLogisticClassifier(method="kjit", message_operator=rec, fit_intercept=False,
-                                    prior_variance=1.0, max_iter=sweeps, tol=0.0)
+        clf = CEPLogisticClassifier(
+            method="kjit", message_operator=rec, fit_intercept=False, prior_variance=1.0, max_iter=sweeps, tol=0.0
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             clf.fit(X, y)
@@ -101,8 +109,10 @@ def log_kl(true_moments, pred_mean, pred_second):
 def forest_predictions(model, Xtr, Ytr, Xte, transform):
     """Predicted (E[z], E[z²]) of the test messages."""
     if transform:
+
         def feats(X):
             return np.column_stack([X[:, 0], np.log(X[:, 1]), X[:, 2], X[:, 3]])
+
         var = Ytr[:, 1] - Ytr[:, 0] ** 2
         model.fit(feats(Xtr), np.column_stack([Ytr[:, 0], np.log(var)]))
         pred = model.predict(feats(Xte))
@@ -123,10 +133,18 @@ def clipped_log_kl(true_moments, X, pred_mean, pred_second):
 def summary_row(name, lkl, lkl_clipped, seconds, loo=None, previous=None):
     ok = np.isfinite(lkl)
     v = lkl[ok]
-    return [name, f"{v.mean():.2f}", "–" if previous is None else f"{previous:.2f}",
-            "–" if loo is None else f"{loo:.2f}", f"{v.std():.2f}", f"{np.median(v):.2f}",
-            f"{np.percentile(v, 99):.2f}", f"{np.count_nonzero(~ok)}",
-            f"{np.mean(lkl_clipped):.2f}", f"{seconds:.1f}"]
+    return [
+        name,
+        f"{v.mean():.2f}",
+        "–" if previous is None else f"{previous:.2f}",
+        "–" if loo is None else f"{loo:.2f}",
+        f"{v.std():.2f}",
+        f"{np.median(v):.2f}",
+        f"{np.percentile(v, 99):.2f}",
+        f"{np.count_nonzero(~ok)}",
+        f"{np.mean(lkl_clipped):.2f}",
+        f"{seconds:.1f}",
+    ]
 
 
 def main():
@@ -162,17 +180,27 @@ def main():
     previous_figures = {} if args.quick else PREVIOUS  # the previous figures are of full runs
     rows, lkls, fitted = [], {}, {}
     operators = {  # key: (label, parameters, key of PREVIOUS)
-        "defaults": ("KJIT, library defaults (D_in=300, D_out=500; widths and σ_y² by LOO)",
-                     dict(random_state=0), None),
-        "previous defaults": ("KJIT, previous defaults (D_in=300, D_out=500; σ_y²=1e-4, median "
-                              "heuristic)", dict(random_state=0, **PREVIOUS_DEFAULTS), None),
-        "paper loo": (f"KJIT, paper's sizes (D_in={d_in}, D_out={d_out}; widths and σ_y² by LOO)",
-                      paper, None),
-        "paper 1e-4": (f"KJIT, paper's sizes, σ_y²=1e-4 (the paper's), median heuristic",
-                       dict(paper, **PREVIOUS_DEFAULTS), "paper's sizes, σ_y² = 1e-4"),
-        "paper holdout": (f"KJIT, paper's sizes, σ_y²={best_nv:g} by hold-out, median heuristic",
-                          dict(paper, **median, noise_variance=best_nv),
-                          "paper's sizes, σ_y² by hold-out"),
+        "defaults": (
+            "KJIT, library defaults (D_in=300, D_out=500; widths and σ_y² by LOO)",
+            dict(random_state=0),
+            None,
+        ),
+        "previous defaults": (
+            "KJIT, previous defaults (D_in=300, D_out=500; σ_y²=1e-4, median heuristic)",
+            dict(random_state=0, **PREVIOUS_DEFAULTS),
+            None,
+        ),
+        "paper loo": (f"KJIT, paper's sizes (D_in={d_in}, D_out={d_out}; widths and σ_y² by LOO)", paper, None),
+        "paper 1e-4": (
+            "KJIT, paper's sizes, σ_y²=1e-4 (the paper's), median heuristic",
+            dict(paper, **PREVIOUS_DEFAULTS),
+            "paper's sizes, σ_y² = 1e-4",
+        ),
+        "paper holdout": (
+            f"KJIT, paper's sizes, σ_y²={best_nv:g} by hold-out, median heuristic",
+            dict(paper, **median, noise_variance=best_nv),
+            "paper's sizes, σ_y² by hold-out",
+        ),
     }
     for key, (label, params, previous) in operators.items():
         t0 = time.perf_counter()
@@ -181,10 +209,17 @@ def main():
         seconds = time.perf_counter() - t0
         fitted[key] = op
         lkls[label] = log_kl(Yte, pred[:, 0], pred[:, 1])
-        rows.append(summary_row(label, lkls[label], clipped_log_kl(Yte, Xte, pred[:, 0], pred[:, 1]),
-                                seconds, op.loo_error_, previous_figures.get(previous)))
-        print(rows[-1], f"σ_y² {op.noise_variance_:.3g}, σ_l² {op.inner_widths_}, "
-              f"γ² {op.outer_width_:.3g}", flush=True)
+        rows.append(
+            summary_row(
+                label,
+                lkls[label],
+                clipped_log_kl(Yte, Xte, pred[:, 0], pred[:, 1]),
+                seconds,
+                op.loo_error_,
+                previous_figures.get(previous),
+            )
+        )
+        print(rows[-1], f"σ_y² {op.noise_variance_:.3g}, σ_l² {op.inner_widths_}, γ² {op.outer_width_:.3g}", flush=True)
     default_label = operators["defaults"][0]
     op = fitted["defaults"]
     pred, std = op.predict(Xte, return_std=True)
@@ -195,12 +230,18 @@ def main():
         for transform in (False, True):
             label = f"{name} (64 trees{', log σ² in, log Var out' if transform else ', same inputs/targets'})"
             t0 = time.perf_counter()
-            mean, second = forest_predictions(cls(n_estimators=64, random_state=0, n_jobs=1),
-                                              Xtr, Ytr, Xte, transform)
+            mean, second = forest_predictions(cls(n_estimators=64, random_state=0, n_jobs=1), Xtr, Ytr, Xte, transform)
             seconds = time.perf_counter() - t0
             lkls[label] = log_kl(Yte, mean, second)
-            rows.append(summary_row(label, lkls[label], clipped_log_kl(Yte, Xte, mean, second),
-                                    seconds, previous=previous_figures.get(label)))
+            rows.append(
+                summary_row(
+                    label,
+                    lkls[label],
+                    clipped_log_kl(Yte, Xte, mean, second),
+                    seconds,
+                    previous=previous_figures.get(label),
+                )
+            )
             print(rows[-1], flush=True)
 
     k_mean = np.nanmean(lkls[default_label])
@@ -220,45 +261,81 @@ def main():
     ok_old = np.isfinite(lkls[old_label])
     corr_old = np.corrcoef(np.log(old_std[ok_old, 0] ** 2), lkls[old_label][ok_old])[0, 1]
 
-    out = [f"`{command()}`", "",
-           "# KJIT operator learned in batch at the logistic factor (papers/002 Experiment 1)", "",
-           __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip().replace("\n", " ").replace("``", "`"), "",
-           f"Library measured: {library_state()}.", "",
-           f"{len(X)} messages recorded from {n_problems} problems; {len(tr)} training, "
-           f"{len(te)} test.  Noise variance σ_y² hold-out mean log KL (paper's sizes, median "
-           "heuristic): "
-           + ", ".join(f"{k:g} → {v:.2f}" for k, v in holdout.items()) + f" (chosen {best_nv:g}).  "
-           f"The defaults chose σ_y² = {chosen.noise_variance_:.3g}, σ_l² = "
-           f"({', '.join(f'{w:.3g}' for w in chosen.inner_widths_)}) and γ² = "
-           f"{chosen.outer_width_:.3g} (previous defaults: σ_y² = 1e-4, σ_l² = ("
-           + ", ".join(f"{w:.3g}" for w in fitted["previous defaults"].inner_widths_)
-           + f"), γ² = {fitted['previous defaults'].outer_width_:.3g}).", "",
-           "## log KL(true ‖ predicted) of the projected Gaussian on z, test messages", "",
-           md_table(("method", "mean log KL", "previous", "LOO estimate", "sd", "median",
-                     "99th pct", "var ≤ 0 (excluded)", "mean log KL, var clipped as in EP",
-                     "fit+predict s"), rows), "",
-           "The mean, sd, median and 99th percentile leave out rows whose predicted variance is "
-           "≤ 0; the clipped column counts every row, with the variance clipped into "
-           "[1e-12 σ², σ²] as `OperatorSite` does before EP uses a prediction.  \"LOO "
-           "estimate\": the operator's `loo_error_`, the criterion's leave-one-out mean log KL on "
-           "(1,000 of) its training messages.  \"previous\": the same row in this file before "
-           "issue 14 (source 9d9cf82653).", "",
-           "Paper (supplement C, mean ± sd of log KL): "
-           + "; ".join(f"{k} {m:.2f} ± {s:.2f}" for k, (m, s) in PAPER_MEAN_LOG_KL.items()) + ".", "",
-           "## Targets (the library defaults)", "",
-           md_table(("target", "measured", "verdict"), [
-               ["mean log KL ≤ −10 at the defaults (issue 14)",
-                f"{k_mean:.2f} (previous defaults {old_mean:.2f})", verdict(k_mean <= -10)],
-               ["mean log KL ≤ −8.97 (paper)", f"{k_mean:.2f}", verdict(k_mean <= -8.97)],
-               ["better than both forests (best forest variant)", f"{k_mean:.2f} vs {forest_best:.2f}",
-                verdict(k_mean < forest_best)],
-               ["operator's predicted variance ≤ 0", f"{n_bad} of {len(te)}", ""],
-           ]), "",
-           "## Uncertainty against error (paper Fig. 10, the default operator)", "",
-           f"Pearson correlation of log predictive variance (output E[z]) and log KL: "
-           f"training {corr_tr:.2f}, test {corr_te:.2f} (previous defaults: test {corr_old:.2f}).  "
-           f"![log KL histogram](kjit_batch_hist.png) ![uncertainty vs error](kjit_batch_uncertainty.png)", "",
-           f"Total run time {(time.perf_counter() - t_start) / 60:.1f} min."]
+    out = [
+        f"`{command()}`",
+        "",
+        "# KJIT operator learned in batch at the logistic factor (papers/002 Experiment 1)",
+        "",
+        __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip().replace("\n", " ").replace("``", "`"),
+        "",
+        f"Library measured: {library_state()}.",
+        "",
+        f"{len(X)} messages recorded from {n_problems} problems; {len(tr)} training, "
+        f"{len(te)} test.  Noise variance σ_y² hold-out mean log KL (paper's sizes, median "
+        "heuristic): " + ", ".join(f"{k:g} → {v:.2f}" for k, v in holdout.items()) + f" (chosen {best_nv:g}).  "
+        f"The defaults chose σ_y² = {chosen.noise_variance_:.3g}, σ_l² = "
+        f"({', '.join(f'{w:.3g}' for w in chosen.inner_widths_)}) and γ² = "
+        f"{chosen.outer_width_:.3g} (previous defaults: σ_y² = 1e-4, σ_l² = ("
+        + ", ".join(f"{w:.3g}" for w in fitted["previous defaults"].inner_widths_)
+        + f"), γ² = {fitted['previous defaults'].outer_width_:.3g}).",
+        "",
+        "## log KL(true ‖ predicted) of the projected Gaussian on z, test messages",
+        "",
+        md_table(
+            (
+                "method",
+                "mean log KL",
+                "previous",
+                "LOO estimate",
+                "sd",
+                "median",
+                "99th pct",
+                "var ≤ 0 (excluded)",
+                "mean log KL, var clipped as in EP",
+                "fit+predict s",
+            ),
+            rows,
+        ),
+        "",
+        "The mean, sd, median and 99th percentile leave out rows whose predicted variance is "
+        "≤ 0; the clipped column counts every row, with the variance clipped into "
+        "[1e-12 σ², σ²] as `OperatorSite` does before EP uses a prediction.  \"LOO "
+        "estimate\": the operator's `loo_error_`, the criterion's leave-one-out mean log KL on "
+        "(1,000 of) its training messages.  \"previous\": the same row in this file before "
+        "issue 14 (source 9d9cf82653).",
+        "",
+        "Paper (supplement C, mean ± sd of log KL): "
+        + "; ".join(f"{k} {m:.2f} ± {s:.2f}" for k, (m, s) in PAPER_MEAN_LOG_KL.items())
+        + ".",
+        "",
+        "## Targets (the library defaults)",
+        "",
+        md_table(
+            ("target", "measured", "verdict"),
+            [
+                [
+                    "mean log KL ≤ −10 at the defaults (issue 14)",
+                    f"{k_mean:.2f} (previous defaults {old_mean:.2f})",
+                    verdict(k_mean <= -10),
+                ],
+                ["mean log KL ≤ −8.97 (paper)", f"{k_mean:.2f}", verdict(k_mean <= -8.97)],
+                [
+                    "better than both forests (best forest variant)",
+                    f"{k_mean:.2f} vs {forest_best:.2f}",
+                    verdict(k_mean < forest_best),
+                ],
+                ["operator's predicted variance ≤ 0", f"{n_bad} of {len(te)}", ""],
+            ],
+        ),
+        "",
+        "## Uncertainty against error (paper Fig. 10, the default operator)",
+        "",
+        f"Pearson correlation of log predictive variance (output E[z]) and log KL: "
+        f"training {corr_tr:.2f}, test {corr_te:.2f} (previous defaults: test {corr_old:.2f}).  "
+        f"![log KL histogram](kjit_batch_hist.png) ![uncertainty vs error](kjit_batch_uncertainty.png)",
+        "",
+        f"Total run time {(time.perf_counter() - t_start) / 60:.1f} min.",
+    ]
     text = "\n".join(out) + "\n"
     print(text)
     if args.quick:
@@ -270,11 +347,13 @@ def main():
 
     fig, ax = plt.subplots(figsize=(9.5, 4))
     bins = np.linspace(-30, 2, 65)
-    shown = {operators["defaults"][0]: "KJIT, defaults (LOO)",
-             operators["previous defaults"][0]: "KJIT, previous defaults",
-             operators["paper holdout"][0]: f"KJIT, D 500/1000, σ_y²={best_nv:g} (hold-out)",
-             "random forest (64 trees, same inputs/targets)": "random forest",
-             "extra trees (64 trees, same inputs/targets)": "extra trees"}
+    shown = {
+        operators["defaults"][0]: "KJIT, defaults (LOO)",
+        operators["previous defaults"][0]: "KJIT, previous defaults",
+        operators["paper holdout"][0]: f"KJIT, D 500/1000, σ_y²={best_nv:g} (hold-out)",
+        "random forest (64 trees, same inputs/targets)": "random forest",
+        "extra trees (64 trees, same inputs/targets)": "extra trees",
+    }
     for label, short in shown.items():
         v = lkls[label]
         ax.hist(v[np.isfinite(v)], bins=bins, histtype="step", lw=1.5, label=short)

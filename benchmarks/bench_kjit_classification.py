@@ -26,6 +26,7 @@ Experiment-5 setting (σ_y² = 1e-4, threshold −9, median heuristic), both wit
 quadrature oracle ``LogisticFactor().exact``.  Exact EP (``method="ep"``) on the same split is the reference.
 ``--quick``: crabs, split 1 only, and the sequence crabs → sonar; printed, not written.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -34,10 +35,9 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import RESULTS, WARNINGS_SEEN, command, library_state, load_split, md_table, pm, timed_fit  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
-from _common import (RESULTS, WARNINGS_SEEN, command, library_state, load_split,  # noqa: E402
-                     md_table, pm, timed_fit)
 from skcep import CEPLogisticClassifier  # noqa: E402
 from skcep.datasets import CEP_PAPER_DATASETS  # noqa: E402
 from skcep.message_operator import KJITMessageOperator, LogisticFactor  # noqa: E402
@@ -48,9 +48,9 @@ SEQUENCE = ("australian", "breast", "crabs", "ionos", "pima", "sonar")
 SEQ_SPLIT = 1
 SEQ_SETTINGS = {  # name -> first operator (None: the classifier's default operator)
     "default (σ_y² = 1e-8, threshold −16)": None,
-    "paper Exp. 5 (σ_y² = 1e-4, threshold −9)": dict(noise_variance=1e-4,
-                                                      uncertainty_threshold=-9.0,
-                                                      inner_widths="median", outer_width="median"),
+    "paper Exp. 5 (σ_y² = 1e-4, threshold −9)": dict(
+        noise_variance=1e-4, uncertainty_threshold=-9.0, inner_widths="median", outer_width="median"
+    ),
 }
 
 
@@ -64,9 +64,13 @@ def run(datasets, splits):
                 est = CEPLogisticClassifier(method=m, prior_variance=1.0, **extra)
                 seconds, n_warn, _ = timed_fit(est, X, y)
                 logp = est.predict_log_proba(Xt)
-                row = dict(ll=logp[np.arange(len(yt)), yt].mean(),
-                           auc=roc_auc_score(yt, logp[:, 1]), s=seconds,
-                           it=float(np.max(est.n_iter_)), warn=n_warn)
+                row = dict(
+                    ll=logp[np.arange(len(yt)), yt].mean(),
+                    auc=roc_auc_score(yt, logp[:, 1]),
+                    s=seconds,
+                    it=float(np.max(est.n_iter_)),
+                    warn=n_warn,
+                )
                 if m == "kjit":
                     op = est.message_operator_
                     row["calls"] = op.n_oracle_calls_
@@ -93,13 +97,18 @@ def run_sequence(sequence):
         ep[name] = dict(zip(("ll", "auc"), _scores(est, Xt, yt)), s=seconds, warn=n_warn)
     seq = {}
     for setting, params in SEQ_SETTINGS.items():
-        operator = None if params is None else KJITMessageOperator(
-            message_families=("gaussian", "beta"), oracle=LogisticFactor().exact,
-            random_state=SEQ_SPLIT, **params)
+        operator = (
+            None
+            if params is None
+            else KJITMessageOperator(
+                message_families=("gaussian", "beta"), oracle=LogisticFactor().exact, random_state=SEQ_SPLIT, **params
+            )
+        )
         rows, bounds, calls0, sends0 = [], [], 0, 0
         for name, (X, y, Xt, yt) in data.items():
-            est = CEPLogisticClassifier(method="kjit", message_operator=operator,
-                                        prior_variance=1.0, random_state=SEQ_SPLIT)
+            est = CEPLogisticClassifier(
+                method="kjit", message_operator=operator, prior_variance=1.0, random_state=SEQ_SPLIT
+            )
             seconds, n_warn, _ = timed_fit(est, X, y)
             operator = est.message_operator_
             lpv = operator.log_predictive_variance_
@@ -107,58 +116,116 @@ def run_sequence(sequence):
             asked = np.isnan(own) | (own > operator.uncertainty_threshold)
             n_first = min(len(y), len(own))  # one message per row in the first sweep
             ll, auc = _scores(est, Xt, yt)
-            rows.append(dict(name=name, n=len(y), calls=operator.n_oracle_calls_ - calls0,
-                             sends=len(own), first=int(asked[:n_first].sum()), n_first=n_first,
-                             last=int(asked[-n_first:].sum()),
-                             ll=ll, auc=auc, s=seconds, it=int(np.max(est.n_iter_)),
-                             warn=n_warn))
+            rows.append(
+                dict(
+                    name=name,
+                    n=len(y),
+                    calls=operator.n_oracle_calls_ - calls0,
+                    sends=len(own),
+                    first=int(asked[:n_first].sum()),
+                    n_first=n_first,
+                    last=int(asked[-n_first:].sum()),
+                    ll=ll,
+                    auc=auc,
+                    s=seconds,
+                    it=int(np.max(est.n_iter_)),
+                    warn=n_warn,
+                )
+            )
             assert rows[-1]["calls"] == int(asked.sum())  # calls = NaN or above threshold
             bounds.append(sends0)
             calls0, sends0 = operator.n_oracle_calls_, len(lpv)
-            print(f"sequence [{setting}] {name}: {rows[-1]['calls']} oracle calls of "
-                  f"{rows[-1]['sends']} messages", flush=True)
-        seq[setting] = dict(rows=rows, bounds=bounds, trace=operator.log_predictive_variance_,
-                            threshold=operator.uncertainty_threshold)
+            print(
+                f"sequence [{setting}] {name}: {rows[-1]['calls']} oracle calls of {rows[-1]['sends']} messages",
+                flush=True,
+            )
+        seq[setting] = dict(
+            rows=rows, bounds=bounds, trace=operator.log_predictive_variance_, threshold=operator.uncertainty_threshold
+        )
     return ep, seq
 
 
 def report_sequence(ep, seq):
-    out = ["## Sequence of data sets: one operator carried across them (papers/002 Experiment 5)",
-           "",
-           f"Split {SEQ_SPLIT}, presented in the order {' → '.join(ep)}; "
-           "the operator fitted on one set is the starting operator of the next.  Per set: "
-           "oracle calls / messages sent to the operator during that fit (share), split into the "
-           "first EP sweep (the first n-train messages, one per training row) and the later "
-           "sweeps (on the first set the first 300 messages are the initial batch, all answered "
-           "by the oracle) and the last sweep, test log-likelihood and AUC beside exact EP's on the same split, "
-           "EP sweeps, fit seconds.  The change of incoming-message distribution at a new set "
-           "is detected if the first-sweep share is far above the later-sweep share and the "
-           "previous set's last sweep.", ""]
+    out = [
+        "## Sequence of data sets: one operator carried across them (papers/002 Experiment 5)",
+        "",
+        f"Split {SEQ_SPLIT}, presented in the order {' → '.join(ep)}; "
+        "the operator fitted on one set is the starting operator of the next.  Per set: "
+        "oracle calls / messages sent to the operator during that fit (share), split into the "
+        "first EP sweep (the first n-train messages, one per training row) and the later "
+        "sweeps (on the first set the first 300 messages are the initial batch, all answered "
+        "by the oracle) and the last sweep, test log-likelihood and AUC beside exact EP's on the same split, "
+        "EP sweeps, fit seconds.  The change of incoming-message distribution at a new set "
+        "is detected if the first-sweep share is far above the later-sweep share and the "
+        "previous set's last sweep.",
+        "",
+    ]
     for setting, d in seq.items():
         out += [f"### Operator setting: {setting}", ""]
         rows = []
         for r in d["rows"]:
             e = ep[r["name"]]
             later, n_later = r["calls"] - r["first"], r["sends"] - r["n_first"]
-            rows.append([r["name"], r["n"], f"{r['calls']} / {r['sends']} "
-                         f"({r['calls'] / r['sends']:.3f})",
-                         f"{r['first']} / {r['n_first']} ({r['first'] / r['n_first']:.2f})",
-                         f"{later} / {n_later} ({later / max(n_later, 1):.3f})",
-                         f"{r['last']} / {r['n_first']}",
-                         f"{r['ll']:.4f}", f"{e['ll']:.4f}", f"{r['auc']:.4f}", f"{e['auc']:.4f}",
-                         r["it"], f"{r['s']:.3f}", f"{e['s']:.3f}", r["warn"]])
+            rows.append(
+                [
+                    r["name"],
+                    r["n"],
+                    f"{r['calls']} / {r['sends']} ({r['calls'] / r['sends']:.3f})",
+                    f"{r['first']} / {r['n_first']} ({r['first'] / r['n_first']:.2f})",
+                    f"{later} / {n_later} ({later / max(n_later, 1):.3f})",
+                    f"{r['last']} / {r['n_first']}",
+                    f"{r['ll']:.4f}",
+                    f"{e['ll']:.4f}",
+                    f"{r['auc']:.4f}",
+                    f"{e['auc']:.4f}",
+                    r["it"],
+                    f"{r['s']:.3f}",
+                    f"{e['s']:.3f}",
+                    r["warn"],
+                ]
+            )
         tot_c = sum(r["calls"] for r in d["rows"])
         tot_m = sum(r["sends"] for r in d["rows"])
-        rows.append(["**all**", sum(r["n"] for r in d["rows"]),
-                     f"{tot_c} / {tot_m} ({tot_c / tot_m:.3f})", "", "", "", "", "", "", "", "",
-                     f"{sum(r['s'] for r in d['rows']):.3f}",
-                     f"{sum(ep[r['name']]['s'] for r in d['rows']):.3f}", ""])
-        out += [md_table(("data set", "n train", "oracle calls / messages (share)",
-                          "first sweep: calls / messages", "later sweeps: calls / messages",
-                          "last sweep: calls / messages",
-                          "kjit test LL",
-                          "ep test LL", "kjit AUC", "ep AUC", "kjit sweeps", "kjit s", "ep s",
-                          "kjit warn."), rows), ""]
+        rows.append(
+            [
+                "**all**",
+                sum(r["n"] for r in d["rows"]),
+                f"{tot_c} / {tot_m} ({tot_c / tot_m:.3f})",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                f"{sum(r['s'] for r in d['rows']):.3f}",
+                f"{sum(ep[r['name']]['s'] for r in d['rows']):.3f}",
+                "",
+            ]
+        )
+        out += [
+            md_table(
+                (
+                    "data set",
+                    "n train",
+                    "oracle calls / messages (share)",
+                    "first sweep: calls / messages",
+                    "later sweeps: calls / messages",
+                    "last sweep: calls / messages",
+                    "kjit test LL",
+                    "ep test LL",
+                    "kjit AUC",
+                    "ep AUC",
+                    "kjit sweeps",
+                    "kjit s",
+                    "ep s",
+                    "kjit warn.",
+                ),
+                rows,
+            ),
+            "",
+        ]
     out += ["![log predictive variance over the sequence](kjit_sequence_trace.png)", ""]
     return out
 
@@ -189,9 +256,11 @@ def plot_sequence(seq, path):
         names.set_xticklabels([r["name"] for r in d["rows"]], fontsize=8)
         names.tick_params(length=0)
         ax.set_ylabel("log predictive variance")
-        ax.set_title(f"KJIT uncertainty over the sequence of data sets — {setting}; "
-                     "dashed: a new data set (first 300 messages: initial batch, not shown)",
-                     fontsize=9)
+        ax.set_title(
+            f"KJIT uncertainty over the sequence of data sets — {setting}; "
+            "dashed: a new data set (first 300 messages: initial batch, not shown)",
+            fontsize=9,
+        )
         ax.legend(loc="upper right", fontsize=8, framealpha=0.9, ncol=3)
     axes[-1, 0].set_xlabel("message sent to the operator (factor invocation)")
     fig.tight_layout()
@@ -200,33 +269,64 @@ def plot_sequence(seq, path):
 
 
 def report(res, datasets, splits):
-    out = [f"`{command()}`", "",
-           "# KJIT-EP on real data (papers/000 §6.1 protocol, logistic regression; "
-           "papers/002 Experiment 5)", "",
-           __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip().replace("``", "`"), "",
-           f"{len(splits)} split(s) per data set; mean ± sample std over splits.", "",
-           f"Library measured: {library_state()}.", ""]
+    out = [
+        f"`{command()}`",
+        "",
+        "# KJIT-EP on real data (papers/000 §6.1 protocol, logistic regression; papers/002 Experiment 5)",
+        "",
+        __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip().replace("``", "`"),
+        "",
+        f"{len(splits)} split(s) per data set; mean ± sample std over splits.",
+        "",
+        f"Library measured: {library_state()}.",
+        "",
+    ]
     for metric, title in (("ll", "test log-likelihood"), ("auc", "test AUC")):
         out += [f"## {title}", ""]
-        rows = [[name] + [pm(res[name, m][metric]) for m in METHODS]
-                + [pm(np.array(res[name, "kjit"][metric]) - np.array(res[name, "ep"][metric]), 4)]
-                for name in datasets]
+        rows = [
+            [name]
+            + [pm(res[name, m][metric]) for m in METHODS]
+            + [pm(np.array(res[name, "kjit"][metric]) - np.array(res[name, "ep"][metric]), 4)]
+            for name in datasets
+        ]
         out += [md_table(("data set",) + METHODS + ("kjit − ep",), rows), ""]
-    out += ["## Cost", "",
-            "fit seconds (mean over splits), sweeps (n_iter), ConvergenceWarnings; KJIT's oracle "
-            "calls / messages sent; time ratio kjit / ep.", ""]
+    out += [
+        "## Cost",
+        "",
+        "fit seconds (mean over splits), sweeps (n_iter), ConvergenceWarnings; KJIT's oracle "
+        "calls / messages sent; time ratio kjit / ep.",
+        "",
+    ]
     rows = []
     for name in datasets:
         r = res[name, "kjit"]
-        rows.append([name] + [f"{np.mean(res[name, m]['s']):.3f}" for m in METHODS]
-                    + [f"{np.mean(res[name, m]['it']):.0f}" for m in ("ep", "kjit")]
-                    + [f"{sum(res[name, m]['warn'])}" for m in ("ep", "kjit")]
-                    + [f"{np.mean(r['calls']):.0f} / {np.mean(r['sends']):.0f} "
-                       f"({np.sum(r['calls']) / np.sum(r['sends']):.2f})",
-                       f"{np.mean(r['s']) / np.mean(res[name, 'ep']['s']):.1f}"])
-    out += [md_table(("data set",) + tuple(f"{m} s" for m in METHODS)
-                     + ("ep sweeps", "kjit sweeps", "ep warn.", "kjit warn.",
-                        "kjit oracle calls / messages (share)", "kjit/ep time"), rows), ""]
+        rows.append(
+            [name]
+            + [f"{np.mean(res[name, m]['s']):.3f}" for m in METHODS]
+            + [f"{np.mean(res[name, m]['it']):.0f}" for m in ("ep", "kjit")]
+            + [f"{sum(res[name, m]['warn'])}" for m in ("ep", "kjit")]
+            + [
+                f"{np.mean(r['calls']):.0f} / {np.mean(r['sends']):.0f} "
+                f"({np.sum(r['calls']) / np.sum(r['sends']):.2f})",
+                f"{np.mean(r['s']) / np.mean(res[name, 'ep']['s']):.1f}",
+            ]
+        )
+    out += [
+        md_table(
+            ("data set",)
+            + tuple(f"{m} s" for m in METHODS)
+            + (
+                "ep sweeps",
+                "kjit sweeps",
+                "ep warn.",
+                "kjit warn.",
+                "kjit oracle calls / messages (share)",
+                "kjit/ep time",
+            ),
+            rows,
+        ),
+        "",
+    ]
     return out
 
 
@@ -246,8 +346,7 @@ def main():
     t0 = time.perf_counter()
     res = run(datasets, splits)
     ep, seq = run_sequence(sequence)
-    out = (report(res, datasets, splits) + report_sequence(ep, seq)
-           + report_tail(time.perf_counter() - t0))
+    out = report(res, datasets, splits) + report_sequence(ep, seq) + report_tail(time.perf_counter() - t0)
     text = "\n".join(out) + "\n"
     if not args.quick:
         (RESULTS / "kjit_classification.md").write_text(text)

@@ -29,6 +29,7 @@ with ``--is-samples`` particles (default 5 × 10⁵, the paper's).  Wall time pe
 ``fit`` time, in the same process, one BLAS thread.
 ``--quick``: 4 problems, IS-EP on 1, 10⁵ particles; printed, not written.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -38,20 +39,21 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import RESULTS, command, library_state, md_table, verdict  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 
-from _common import RESULTS, command, library_state, md_table, verdict  # noqa: E402
 from skcep import CEPLogisticClassifier  # noqa: E402
 from skcep.message_operator import KJITMessageOperator, LogisticFactor  # noqa: E402
 
 D, N, N_TEST, MAX_ITER, BLOCK = 20, 300, 10_000, 10, 60
 #: The operator's defaults before issue 14 (the paper's Experiment 3 settings).
-PREVIOUS_DEFAULTS = dict(noise_variance=1e-4, inner_widths="median", outer_width="median",
-                         uncertainty_threshold=-8.5)
+PREVIOUS_DEFAULTS = dict(noise_variance=1e-4, inner_widths="median", outer_width="median", uncertainty_threshold=-8.5)
 #: The targets of results/kjit_jit.md before issue 14.
-PREVIOUS_RUN = ("error within 0.01 of EP: max |Δ| = 0.0019, mean 0.0007; problems 6–30: 2.4 "
-                "calls of 2988 messages per problem, first problem 369; IS-EP 12.96 s/problem, "
-                "KJIT 0.256 s/problem over all problems (51×), 0.150 s after problem 5 (86×)")
+PREVIOUS_RUN = (
+    "error within 0.01 of EP: max |Δ| = 0.0019, mean 0.0007; problems 6–30: 2.4 "
+    "calls of 2988 messages per problem, first problem 369; IS-EP 12.96 s/problem, "
+    "KJIT 0.256 s/problem over all problems (51×), 0.150 s after problem 5 (86×)"
+)
 
 
 class ImportanceSampler:
@@ -104,8 +106,9 @@ def main():
 
     operators = {  # carried from problem to problem
         "kjit": KJITMessageOperator(oracle=ImportanceSampler(args.is_samples, seed=1), random_state=0),
-        "prev": KJITMessageOperator(oracle=ImportanceSampler(args.is_samples, seed=1), random_state=0,
-                                    **PREVIOUS_DEFAULTS),
+        "prev": KJITMessageOperator(
+            oracle=ImportanceSampler(args.is_samples, seed=1), random_state=0, **PREVIOUS_DEFAULTS
+        ),
     }
     rows, trace, bounds = [], [], []
     res = {k: {"err": [], "s": []} for k in ("ep", "kjit", "prev", "is")}
@@ -138,11 +141,21 @@ def main():
             res["is"]["s"].append(fit_timed(isep, X, y))
             res["is"]["err"].append(1.0 - isep.score(X_test, y_test))
             is_cell = (f"{res['is']['err'][-1]:.4f}", f"{res['is']['s'][-1]:.2f}")
-        rows.append([p + 1, f"{res['ep']['err'][-1]:.4f}", f"{res['kjit']['err'][-1]:.4f}",
-                     f"{res['prev']['err'][-1]:.4f}", is_cell[0],
-                     f"{calls['kjit'][-1]} / {calls['prev'][-1]}",
-                     f"{sends['kjit'][-1]} / {sends['prev'][-1]}", f"{res['ep']['s'][-1]:.3f}",
-                     f"{res['kjit']['s'][-1]:.3f}", f"{res['prev']['s'][-1]:.3f}", is_cell[1]])
+        rows.append(
+            [
+                p + 1,
+                f"{res['ep']['err'][-1]:.4f}",
+                f"{res['kjit']['err'][-1]:.4f}",
+                f"{res['prev']['err'][-1]:.4f}",
+                is_cell[0],
+                f"{calls['kjit'][-1]} / {calls['prev'][-1]}",
+                f"{sends['kjit'][-1]} / {sends['prev'][-1]}",
+                f"{res['ep']['s'][-1]:.3f}",
+                f"{res['kjit']['s'][-1]:.3f}",
+                f"{res['prev']['s'][-1]:.3f}",
+                is_cell[1],
+            ]
+        )
         print(rows[-1], flush=True)
 
     late = slice(min(5, args.problems - 1), None)
@@ -152,47 +165,87 @@ def main():
     for key in ("kjit", "prev"):
         gap = np.abs(np.array(res[key]["err"]) - np.array(res["ep"]["err"]))
         s_all, s_late = float(np.mean(res[key]["s"])), float(np.mean(res[key]["s"][late]))
-        summary[key] = dict(gap=gap, late_calls=float(np.mean(calls[key][late])),
-                            late_sends=float(np.mean(sends[key][late])), first=calls[key][0],
-                            s_all=s_all, s_late=s_late, speed_all=is_s / s_all,
-                            speed_late=is_s / s_late)
+        summary[key] = dict(
+            gap=gap,
+            late_calls=float(np.mean(calls[key][late])),
+            late_sends=float(np.mean(sends[key][late])),
+            first=calls[key][0],
+            s_all=s_all,
+            s_late=s_late,
+            speed_all=is_s / s_all,
+            speed_late=is_s / s_late,
+        )
 
     def target_rows(key, name):
         m = summary[key]
         return [
-            [f"{name}: error within 0.01 of exact EP (every problem)",
-             f"max |Δ| = {m['gap'].max():.4f}, mean {m['gap'].mean():.4f}", verdict(m["gap"].max() <= 0.01)],
-            [f"{name}: oracle calls near zero after the first few problems",
-             f"problems {late.start + 1}–{args.problems}: {m['late_calls']:.1f} calls of "
-             f"{m['late_sends']:.0f} messages per problem; first problem {m['first']}",
-             verdict(m["late_calls"] <= 0.01 * m["late_sends"])],
-            [f"{name}: ≥ 100× faster than IS-EP",
-             f"IS-EP {is_s:.2f} s/problem; {m['s_all']:.3f} s/problem over all problems "
-             f"({m['speed_all']:.0f}×), {m['s_late']:.3f} s after problem {late.start} "
-             f"({m['speed_late']:.0f}×); exact EP {ep_s:.3f} s",
-             "**met**" if m["speed_all"] >= 100 else ("**met after warm-up only**"
-                                                       if m["speed_late"] >= 100 else "**not met**")],
+            [
+                f"{name}: error within 0.01 of exact EP (every problem)",
+                f"max |Δ| = {m['gap'].max():.4f}, mean {m['gap'].mean():.4f}",
+                verdict(m["gap"].max() <= 0.01),
+            ],
+            [
+                f"{name}: oracle calls near zero after the first few problems",
+                f"problems {late.start + 1}–{args.problems}: {m['late_calls']:.1f} calls of "
+                f"{m['late_sends']:.0f} messages per problem; first problem {m['first']}",
+                verdict(m["late_calls"] <= 0.01 * m["late_sends"]),
+            ],
+            [
+                f"{name}: ≥ 100× faster than IS-EP",
+                f"IS-EP {is_s:.2f} s/problem; {m['s_all']:.3f} s/problem over all problems "
+                f"({m['speed_all']:.0f}×), {m['s_late']:.3f} s after problem {late.start} "
+                f"({m['speed_late']:.0f}×); exact EP {ep_s:.3f} s",
+                "**met**"
+                if m["speed_all"] >= 100
+                else ("**met after warm-up only**" if m["speed_late"] >= 100 else "**not met**"),
+            ],
         ]
 
-    out = [f"`{command()}`", "",
-           "# Just-in-time EP with a KJIT operator (papers/002 Experiment 3)", "",
-           __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip().replace("``", "`"), "",
-           f"Library measured: {library_state()}.  IS particles: {args.is_samples}; IS-EP run on "
-           f"the first {args.is_problems} problem(s).", "",
-           "## Per problem", "",
-           "error = test classification error of the posterior mean; oracle calls and messages = "
-           "the operator's importance-sampler calls and all messages it was sent in that problem "
-           "(KJIT / KJIT previous); seconds = fit time.", "",
-           md_table(("problem", "EP error", "KJIT error", "KJIT (previous) error", "IS-EP error",
-                     "oracle calls", "messages", "EP s", "KJIT s", "KJIT (previous) s",
-                     "IS-EP s"), rows), "",
-           "## Targets", "",
-           "Previous results file (skcep source 9d9cf82653, the previous defaults, run alone): "
-           + PREVIOUS_RUN + ".", "",
-           md_table(("target", "measured", "verdict"),
-                    target_rows("kjit", "KJIT") + target_rows("prev", "KJIT (previous)")), "",
-           "![predictive variance trace](kjit_jit_trace.png) ![error and time](kjit_jit_error_time.png)", "",
-           f"Total run time {(time.perf_counter() - t_start) / 60:.1f} min."]
+    out = [
+        f"`{command()}`",
+        "",
+        "# Just-in-time EP with a KJIT operator (papers/002 Experiment 3)",
+        "",
+        __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip().replace("``", "`"),
+        "",
+        f"Library measured: {library_state()}.  IS particles: {args.is_samples}; IS-EP run on "
+        f"the first {args.is_problems} problem(s).",
+        "",
+        "## Per problem",
+        "",
+        "error = test classification error of the posterior mean; oracle calls and messages = "
+        "the operator's importance-sampler calls and all messages it was sent in that problem "
+        "(KJIT / KJIT previous); seconds = fit time.",
+        "",
+        md_table(
+            (
+                "problem",
+                "EP error",
+                "KJIT error",
+                "KJIT (previous) error",
+                "IS-EP error",
+                "oracle calls",
+                "messages",
+                "EP s",
+                "KJIT s",
+                "KJIT (previous) s",
+                "IS-EP s",
+            ),
+            rows,
+        ),
+        "",
+        "## Targets",
+        "",
+        "Previous results file (skcep source 9d9cf82653, the previous defaults, run alone): " + PREVIOUS_RUN + ".",
+        "",
+        md_table(
+            ("target", "measured", "verdict"), target_rows("kjit", "KJIT") + target_rows("prev", "KJIT (previous)")
+        ),
+        "",
+        "![predictive variance trace](kjit_jit_trace.png) ![error and time](kjit_jit_error_time.png)",
+        "",
+        f"Total run time {(time.perf_counter() - t_start) / 60:.1f} min.",
+    ]
     text = "\n".join(out) + "\n"
     print(text)
     if args.quick:

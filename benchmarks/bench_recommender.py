@@ -53,6 +53,7 @@ from ``--quick``).
 ``--only NAME``: only the rows whose name contains NAME (case-insensitive; CPU ratios need
 "myfm ordered probit" among them); the report then goes to ``results/recommender_only.md``.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -67,19 +68,19 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 import surprise  # noqa: E402
+from _common import command, library_state, machine_lines, md_table, pm, warning_lines, write_report  # noqa: E402
+from bench_cp_movielens import movielens_split  # noqa: E402
 from scipy.special import log_ndtr  # noqa: E402
 from sklearn.preprocessing import OneHotEncoder  # noqa: E402
 
-from _common import command, library_state, machine_lines, md_table, pm, warning_lines, write_report  # noqa: E402
-from bench_cp_movielens import movielens_split  # noqa: E402
 from skcep import BayesianCPTensor, StreamingDeepTensor  # noqa: E402
 from skcep.datasets import load_movielens  # noqa: E402
 
-RANK = 10                         # rank of the skcep models: that of myfm's tutorials
-FM_RANK = 10                      # myfm's tutorials
-FM_SEED = 42                      # myfm's tutorials (and its default)
-BATCH = 256                       # streaming batch of StreamingDeepTensor
-LEVELS = np.arange(1, 11) / 2     # the ten half-star levels 0.5 … 5.0
+RANK = 10  # rank of the skcep models: that of myfm's tutorials
+FM_RANK = 10  # myfm's tutorials
+FM_SEED = 42  # myfm's tutorials (and its default)
+BATCH = 256  # streaming batch of StreamingDeepTensor
+LEVELS = np.arange(1, 11) / 2  # the ten half-star levels 0.5 … 5.0
 Z95 = 1.959963984540054
 REFERENCE = "myfm ordered probit"  # CPU time ratios are to this row
 TABLES = {2: "(user, movie)", 3: "(user, movie, time bin)"}
@@ -91,11 +92,19 @@ WARNINGS_SEEN = {}
 # ------------------------------------------------------------------------------------------
 # data and scoring
 
+
 def split_data(d, seed, modes):
     train, test = movielens_split(seed)
     X = np.ascontiguousarray(d.X[:, :modes])
-    return dict(seed=seed, modes=modes, shape=tuple(d.shape[:modes]),
-                X_tr=X[train], y_tr=d.y[train], X_te=X[test], y_te=d.y[test])
+    return dict(
+        seed=seed,
+        modes=modes,
+        shape=tuple(d.shape[:modes]),
+        X_tr=X[train],
+        y_tr=d.y[train],
+        X_te=X[test],
+        y_te=d.y[test],
+    )
 
 
 def level_index(y):
@@ -135,8 +144,12 @@ def score(y, mean, sd, proba):
         cdf = np.cumsum(P, axis=1)
         lo, hi = np.argmax(cdf >= 0.025, axis=1), np.argmax(cdf >= 0.975, axis=1)
         short_lo, short_hi = shortest_level_interval(P)
-        return (rmse, float(logp.mean()), float(np.mean((lo <= k) & (k <= hi))),
-                float(np.mean((short_lo <= k) & (k <= short_hi))))
+        return (
+            rmse,
+            float(logp.mean()),
+            float(np.mean((lo <= k) & (k <= hi))),
+            float(np.mean((short_lo <= k) & (k <= short_hi))),
+        )
     if sd is None:
         return rmse, float("nan"), float("nan"), float("nan")
     lower = np.where(k == 0, -np.inf, y - 0.25)
@@ -156,15 +169,23 @@ def timed(fit):
 # ------------------------------------------------------------------------------------------
 # rows: each returns (mean, sd or None, level probabilities or None, cpu_s, wall_s)
 
-IMPLICIT = {0: 1, 1: 0}            # implicit_modes of the "+ implicit" rows: users from movies and back
+IMPLICIT = {0: 1, 1: 0}  # implicit_modes of the "+ implicit" rows: users from movies and back
 
 
 def cp_row(likelihood, implicit=False):
     def fitter(s, cfg):
-        est = BayesianCPTensor(rank=RANK, likelihood=likelihood, mode_bias=True, random_state=0,
-                               shape=s["shape"], implicit_modes=IMPLICIT if implicit else None, **cfg["cp"])
+        est = BayesianCPTensor(
+            rank=RANK,
+            likelihood=likelihood,
+            mode_bias=True,
+            random_state=0,
+            shape=s["shape"],
+            implicit_modes=IMPLICIT if implicit else None,
+            **cfg["cp"],
+        )
         cpu, wall = timed(lambda: est.fit(s["X_tr"], s["y_tr"]))
         return predictions(est, s, cpu, wall)
+
     return fitter
 
 
@@ -181,8 +202,7 @@ def predictions(est, s, cpu, wall):
 
 def sbdt_warm_up(s):
     """Compile (or load from numba's cache) SBDT's loop before anything is timed."""
-    StreamingDeepTensor(rank=RANK, shape=s["shape"], random_state=0).partial_fit(s["X_tr"][:BATCH],
-                                                                                 s["y_tr"][:BATCH])
+    StreamingDeepTensor(rank=RANK, shape=s["shape"], random_state=0).partial_fit(s["X_tr"][:BATCH], s["y_tr"][:BATCH])
 
 
 def sbdt_row(likelihood):
@@ -193,11 +213,12 @@ def sbdt_row(likelihood):
 
         def one_pass():
             for b in range(0, order.size, BATCH):
-                idx = order[b:b + BATCH]
+                idx = order[b : b + BATCH]
                 est.partial_fit(s["X_tr"][idx], s["y_tr"][idx], **(classes if b == 0 else {}))
 
         cpu, wall = timed(one_pass)
         return predictions(est, s, cpu, wall)
+
     return fitter
 
 
@@ -215,6 +236,7 @@ def surprise_row(cls):
         resid_sd = float(np.std(s["y_tr"] - surprise_predict(algo, s["X_tr"])))
         mean = surprise_predict(algo, s["X_te"])
         return mean, np.full(mean.shape, resid_sd), None, cpu, wall
+
     return fitter
 
 
@@ -228,8 +250,7 @@ def fm_features(s, implicit):
     X_tr, X_te = s["X_tr"], s["X_te"]
     if not implicit:
         ohe = OneHotEncoder(handle_unknown="ignore")
-        return (ohe.fit_transform(X_tr).tocsr(), [], ohe.transform(X_te).tocsr(), [],
-                [len(c) for c in ohe.categories_])
+        return (ohe.fit_transform(X_tr).tocsr(), [], ohe.transform(X_te).tocsr(), [], [len(c) for c in ohe.categories_])
     n_users, n_movies = s["shape"][:2]
     ohe_u = OneHotEncoder(handle_unknown="ignore").fit(X_tr[:, :1])
     ohe_m = OneHotEncoder(handle_unknown="ignore").fit(X_tr[:, 1:2])
@@ -250,8 +271,13 @@ def fm_features(s, implicit):
         empty = (sp.csr_matrix((len(X_tr), 0)), sp.csr_matrix((len(X_te), 0)))
         return empty[0], blocks(X_tr), empty[1], blocks(X_te), groups
     ohe_t = OneHotEncoder(handle_unknown="ignore")
-    return (ohe_t.fit_transform(X_tr[:, 2:3]).tocsr(), blocks(X_tr), ohe_t.transform(X_te[:, 2:3]).tocsr(),
-            blocks(X_te), [len(ohe_t.categories_[0])] + groups)
+    return (
+        ohe_t.fit_transform(X_tr[:, 2:3]).tocsr(),
+        blocks(X_tr),
+        ohe_t.transform(X_te[:, 2:3]).tocsr(),
+        blocks(X_te),
+        [len(ohe_t.categories_[0])] + groups,
+    )
 
 
 def fm_row(kind, implicit):
@@ -260,16 +286,19 @@ def fm_row(kind, implicit):
         n = cfg["fm_iter"]
         if kind == "ordinal":
             fm = myfm.MyFMOrderedProbit(rank=FM_RANK, random_seed=FM_SEED)
-            cpu, wall = timed(lambda: fm.fit(X_tr, level_index(s["y_tr"]), X_rel=b_tr, n_iter=n,
-                                             n_kept_samples=n, group_shapes=groups))
+            cpu, wall = timed(
+                lambda: fm.fit(
+                    X_tr, level_index(s["y_tr"]), X_rel=b_tr, n_iter=n, n_kept_samples=n, group_shapes=groups
+                )
+            )
             proba = fm.predict_proba(X_te, b_te)
             return proba @ LEVELS, None, proba, cpu, wall
         fm = myfm.MyFMRegressor(rank=FM_RANK, random_seed=FM_SEED)
-        cpu, wall = timed(lambda: fm.fit(X_tr, s["y_tr"], X_rel=b_tr, n_iter=n, n_kept_samples=n,
-                                         group_shapes=groups))
+        cpu, wall = timed(lambda: fm.fit(X_tr, s["y_tr"], X_rel=b_tr, n_iter=n, n_kept_samples=n, group_shapes=groups))
         means = np.array([sample.predict_score(X_te, b_te) for sample in fm.predictor_.samples])
-        noise_var = 1 / np.array([h.alpha for h in fm.history_.hypers])[-len(means):]
+        noise_var = 1 / np.array([h.alpha for h in fm.history_.hypers])[-len(means) :]
         return means.mean(axis=0), np.sqrt(means.var(axis=0) + noise_var.mean()), None, cpu, wall
+
     return fitter
 
 
@@ -320,10 +349,33 @@ def table(results, names):
     for name in names:
         r = results[name]
         ratio = [c / ref for c, ref in zip(r["cpu"], results[REFERENCE]["cpu"])] if REFERENCE in results else []
-        rows.append([name, ROWS[name][2], pm(r["rmse"], 4), pm(r["logp"], 4), pm(r["cover"], 3),
-                     pm(r["cover_short"], 3), pm(r["cpu"], 1), pm(r["wall"], 1), pm(ratio, 2) if ratio else "–"])
-    return md_table(["model", "predictive distribution", "test RMSE", "mean log P(half star)", "95 % coverage",
-                     "95 % coverage, shortest", "fit CPU s", "fit wall s", f"CPU ÷ {REFERENCE}"], rows)
+        rows.append(
+            [
+                name,
+                ROWS[name][2],
+                pm(r["rmse"], 4),
+                pm(r["logp"], 4),
+                pm(r["cover"], 3),
+                pm(r["cover_short"], 3),
+                pm(r["cpu"], 1),
+                pm(r["wall"], 1),
+                pm(ratio, 2) if ratio else "–",
+            ]
+        )
+    return md_table(
+        [
+            "model",
+            "predictive distribution",
+            "test RMSE",
+            "mean log P(half star)",
+            "95 % coverage",
+            "95 % coverage, shortest",
+            "fit CPU s",
+            "fit wall s",
+            f"CPU ÷ {REFERENCE}",
+        ],
+        rows,
+    )
 
 
 def loss(key, values):
@@ -337,8 +389,10 @@ def compare(key, results, a, b):
     va, vb = np.asarray(results[a][key], float), np.asarray(results[b][key], float)
     lead = np.mean(loss(key, va)) < np.mean(loss(key, vb))
     diff = pm(va - vb, 4)
-    return (f"{METRICS[key][0]}: skcep {'leads' if lead else 'trails'} — {a} {np.mean(va):.4f} vs {b} "
-            f"{np.mean(vb):.4f} (difference skcep − peer per split: {diff})")
+    return (
+        f"{METRICS[key][0]}: skcep {'leads' if lead else 'trails'} — {a} {np.mean(va):.4f} vs {b} "
+        f"{np.mean(vb):.4f} (difference skcep − peer per split: {diff})"
+    )
 
 
 def verdict_lines(results, modes):
@@ -352,50 +406,55 @@ def verdict_lines(results, modes):
         if mine and theirs:
             best = [min(group, key=lambda n: np.mean(loss(key, results[n][key]))) for group in (mine, theirs)]
             lines.append(f"- {TABLES[modes]}, best of each side, " + compare(key, results, *best))
-    for a, b in (("skcep BayesianCPTensor gaussian", "myfm regressor"),
-                 ("skcep BayesianCPTensor ordinal", "myfm ordered probit"),
-                 ("skcep BayesianCPTensor gaussian + implicit", "myfm regressor + implicit"),
-                 ("skcep BayesianCPTensor ordinal + implicit", "myfm ordered probit + implicit")):
+    for a, b in (
+        ("skcep BayesianCPTensor gaussian", "myfm regressor"),
+        ("skcep BayesianCPTensor ordinal", "myfm ordered probit"),
+        ("skcep BayesianCPTensor gaussian + implicit", "myfm regressor + implicit"),
+        ("skcep BayesianCPTensor ordinal + implicit", "myfm ordered probit + implicit"),
+    ):
         if a in names and b in names:
             lines += [f"- {TABLES[modes]}, like for like, " + compare(key, results, a, b) for key in METRICS]
     return lines
 
 
 def protocol(splits, cfg, quick):
-    return (f"MovieLens-small (`load_movielens(binary=False)`, 100,004 ratings in half stars), "
-            f"{len(splits)} random 90/10 splits (`movielens_split(seed)` of `bench_cp_movielens.py`, seeds "
-            f"{', '.join(map(str, splits))}); every row fitted on the training part of each split and scored on "
-            "its test part; mean ± sd over splits. skcep: `BayesianCPTensor(rank=" f"{RANK}, likelihood=L, "
-            "mode_bias=True, random_state=0, shape=full shape)` with L = gaussian or ordinal, other parameters at "
-            f"their defaults{' except max_iter=10' if quick else ''}; *+ implicit*: the same with "
-            f"`implicit_modes={IMPLICIT}` (each user's embedding plus the normalised sum of learned vectors of the "
-            "movies rated in the training part, and each movie's from its users); "
-            f"`StreamingDeepTensor(rank={RANK}, likelihood=L, shape=full "
-            "shape, random_state=0)` at its defaults otherwise, one pass of `partial_fit` over the "
-            f"training entries shuffled by `default_rng(seed)`, batches of {BATCH} (ordinal: every level passed as "
-            "`classes` on the first), numba compiled beforehand. "
-            "scikit-surprise `SVD()` and `SVDpp()` at their defaults (`random_state=0`"
-            f"{', n_epochs=2' if quick else ''}), rating scale (0.5, 5.0), user and movie only (the same fits in "
-            f"both tables). myfm {myfm.__version__}: `MyFMRegressor` / `MyFMOrderedProbit(rank={FM_RANK}, "
-            f"random_seed={FM_SEED})`, Gibbs `n_iter={cfg['fm_iter']}` with every sample kept, one-hot user and movie "
-            "(`OneHotEncoder(handle_unknown='ignore')` on the training entries) and, in the 3-mode table, the time "
-            "bin as a third one-hot group, one prior group per feature group (`group_shapes`), as in myfm's MovieLens "
-            "tutorials; *+ implicit*: the SVD++-like features of myfm's relation-block tutorial (per user the "
-            "movies rated in the training part, per movie the users who rated it, each weighted 1/√count, as "
-            "separate groups) given as `RelationBlock`s (the same design matrix as appended columns). "
-            "Ordered probits get the classes 2·rating − 1 = 0 … 9. Metrics: RMSE of the predicted mean "
-            "(level models: the expected level); mean log-probability of the observed half star — level models "
-            "log P(level), Gaussian models log of the predictive mass of [y − 0.25, y + 0.25] (open tails for "
-            "0.5 and 5.0); "
-            "95 % coverage — Gaussian: y within mean ± 1.96 sd; level models: y among the levels from the 2.5 % "
-            "to the 97.5 % quantile of the predicted level distribution, inclusive (a set holding ≥ 95 %); "
-            "*shortest*: y in the shortest run of consecutive levels holding ≥ 95 % (of equally short runs the "
-            "one holding most; for Gaussian models the central interval, which is the shortest). "
-            "Predictive sd: skcep's `predict(return_std=True)`; myfm regressor: the Gibbs mixture moment-matched "
-            "(variance of the sampled means + mean sampled noise variance 1/α); SVD and SVD++ give point "
-            "predictions, so their sd is the sd of their training residuals (a plug-in, not a posterior). "
-            "Fit CPU s = `time.process_time` around `fit` (feature building, prediction and scoring excluded), "
-            f"one BLAS thread; CPU ÷ {REFERENCE} = the ratio to that row's CPU time on the same split and table.")
+    return (
+        f"MovieLens-small (`load_movielens(binary=False)`, 100,004 ratings in half stars), "
+        f"{len(splits)} random 90/10 splits (`movielens_split(seed)` of `bench_cp_movielens.py`, seeds "
+        f"{', '.join(map(str, splits))}); every row fitted on the training part of each split and scored on "
+        "its test part; mean ± sd over splits. skcep: `BayesianCPTensor(rank="
+        f"{RANK}, likelihood=L, "
+        "mode_bias=True, random_state=0, shape=full shape)` with L = gaussian or ordinal, other parameters at "
+        f"their defaults{' except max_iter=10' if quick else ''}; *+ implicit*: the same with "
+        f"`implicit_modes={IMPLICIT}` (each user's embedding plus the normalised sum of learned vectors of the "
+        "movies rated in the training part, and each movie's from its users); "
+        f"`StreamingDeepTensor(rank={RANK}, likelihood=L, shape=full "
+        "shape, random_state=0)` at its defaults otherwise, one pass of `partial_fit` over the "
+        f"training entries shuffled by `default_rng(seed)`, batches of {BATCH} (ordinal: every level passed as "
+        "`classes` on the first), numba compiled beforehand. "
+        "scikit-surprise `SVD()` and `SVDpp()` at their defaults (`random_state=0`"
+        f"{', n_epochs=2' if quick else ''}), rating scale (0.5, 5.0), user and movie only (the same fits in "
+        f"both tables). myfm {myfm.__version__}: `MyFMRegressor` / `MyFMOrderedProbit(rank={FM_RANK}, "
+        f"random_seed={FM_SEED})`, Gibbs `n_iter={cfg['fm_iter']}` with every sample kept, one-hot user and movie "
+        "(`OneHotEncoder(handle_unknown='ignore')` on the training entries) and, in the 3-mode table, the time "
+        "bin as a third one-hot group, one prior group per feature group (`group_shapes`), as in myfm's MovieLens "
+        "tutorials; *+ implicit*: the SVD++-like features of myfm's relation-block tutorial (per user the "
+        "movies rated in the training part, per movie the users who rated it, each weighted 1/√count, as "
+        "separate groups) given as `RelationBlock`s (the same design matrix as appended columns). "
+        "Ordered probits get the classes 2·rating − 1 = 0 … 9. Metrics: RMSE of the predicted mean "
+        "(level models: the expected level); mean log-probability of the observed half star — level models "
+        "log P(level), Gaussian models log of the predictive mass of [y − 0.25, y + 0.25] (open tails for "
+        "0.5 and 5.0); "
+        "95 % coverage — Gaussian: y within mean ± 1.96 sd; level models: y among the levels from the 2.5 % "
+        "to the 97.5 % quantile of the predicted level distribution, inclusive (a set holding ≥ 95 %); "
+        "*shortest*: y in the shortest run of consecutive levels holding ≥ 95 % (of equally short runs the "
+        "one holding most; for Gaussian models the central interval, which is the shortest). "
+        "Predictive sd: skcep's `predict(return_std=True)`; myfm regressor: the Gibbs mixture moment-matched "
+        "(variance of the sampled means + mean sampled noise variance 1/α); SVD and SVD++ give point "
+        "predictions, so their sd is the sd of their training residuals (a plug-in, not a posterior). "
+        "Fit CPU s = `time.process_time` around `fit` (feature building, prediction and scoring excluded), "
+        f"one BLAS thread; CPU ÷ {REFERENCE} = the ratio to that row's CPU time on the same split and table."
+    )
 
 
 def main():
@@ -423,27 +482,46 @@ def main():
                 for k, v in cache[key].items():
                     results[name][k].append(v)
                 got = cache[key]
-                print(f"[{(time.perf_counter() - t_start) / 60:5.1f} min] {TABLES[modes]} split {seed} {name}: "
-                      f"RMSE {got['rmse']:.4f}, log P {got['logp']:.4f}, coverage {got['cover']:.3f}, "
-                      f"CPU {got['cpu']:.1f} s, wall {got['wall']:.1f} s", flush=True)
+                print(
+                    f"[{(time.perf_counter() - t_start) / 60:5.1f} min] {TABLES[modes]} split {seed} {name}: "
+                    f"RMSE {got['rmse']:.4f}, log P {got['logp']:.4f}, coverage {got['cover']:.3f}, "
+                    f"CPU {got['cpu']:.1f} s, wall {got['wall']:.1f} s",
+                    flush=True,
+                )
         tables[modes] = results
     load1 = os.getloadavg()
-    out = ["# Recommender benchmark on MovieLens-small: skcep against SVD, SVD++ and Bayesian FMs", "",
-           f"`{command()}`", "", library_state(), "", *machine_lines(),
-           f"- load average (1 min): {load0[0]:.1f} at the start, {load1[0]:.1f} at the end; run time "
-           f"{(time.perf_counter() - t_start) / 60:.1f} min", "",
-           protocol(splits, cfg, args.quick), ""]
+    out = [
+        "# Recommender benchmark on MovieLens-small: skcep against SVD, SVD++ and Bayesian FMs",
+        "",
+        f"`{command()}`",
+        "",
+        library_state(),
+        "",
+        *machine_lines(),
+        f"- load average (1 min): {load0[0]:.1f} at the start, {load1[0]:.1f} at the end; run time "
+        f"{(time.perf_counter() - t_start) / 60:.1f} min",
+        "",
+        protocol(splits, cfg, args.quick),
+        "",
+    ]
     for modes, results in tables.items():
         out += [f"## {TABLES[modes]}", ""]
         if modes == 3:
-            out += ["surprise rows: user and movie only (the fits of the (user, movie) table); myfm: the time bin "
-                    "as a third one-hot group; skcep: the 3-mode tensor.", ""]
+            out += [
+                "surprise rows: user and movie only (the fits of the (user, movie) table); myfm: the time bin "
+                "as a third one-hot group; skcep: the 3-mode tensor.",
+                "",
+            ]
         out += [table(results, names), ""]
-    out += ["## Where skcep leads / trails", "",
-            "Generated from the tables above (means over splits; coverage: closer to 0.95 is better; "
-            "RMSE and CPU: lower; log P: higher). *Best of each side*: the best skcep row against the best "
-            "other row on that metric; *like for like*: the same kind of model (Bayesian factorization with "
-            "biases, Gaussian or ordered probit).", ""]
+    out += [
+        "## Where skcep leads / trails",
+        "",
+        "Generated from the tables above (means over splits; coverage: closer to 0.95 is better; "
+        "RMSE and CPU: lower; log P: higher). *Best of each side*: the best skcep row against the best "
+        "other row on that metric; *like for like*: the same kind of model (Bayesian factorization with "
+        "biases, Gaussian or ordered probit).",
+        "",
+    ]
     for modes, results in tables.items():
         out += verdict_lines(results, modes)
     out += ["", "## Warnings raised (count, message)", "", *warning_lines(WARNINGS_SEEN)]

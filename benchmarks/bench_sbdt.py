@@ -1,4 +1,4 @@
-"""Streaming Bayesian deep tensor factorization (SBDT) on MovieLens-small (papers/004 §6, SPEC §6).
+"""Streaming Bayesian deep tensor factorization (SBDT) on MovieLens-small (Fang et al., ICML 2021, §6).
 
 Command (writes ``benchmarks/results/sbdt_movielens.md``, ``sbdt_running.png`` and
 ``sbdt_inclusion.png``)::
@@ -48,10 +48,12 @@ Run order (items after the first three are skipped once ``--budget`` minutes are
 listed as skipped): (1) baselines; (2) seed 0: every SBDT and streaming-CP configuration, with
 running curves; (3) the batch CP fits; (4) SBDT seeds 1 and 2; (5) streaming CP seeds 1 and 2,
 rank 3 first.  Most of the time goes to the streaming CP runs at rank 8 (each
-``BayesianCPTensor.partial_fit`` call costs O(objects · rank³), not O(batch)).  Mean ± sample sd over the seeds run (n in brackets).
+``BayesianCPTensor.partial_fit`` call costs O(objects · rank³), not O(batch)).  Mean ± sample sd over the seeds
+run (n in brackets).
 ``--quick``: 10 batches (2,560 training entries), seed 0 only, batch fits of 5 sweeps
 without biases; printed, plots to the temporary directory, nothing written here.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -67,22 +69,22 @@ import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from sklearn.metrics import roc_auc_score  # noqa: E402
-
 from _common import RESULTS, command, hand_notes, library_state, md_table, pm, verdict, warning_lines  # noqa: E402
 from bench_cp_movielens import baselines, movielens_split, rmse, validation_split  # noqa: E402
-from skcep.datasets import load_movielens  # noqa: E402
+from sklearn.metrics import roc_auc_score  # noqa: E402
+
 from skcep import BayesianCPTensor, StreamingDeepTensor  # noqa: E402
+from skcep.datasets import load_movielens  # noqa: E402
 
 BATCH = 256
 RANKS = (3, 8)
 ACTIVATIONS = ("relu", "tanh")
 CP_METHODS = ("vmp", "cep")
 SEEDS = (0, 1, 2)
-EVAL_EVERY = 8               # batches between two running evaluations (seed 0)
+EVAL_EVERY = 8  # batches between two running evaluations (seed 0)
 BATCH_MAX_ITER = 50
 THROUGHPUT_RANK = 8
-THROUGHPUT_TARGET = 80_000   # entries per CPU second (issue 15)
+THROUGHPUT_TARGET = 80_000  # entries per CPU second (issue 15)
 THROUGHPUT_GOAL = 100_000
 PAPER_RATE = 1e6 / 6928 * 0.9  # ≈ 130 entries/s: SBDT-ReLU (Theano), MovieLens-1M, r = 8, batch 128
 LIKELIHOODS = {"gaussian": "RMSE", "probit": "AUC"}
@@ -133,6 +135,7 @@ NOTES = """
 # ------------------------------------------------------------------------------------------
 # models and streams
 
+
 def sbdt_name(activation):
     return f"SBDT-{'ReLU' if activation == 'relu' else 'tanh'}"
 
@@ -142,14 +145,27 @@ def cp_name(method):
 
 
 def make_sbdt(likelihood, rank, activation, shape, seed):
-    return StreamingDeepTensor(rank=rank, hidden_layer_sizes=(50, 50), activation=activation,
-                               likelihood=likelihood, batch_size=BATCH, shape=shape,
-                               random_state=seed)
+    return StreamingDeepTensor(
+        rank=rank,
+        hidden_layer_sizes=(50, 50),
+        activation=activation,
+        likelihood=likelihood,
+        batch_size=BATCH,
+        shape=shape,
+        random_state=seed,
+    )
 
 
 def make_cp(likelihood, rank, method, shape, seed):
-    return BayesianCPTensor(rank=rank, likelihood=likelihood, method=method, shape=shape, prior_variance=1.0,
-                            warm_up_entries=0, random_state=seed)  # one pass, no refits; the fixed prior
+    return BayesianCPTensor(
+        rank=rank,
+        likelihood=likelihood,
+        method=method,
+        shape=shape,
+        prior_variance=1.0,
+        warm_up_entries=0,
+        random_state=seed,
+    )  # one pass, no refits; the fixed prior
 
 
 def record_warnings(caught):
@@ -179,7 +195,7 @@ def stream(est, d, order, te, likelihood, eval_every):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for b in range(n_batches):
-            idx = order[b * BATCH:(b + 1) * BATCH]
+            idx = order[b * BATCH : (b + 1) * BATCH]
             t0, c0 = time.perf_counter(), time.process_time()
             est.partial_fit(X[idx], y[idx], classes=classes)
             fit_s += time.perf_counter() - t0
@@ -201,41 +217,76 @@ def run_stream(kind, variant, likelihood, rank, seed, data, order, te, eval_ever
     else:
         est, name = make_cp(likelihood, rank, variant, d.shape, seed), cp_name(variant)
     est, fit_s, cpu_s, curve = stream(est, d, order, te, likelihood, eval_every)
-    row = dict(kind=kind, model=name, likelihood=likelihood, rank=rank, seed=seed,
-               metric=test_metric(est, d.X[te], d.y[te], likelihood), fit_s=fit_s,
-               rate=order.size / fit_s, cpu_rate=order.size / cpu_s, curve=curve, n=order.size)
+    row = dict(
+        kind=kind,
+        model=name,
+        likelihood=likelihood,
+        rank=rank,
+        seed=seed,
+        metric=test_metric(est, d.X[te], d.y[te], likelihood),
+        fit_s=fit_s,
+        rate=order.size / fit_s,
+        cpu_rate=order.size / cpu_s,
+        curve=curve,
+        n=order.size,
+    )
     if kind == "sbdt":
         row["n_seen"] = int(est.n_seen_)
         row["tau"] = float(est.noise_precision_) if likelihood == "gaussian" else None
         if seed == 0 and rank == THROUGHPUT_RANK:
-            row["weights"] = dict(mean=[np.asarray(w) for w in est.weights_],
-                                  var=[np.asarray(v) for v in est.weight_variances_],
-                                  incl=[np.asarray(c) for c in est.inclusion_prob_])
+            row["weights"] = dict(
+                mean=[np.asarray(w) for w in est.weights_],
+                var=[np.asarray(v) for v in est.weight_variances_],
+                incl=[np.asarray(c) for c in est.inclusion_prob_],
+            )
     else:
         row["size"] = factor_size(est)
         row["tau"] = float(est.noise_precision_) if likelihood == "gaussian" else None
-    log(f"{likelihood} rank {rank} seed {seed} {name}: {LIKELIHOODS[likelihood]} {row['metric']:.4f} "
-        f"({fit_s:.1f} s in partial_fit, {row['rate']:,.0f} entries/s wall, {row['cpu_rate']:,.0f} CPU)")
+    log(
+        f"{likelihood} rank {rank} seed {seed} {name}: {LIKELIHOODS[likelihood]} {row['metric']:.4f} "
+        f"({fit_s:.1f} s in partial_fit, {row['rate']:,.0f} entries/s wall, {row['cpu_rate']:,.0f} CPU)"
+    )
     return row
 
 
 def run_batch(likelihood, rank, method, mode_bias, data, tr, te, max_iter, log):
     d = data[likelihood]
-    est = BayesianCPTensor(rank=rank, likelihood=likelihood, method=method, mode_bias=mode_bias,
-                           prior_variance=1.0, bias_prior_variance=1.0,  # the fixed priors
-                           max_iter=max_iter, shape=d.shape, random_state=0)
+    est = BayesianCPTensor(
+        rank=rank,
+        likelihood=likelihood,
+        method=method,
+        mode_bias=mode_bias,
+        prior_variance=1.0,
+        bias_prior_variance=1.0,  # the fixed priors
+        max_iter=max_iter,
+        shape=d.shape,
+        random_state=0,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t0 = time.perf_counter()
         est.fit(d.X[tr], d.y[tr])
         secs = time.perf_counter() - t0
     record_warnings(caught)
-    label = ("VMP (= CEP-group)" if likelihood == "gaussian" and method == "vmp"
-             else "CEP-group" if method == "cep" else "VMP")
+    label = (
+        "VMP (= CEP-group)"
+        if likelihood == "gaussian" and method == "vmp"
+        else "CEP-group"
+        if method == "cep"
+        else "VMP"
+    )
     name = f"batch CP {label}" + (", mode_bias" if mode_bias else "")
-    row = dict(kind="batch", model=name, likelihood=likelihood, rank=rank, seed=0,
-               metric=test_metric(est, d.X[te], d.y[te], likelihood), fit_s=secs,
-               sweeps=f"{est.n_iter_}/{max_iter}", size=factor_size(est))
+    row = dict(
+        kind="batch",
+        model=name,
+        likelihood=likelihood,
+        rank=rank,
+        seed=0,
+        metric=test_metric(est, d.X[te], d.y[te], likelihood),
+        fit_s=secs,
+        sweeps=f"{est.n_iter_}/{max_iter}",
+        size=factor_size(est),
+    )
     log(f"{likelihood} rank {rank} {name}: {LIKELIHOODS[likelihood]} {row['metric']:.4f} ({secs:.1f} s)")
     return row
 
@@ -254,26 +305,37 @@ def run(data, tr, te, args, log):
     for likelihood in LIKELIHOODS:
         for rank in RANKS:
             for kind, variant in configs:
-                rows.append(run_stream(kind, variant, likelihood, rank, 0, data, orders[0], te,
-                                       2 if quick else EVAL_EVERY, log))
+                rows.append(
+                    run_stream(kind, variant, likelihood, rank, 0, data, orders[0], te, 2 if quick else EVAL_EVERY, log)
+                )
     # (3) batch CP fits
     batch_items = [(lik, rank, "vmp", mb) for lik in LIKELIHOODS for rank in RANKS for mb in (False, True)]
     batch_items += [("probit", rank, "cep", False) for rank in RANKS]
     if quick:
         batch_items = [it for it in batch_items if not it[3]]
     for likelihood, rank, method, mode_bias in batch_items:
-        rows.append(run_batch(likelihood, rank, method, mode_bias, data, tr, te,
-                              5 if quick else BATCH_MAX_ITER, log))
+        rows.append(run_batch(likelihood, rank, method, mode_bias, data, tr, te, 5 if quick else BATCH_MAX_ITER, log))
     # (4) SBDT and (5) streaming CP, further seeds
-    extra = [] if quick else [
-        [("sbdt", a, lik, rank, s) for s in SEEDS[1:] for lik in LIKELIHOODS for rank in RANKS for a in ACTIVATIONS],
-        [("cp", m, lik, rank, s) for rank in RANKS for s in SEEDS[1:] for lik in LIKELIHOODS for m in CP_METHODS],
-    ]
+    extra = (
+        []
+        if quick
+        else [
+            [
+                ("sbdt", a, lik, rank, s)
+                for s in SEEDS[1:]
+                for lik in LIKELIHOODS
+                for rank in RANKS
+                for a in ACTIVATIONS
+            ],
+            [("cp", m, lik, rank, s) for rank in RANKS for s in SEEDS[1:] for lik in LIKELIHOODS for m in CP_METHODS],
+        ]
+    )
     for items in extra:
         for kind, variant, likelihood, rank, seed in items:
             if over_budget():
-                skipped.append(f"{sbdt_name(variant) if kind == 'sbdt' else cp_name(variant)} "
-                               f"{likelihood} rank {rank} seed {seed}")
+                skipped.append(
+                    f"{sbdt_name(variant) if kind == 'sbdt' else cp_name(variant)} {likelihood} rank {rank} seed {seed}"
+                )
                 continue
             rows.append(run_stream(kind, variant, likelihood, rank, seed, data, orders[seed], te, 0, log))
     return rows, skipped
@@ -299,8 +361,14 @@ def compile_seconds():
     directory (compilation), then in a second fresh interpreter that finds the cache (loading)."""
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-        return [float(subprocess.run([sys.executable, "-c", COMPILE_CHECK], env=env, capture_output=True,
-                                     text=True, check=True).stdout) for _ in range(2)]
+        return [
+            float(
+                subprocess.run(
+                    [sys.executable, "-c", COMPILE_CHECK], env=env, capture_output=True, text=True, check=True
+                ).stdout
+            )
+            for _ in range(2)
+        ]
 
 
 def warm_up(data):
@@ -317,31 +385,37 @@ def profile_pass(data, order, log):
     prof = cProfile.Profile()
     prof.enable()
     for b in range(0, order.size, BATCH):
-        idx = order[b:b + BATCH]
+        idx = order[b : b + BATCH]
         est.partial_fit(d.X[idx], d.y[idx])
     prof.disable()
     stats = pstats.Stats(prof)
     total = stats.total_tt
 
     def own(module, name, cumulative=True):
-        return sum(ct if cumulative else tt for (f, _, n), (_, _, tt, ct, _) in stats.stats.items()
-                   if n == name and f.replace(os.sep, "/").endswith(module))
+        return sum(
+            ct if cumulative else tt
+            for (f, _, n), (_, _, tt, ct, _) in stats.stats.items()
+            if n == name and f.replace(os.sep, "/").endswith(module)
+        )
 
     loop = own("skcep/engines/_deep_kernel.py", "adf_loop", cumulative=False)
     adf = own("skcep/engines/deep.py", "adf_pass")
     refine = own("skcep/engines/deep.py", "refine_spike_slab")
     fold = own("skcep/engines/deep.py", "fold_batch")
     n = order.size
-    parts = [("compiled ADF loop (`_deep_kernel.adf_loop`: delta method, evidence, eq. 7, noise)", loop),
-             ("rest of `adf_pass` (gather and scatter of the embeddings, log Z)", adf - loop),
-             ("spike-and-slab EP step (`refine_spike_slab`, once per batch)", refine),
-             ("rest of `fold_batch`", fold - adf - refine),
-             ("estimator around the step (parameter and input validation, copy of the posterior, "
-              "attributes)", total - fold)]
+    parts = [
+        ("compiled ADF loop (`_deep_kernel.adf_loop`: delta method, evidence, eq. 7, noise)", loop),
+        ("rest of `adf_pass` (gather and scatter of the embeddings, log Z)", adf - loop),
+        ("spike-and-slab EP step (`refine_spike_slab`, once per batch)", refine),
+        ("rest of `fold_batch`", fold - adf - refine),
+        ("estimator around the step (parameter and input validation, copy of the posterior, attributes)", total - fold),
+    ]
     rows = [[label, f"{sec:.3f}", f"{sec / total:.0%}", f"{1e6 * sec / n:.2f}"] for label, sec in parts]
     rows.append(["total (under the profiler)", f"{total:.3f}", "100%", f"{1e6 * total / n:.2f}"])
-    top = sorted(((tt, nc, f"{Path(f).name}:{line}({name})") for (f, line, name), (_, nc, tt, _, _)
-                  in stats.stats.items()), reverse=True)[:12]
+    top = sorted(
+        ((tt, nc, f"{Path(f).name}:{line}({name})") for (f, line, name), (_, nc, tt, _, _) in stats.stats.items()),
+        reverse=True,
+    )[:12]
     log(f"profile: compiled loop {1e6 * loop / n:.2f} µs per entry of {1e6 * total / n:.2f} µs in partial_fit")
     return rows, [[name, f"{nc:,}", f"{tt:.3f}"] for tt, nc, name in top], dict(loop=loop, total=total, n=n)
 
@@ -371,7 +445,7 @@ def core_rate(n=400, repeats=7):
         c0 = time.process_time()
         a @ b
         best = min(best, time.process_time() - c0)
-    return n ** 3 / best
+    return n**3 / best
 
 
 def speed_figures(data, order, log):
@@ -379,8 +453,9 @@ def speed_figures(data, order, log):
     speed = dict(compile=compile_seconds())
     log(f"compilation {speed['compile'][0]:.2f} s, cache load {speed['compile'][1]:.2f} s")
     speed["profile_rows"], speed["profile_top"], speed["profile"] = profile_pass(data, order, log)
-    speed["parts"], speed["P"], speed["N"] = arithmetic_per_entry(THROUGHPUT_RANK * len(data["gaussian"].shape),
-                                                                  (50, 50))
+    speed["parts"], speed["P"], speed["N"] = arithmetic_per_entry(
+        THROUGHPUT_RANK * len(data["gaussian"].shape), (50, 50)
+    )
     speed["ops"] = sum(speed["parts"].values())
     speed["core_rate"] = core_rate()
     log(f"floor: {speed['ops']:,} multiply-adds per entry at {speed['core_rate'] / 1e9:.2f}e9/s")
@@ -390,6 +465,7 @@ def speed_figures(data, order, log):
 # ------------------------------------------------------------------------------------------
 # figures
 
+
 def plot_running(rows, base, path):
     import matplotlib
 
@@ -397,11 +473,18 @@ def plot_running(rows, base, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, len(RANKS), figsize=(5.2 * len(RANKS), 8), squeeze=False)
-    styles = {"SBDT-ReLU": ("C3", "-", 1.4), "SBDT-tanh": ("C1", "-", 1.4),
-              "streaming CP-VMP": ("C0", "-", 3.0), "streaming CP-CEP": ("C2", "--", 1.4)}
+    styles = {
+        "SBDT-ReLU": ("C3", "-", 1.4),
+        "SBDT-tanh": ("C1", "-", 1.4),
+        "streaming CP-VMP": ("C0", "-", 3.0),
+        "streaming CP-CEP": ("C2", "--", 1.4),
+    }
     for i, (likelihood, metric) in enumerate(LIKELIHOODS.items()):
-        ref = (base["user+movie biases (ratings)"]["rmse"] if likelihood == "gaussian"
-               else base["user+movie biases (0/1 labels)"]["auc"])
+        ref = (
+            base["user+movie biases (ratings)"]["rmse"]
+            if likelihood == "gaussian"
+            else base["user+movie biases (0/1 labels)"]["auc"]
+        )
         for j, rank in enumerate(RANKS):
             ax = axes[i, j]
             for r in rows:
@@ -411,14 +494,17 @@ def plot_running(rows, base, path):
                     ax.plot(n, m, color=color, ls=ls, lw=lw, label=r["model"])
             for r in rows:
                 if (r["kind"], r["likelihood"], r["rank"], r["model"]) == (
-                        "batch", likelihood, rank,
-                        "batch CP VMP (= CEP-group)" if likelihood == "gaussian" else "batch CP VMP"):
+                    "batch",
+                    likelihood,
+                    rank,
+                    "batch CP VMP (= CEP-group)" if likelihood == "gaussian" else "batch CP VMP",
+                ):
                     ax.axhline(r["metric"], color="0.4", ls=":", lw=1.2, label=r["model"] + " (all data)")
             ax.axhline(ref, color="k", ls="-.", lw=1.0, label="user+movie biases (all data)")
             ax.set_title(f"{'ratings' if likelihood == 'gaussian' else 'rating ≥ 4'}, rank {rank}")
             ax.set_xlabel("training entries streamed (batches of 256)")
             ax.set_ylabel(f"test {metric}")
-            lo, hi = ax.get_ylim()   # keep a collapsed or diverging stream from hiding the others
+            lo, hi = ax.get_ylim()  # keep a collapsed or diverging stream from hiding the others
             floor, ceil = (0.8, 1.5) if likelihood == "gaussian" else (0.4, 0.9)
             ax.set_ylim(max(lo, floor), min(hi, ceil))
             ax.grid(alpha=0.3)
@@ -438,8 +524,9 @@ def plot_inclusion(weights, path):
 
     likelihoods = list(dict.fromkeys(k[0] for k in weights))
     models = list(dict.fromkeys(k[1] for k in weights))
-    fig, axes = plt.subplots(len(likelihoods), 2 * len(models), figsize=(5 * 2 * len(models), 3.8 * len(likelihoods)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(likelihoods), 2 * len(models), figsize=(5 * 2 * len(models), 3.8 * len(likelihoods)), squeeze=False
+    )
     for (likelihood, model), w in weights.items():
         i, j = likelihoods.index(likelihood), 2 * models.index(model)
         for layer, (mu, v, c) in enumerate(zip(w["mean"], w["var"], w["incl"])):
@@ -451,7 +538,7 @@ def plot_inclusion(weights, path):
         axes[i, j + 1].set_xlabel("posterior variance v*")
         axes[i, j + 1].set_xscale("log")
         axes[i, j + 1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        for ax in axes[i, j:j + 2]:
+        for ax in axes[i, j : j + 2]:
             ax.set_ylabel("inclusion probability c(ρ*)")
             ax.axhline(0.5, color="k", lw=0.6, ls=":")
             ax.set_title(f"{model}, rank {THROUGHPUT_RANK}, {task}", fontsize=10)
@@ -464,6 +551,7 @@ def plot_inclusion(weights, path):
 
 # ------------------------------------------------------------------------------------------
 # report
+
 
 def cell(values, digits=4):
     if not values:
@@ -490,8 +578,16 @@ def inclusion_summary(w):
     out = []
     for lab, sel in (("c < 0.5", c < 0.5), ("c ≥ 0.5", c >= 0.5)):
         if sel.any():
-            out.append([lab, f"{sel.sum():,} ({sel.mean():.1%})", f"{np.median(np.abs(mu[sel])):.3g}",
-                        f"{np.abs(mu[sel]).max():.3g}", f"{np.median(v[sel]):.3g}", f"{v[sel].max():.3g}"])
+            out.append(
+                [
+                    lab,
+                    f"{sel.sum():,} ({sel.mean():.1%})",
+                    f"{np.median(np.abs(mu[sel])):.3g}",
+                    f"{np.abs(mu[sel]).max():.3g}",
+                    f"{np.median(v[sel]):.3g}",
+                    f"{v[sel].max():.3g}",
+                ]
+            )
         else:
             out.append([lab, "0", "", "", "", ""])
     per_layer = ", ".join(f"layer {k + 1}: {np.mean(x < 0.5):.1%}" for k, x in enumerate(w["incl"]))
@@ -499,31 +595,42 @@ def inclusion_summary(w):
 
 
 def report(rows, skipped, base, args, elapsed, n_train, n_test, files, load_text, speed=None, data_shape=()):
-    out = [f"`{command()}`", "",
-           "# SBDT (StreamingDeepTensor) on MovieLens-small, one streaming pass (papers/004 §6)", "",
-           f"Split `movielens_split(seed=0)` of `bench_cp_movielens.py`: {n_train:,} training / "
-           f"{n_test:,} test entries; the same entries for the ratings (Gaussian likelihood, test "
-           "RMSE of `predict`) and the binary tensor (rating ≥ 4, probit likelihood, test AUC of "
-           "`decision_function`, the latent mean); user × movie × 20 time bins. Seed s shuffles the training "
-           f"entries (`default_rng(s).permutation`) into batches of {BATCH}; every streaming model "
-           "gets the same batches, once, by `partial_fit`, with `shape` = full shape and "
-           "`random_state=s`. SBDT: two hidden layers of 50, estimator defaults otherwise. "
-           "Streaming CP: `BayesianCPTensor(method=..., prior_variance=1.0)` (the fixed prior) — `n_inner_iter=10` "
-           "sweeps over each batch (the analogue of POST's per-batch mean-field iterations), "
-           "`mode_bias=False`, `fit_intercept=True`, prior variance 1, init_scale 0.5. Batch CP: "
-           f"`fit` on all training entries, `max_iter={BATCH_MAX_ITER if not args.quick else 5}`, "
-           "`random_state=0`. Mean ± sample sd over seeds (n runs in brackets). Seconds are wall "
-           "time on a 2-core machine shared with other jobs.", "",
-           f"Library measured: {library_state()}.", ""]
+    out = [
+        f"`{command()}`",
+        "",
+        "# SBDT (StreamingDeepTensor) on MovieLens-small, one streaming pass (papers/004 §6)",
+        "",
+        f"Split `movielens_split(seed=0)` of `bench_cp_movielens.py`: {n_train:,} training / "
+        f"{n_test:,} test entries; the same entries for the ratings (Gaussian likelihood, test "
+        "RMSE of `predict`) and the binary tensor (rating ≥ 4, probit likelihood, test AUC of "
+        "`decision_function`, the latent mean); user × movie × 20 time bins. Seed s shuffles the training "
+        f"entries (`default_rng(s).permutation`) into batches of {BATCH}; every streaming model "
+        "gets the same batches, once, by `partial_fit`, with `shape` = full shape and "
+        "`random_state=s`. SBDT: two hidden layers of 50, estimator defaults otherwise. "
+        "Streaming CP: `BayesianCPTensor(method=..., prior_variance=1.0)` (the fixed prior) — `n_inner_iter=10` "
+        "sweeps over each batch (the analogue of POST's per-batch mean-field iterations), "
+        "`mode_bias=False`, `fit_intercept=True`, prior variance 1, init_scale 0.5. Batch CP: "
+        f"`fit` on all training entries, `max_iter={BATCH_MAX_ITER if not args.quick else 5}`, "
+        "`random_state=0`. Mean ± sample sd over seeds (n runs in brackets). Seconds are wall "
+        "time on a 2-core machine shared with other jobs.",
+        "",
+        f"Library measured: {library_state()}.",
+        "",
+    ]
     if files:
         out += ["Figures: " + ", ".join(f"`{f}`" for f in files) + ".", ""]
-    bias = {"gaussian": base["user+movie biases (ratings)"]["rmse"],
-            "probit": base["user+movie biases (0/1 labels)"]["auc"]}
+    bias = {
+        "gaussian": base["user+movie biases (ratings)"]["rmse"],
+        "probit": base["user+movie biases (0/1 labels)"]["auc"],
+    }
     verdicts = []
     for likelihood, metric in LIKELIHOODS.items():
         sel = select(rows, likelihood=likelihood)
-        title = ("Ratings, Gaussian likelihood: test RMSE (lower is better)" if likelihood == "gaussian"
-                 else "Rating ≥ 4, probit likelihood: test AUC (higher is better)")
+        title = (
+            "Ratings, Gaussian likelihood: test RMSE (lower is better)"
+            if likelihood == "gaussian"
+            else "Rating ≥ 4, probit likelihood: test AUC (higher is better)"
+        )
         out += [f"## {title}", ""]
         models = []
         for r in sel:
@@ -546,24 +653,51 @@ def report(rows, skipped, base, args, elapsed, n_train, n_test, files, load_text
             for k in ("user+movie biases (ratings)", "user+movie biases (0/1 labels)"):
                 ref_rows.append([k, f"{base[k]['auc']:.4f}", f"{base[k]['auc']:.4f}", f"{base[k]['s']:.1f}"])
         out += [md_table(("model", *(f"rank {r}" for r in RANKS), "mean fit s"), tab + ref_rows), ""]
-        out += ["Bias baselines (no rank): " + (base["user+movie biases (ratings)"]["note"] if likelihood == "gaussian"
-                else base["user+movie biases (0/1 labels)"]["note"]) + ".", ""]
+        out += [
+            "Bias baselines (no rank): "
+            + (
+                base["user+movie biases (ratings)"]["note"]
+                if likelihood == "gaussian"
+                else base["user+movie biases (0/1 labels)"]["note"]
+            )
+            + ".",
+            "",
+        ]
         # details
         det = []
         for r in sel:
             extra = (f"|U| {r['size']}" if "size" in r else "") + (f", sweeps {r['sweeps']}" if "sweeps" in r else "")
             if r.get("tau") is not None:
                 extra += (", " if extra else "") + f"E[τ] {r['tau']:.2f}"
-            det.append([r["model"], r["rank"], r["seed"], f"{r['metric']:.4f}", f"{r['fit_s']:.1f}",
-                        f"{r['rate']:,.0f} / {r['cpu_rate']:,.0f}" if "rate" in r else "", extra])
-        out += [f"<details><summary>{likelihood}: every run</summary>", "",
-                md_table(("model", "rank", "seed", f"test {metric}", "fit s (wall)", "entries/s wall / CPU", "notes"), det),
-                "", "|U| = mean |posterior mean| of the CP factors per mode (user/movie/time); ≈ 0: the CP "
-                "part collapsed and only the intercept predicts.", "", "</details>", ""]
+            det.append(
+                [
+                    r["model"],
+                    r["rank"],
+                    r["seed"],
+                    f"{r['metric']:.4f}",
+                    f"{r['fit_s']:.1f}",
+                    f"{r['rate']:,.0f} / {r['cpu_rate']:,.0f}" if "rate" in r else "",
+                    extra,
+                ]
+            )
+        out += [
+            f"<details><summary>{likelihood}: every run</summary>",
+            "",
+            md_table(("model", "rank", "seed", f"test {metric}", "fit s (wall)", "entries/s wall / CPU", "notes"), det),
+            "",
+            "|U| = mean |posterior mean| of the CP factors per mode (user/movie/time); ≈ 0: the CP "
+            "part collapsed and only the intercept predicts.",
+            "",
+            "</details>",
+            "",
+        ]
         # verdicts
         for rank in RANKS:
-            cps = {m: np.mean([r["metric"] for r in select(sel, model=cp_name(m), rank=rank)])
-                   for m in CP_METHODS if select(sel, model=cp_name(m), rank=rank)}
+            cps = {
+                m: np.mean([r["metric"] for r in select(sel, model=cp_name(m), rank=rank)])
+                for m in CP_METHODS
+                if select(sel, model=cp_name(m), rank=rank)
+            }
             if not cps:
                 continue
             best_cp = min(cps.values()) if likelihood == "gaussian" else max(cps.values())
@@ -574,20 +708,26 @@ def report(rows, skipped, base, args, elapsed, n_train, n_test, files, load_text
                 mean = float(np.mean(s))
                 ok = mean < best_cp if likelihood == "gaussian" else mean > best_cp
                 rel = "below" if likelihood == "gaussian" else "above"
-                verdicts.append(f"- {metric}, rank {rank}, {sbdt_name(a)} {rel} the better streaming CP: "
-                                f"{mean:.4f} vs {best_cp:.4f} ({', '.join(f'{cp_name(m)} {v:.4f}' for m, v in cps.items())}) "
-                                f"— {verdict(ok)}; bias baseline {bias[likelihood]:.4f}.")
+                verdicts.append(
+                    f"- {metric}, rank {rank}, {sbdt_name(a)} {rel} the better streaming CP: "
+                    f"{mean:.4f} vs {best_cp:.4f} ({', '.join(f'{cp_name(m)} {v:.4f}' for m, v in cps.items())}) "
+                    f"— {verdict(ok)}; bias baseline {bias[likelihood]:.4f}."
+                )
     # throughput
-    out += [f"## Throughput of `partial_fit` at rank {THROUGHPUT_RANK}, two hidden layers of 50", "",
-            "Training entries ÷ seconds spent inside `partial_fit` over the whole pass (prediction "
-            "for the running curves excluded): *wall* = elapsed time, *CPU* = this process's CPU "
-            "time (`time.process_time`; one thread, `OPENBLAS_NUM_THREADS=1`), i.e. the wall rate "
-            "on an otherwise idle core. The machine was shared with other jobs (load average "
-            f"{load_text}), so the wall rates are depressed; the target (≥ {THROUGHPUT_TARGET:,} "
-            f"entries per CPU second, goal {THROUGHPUT_GOAL:,}) is judged on the CPU rate. The ADF "
-            "loop is compiled (numba) and was compiled, or loaded from numba's cache, before "
-            "anything was timed (compilation: below). Ratios: SBDT ÷ streaming CP, CPU rates, same "
-            "run; SBDT ÷ the arithmetic floor (below).", ""]
+    out += [
+        f"## Throughput of `partial_fit` at rank {THROUGHPUT_RANK}, two hidden layers of 50",
+        "",
+        "Training entries ÷ seconds spent inside `partial_fit` over the whole pass (prediction "
+        "for the running curves excluded): *wall* = elapsed time, *CPU* = this process's CPU "
+        "time (`time.process_time`; one thread, `OPENBLAS_NUM_THREADS=1`), i.e. the wall rate "
+        "on an otherwise idle core. The machine was shared with other jobs (load average "
+        f"{load_text}), so the wall rates are depressed; the target (≥ {THROUGHPUT_TARGET:,} "
+        f"entries per CPU second, goal {THROUGHPUT_GOAL:,}) is judged on the CPU rate. The ADF "
+        "loop is compiled (numba) and was compiled, or loaded from numba's cache, before "
+        "anything was timed (compilation: below). Ratios: SBDT ÷ streaming CP, CPU rates, same "
+        "run; SBDT ÷ the arithmetic floor (below).",
+        "",
+    ]
     floor_rate = speed["core_rate"] / speed["ops"] if speed else None
     tab = []
     for likelihood in LIKELIHOODS:
@@ -599,68 +739,132 @@ def report(rows, skipped, base, args, elapsed, n_train, n_test, files, load_text
             cpu = np.mean([r["cpu_rate"] for r in sel])
             ratios = [f"{cpu / np.mean([r['cpu_rate'] for r in p]):,.1f}×" if p else "–" for p in peers.values()]
             ok = cpu >= THROUGHPUT_TARGET
-            tab.append([likelihood, sbdt_name(a), rate_cell([r["rate"] for r in sel]),
-                        rate_cell([r["cpu_rate"] for r in sel]), *ratios,
-                        f"{cpu / floor_rate:.1%}" if floor_rate else "–", verdict(ok)])
+            tab.append(
+                [
+                    likelihood,
+                    sbdt_name(a),
+                    rate_cell([r["rate"] for r in sel]),
+                    rate_cell([r["cpu_rate"] for r in sel]),
+                    *ratios,
+                    f"{cpu / floor_rate:.1%}" if floor_rate else "–",
+                    verdict(ok),
+                ]
+            )
             goal = "goal met" if cpu >= THROUGHPUT_GOAL else "goal not met"
-            verdicts.append(f"- throughput, {likelihood}, {sbdt_name(a)} rank {THROUGHPUT_RANK}: {cpu:,.0f} "
-                            f"entries per CPU second (wall {np.mean([r['rate'] for r in sel]):,.0f}/s on the "
-                            f"loaded machine; target ≥ {THROUGHPUT_TARGET:,}) — {verdict(ok)} "
-                            f"({goal}: ≥ {THROUGHPUT_GOAL:,}).")
+            verdicts.append(
+                f"- throughput, {likelihood}, {sbdt_name(a)} rank {THROUGHPUT_RANK}: {cpu:,.0f} "
+                f"entries per CPU second (wall {np.mean([r['rate'] for r in sel]):,.0f}/s on the "
+                f"loaded machine; target ≥ {THROUGHPUT_TARGET:,}) — {verdict(ok)} "
+                f"({goal}: ≥ {THROUGHPUT_GOAL:,})."
+            )
         for m, p in peers.items():
             if p:
-                tab.append([likelihood, cp_name(m), rate_cell([r["rate"] for r in p]),
-                            rate_cell([r["cpu_rate"] for r in p]), "", "", "", ""])
-    out += [md_table(("likelihood", "model", "entries/s wall", "entries/s CPU", "SBDT ÷ CP-VMP stream",
-                      "SBDT ÷ CP-CEP stream", "of the floor", f"≥ {THROUGHPUT_TARGET:,}/s (CPU)"), tab), "",
-            f"For scale: the paper's Theano SBDT-ReLU took 6,928 s for one pass over ≈ 900,000 "
-            f"MovieLens-1M training entries at r = 8, batch 128 (≈ {PAPER_RATE:.0f} entries/s, i9-9900K).", ""]
+                tab.append(
+                    [
+                        likelihood,
+                        cp_name(m),
+                        rate_cell([r["rate"] for r in p]),
+                        rate_cell([r["cpu_rate"] for r in p]),
+                        "",
+                        "",
+                        "",
+                        "",
+                    ]
+                )
+    out += [
+        md_table(
+            (
+                "likelihood",
+                "model",
+                "entries/s wall",
+                "entries/s CPU",
+                "SBDT ÷ CP-VMP stream",
+                "SBDT ÷ CP-CEP stream",
+                "of the floor",
+                f"≥ {THROUGHPUT_TARGET:,}/s (CPU)",
+            ),
+            tab,
+        ),
+        "",
+        f"For scale: the paper's Theano SBDT-ReLU took 6,928 s for one pass over ≈ 900,000 "
+        f"MovieLens-1M training entries at r = 8, batch 128 (≈ {PAPER_RATE:.0f} entries/s, i9-9900K).",
+        "",
+    ]
     if speed:
         first, again = speed["compile"]
-        out += ["### Compilation", "",
-                f"First `fold_batch` call in a fresh interpreter with an empty numba cache directory "
-                f"(`NUMBA_CACHE_DIR`): **{first:.2f} s** (compilation of the loop, wall). In a second fresh "
-                f"interpreter that finds the cache: {again:.2f} s. One compiled signature serves every "
-                "network, likelihood, activation and number of modes; `cache=True` keeps it on disk.", ""]
+        out += [
+            "### Compilation",
+            "",
+            f"First `fold_batch` call in a fresh interpreter with an empty numba cache directory "
+            f"(`NUMBA_CACHE_DIR`): **{first:.2f} s** (compilation of the loop, wall). In a second fresh "
+            f"interpreter that finds the cache: {again:.2f} s. One compiled signature serves every "
+            "network, likelihood, activation and number of modes; `cache=True` keeps it on disk.",
+            "",
+        ]
         n_in = THROUGHPUT_RANK * len(data_shape)
-        out += ["### The floor: arithmetic per entry", "",
-                f"Rank {THROUGHPUT_RANK} × {len(data_shape)} modes = input of {n_in}, hidden layers (50, 50), "
-                f"P = {speed['P']:,} weights, N = {speed['N']:,} parameters per entry (weights, the entry's "
-                "embeddings, the offset). Multiply-adds per entry (a lone multiply counts as one; the "
-                "100 activations are not counted):", "",
-                md_table(("part", "multiply-adds"), [[k, f"{v:,}"] for k, v in speed["parts"].items()]
-                         + [["total", f"{speed['ops']:,}"]]), "",
-                f"One core did **{speed['core_rate'] / 1e9:.2f} × 10⁹ multiply-adds per second** (best of 7 "
-                "400×400 BLAS dgemm, one thread, this run), so the arithmetic alone allows "
-                f"**{floor_rate:,.0f} entries per CPU second**. That is a bound, not a target: dgemm "
-                "reuses each operand hundreds of times from registers, while an ADF entry touches each "
-                "parameter a few times (β and eq. 7 stream mean, variance and gradient through the "
-                "cache) and the entries cannot be batched. The column *of the floor* above is the "
-                "measured CPU rate ÷ this bound.", ""]
+        out += [
+            "### The floor: arithmetic per entry",
+            "",
+            f"Rank {THROUGHPUT_RANK} × {len(data_shape)} modes = input of {n_in}, hidden layers (50, 50), "
+            f"P = {speed['P']:,} weights, N = {speed['N']:,} parameters per entry (weights, the entry's "
+            "embeddings, the offset). Multiply-adds per entry (a lone multiply counts as one; the "
+            "100 activations are not counted):",
+            "",
+            md_table(
+                ("part", "multiply-adds"),
+                [[k, f"{v:,}"] for k, v in speed["parts"].items()] + [["total", f"{speed['ops']:,}"]],
+            ),
+            "",
+            f"One core did **{speed['core_rate'] / 1e9:.2f} × 10⁹ multiply-adds per second** (best of 7 "
+            "400×400 BLAS dgemm, one thread, this run), so the arithmetic alone allows "
+            f"**{floor_rate:,.0f} entries per CPU second**. That is a bound, not a target: dgemm "
+            "reuses each operand hundreds of times from registers, while an ADF entry touches each "
+            "parameter a few times (β and eq. 7 stream mean, variance and gradient through the "
+            "cache) and the entries cannot be batched. The column *of the floor* above is the "
+            "measured CPU rate ÷ this bound.",
+            "",
+        ]
         prof = speed["profile"]
         loop_rate = prof["n"] / prof["loop"]
-        out += ["### Where the time goes (profile)", "",
-                "One pass of SBDT-ReLU, ratings, rank 8 (seed 0's order) under cProfile (which slows "
-                "the Python parts; the compiled loop is one call per batch and is not slowed):", "",
-                md_table(("part", "CPU s", "share", "µs per entry"), speed["profile_rows"]), "",
-                f"The compiled loop alone runs at {loop_rate:,.0f} entries per CPU second "
-                f"({loop_rate / floor_rate:.1%} of the floor).", "",
-                "<details><summary>the 12 functions with the most own time</summary>", "",
-                md_table(("function", "calls", "own s"), speed["profile_top"]), "", "</details>", ""]
+        out += [
+            "### Where the time goes (profile)",
+            "",
+            "One pass of SBDT-ReLU, ratings, rank 8 (seed 0's order) under cProfile (which slows "
+            "the Python parts; the compiled loop is one call per batch and is not slowed):",
+            "",
+            md_table(("part", "CPU s", "share", "µs per entry"), speed["profile_rows"]),
+            "",
+            f"The compiled loop alone runs at {loop_rate:,.0f} entries per CPU second "
+            f"({loop_rate / floor_rate:.1%} of the floor).",
+            "",
+            "<details><summary>the 12 functions with the most own time</summary>",
+            "",
+            md_table(("function", "calls", "own s"), speed["profile_top"]),
+            "",
+            "</details>",
+            "",
+        ]
     # inclusion
     weights = {(r["likelihood"], r["model"]): r["weights"] for r in rows if "weights" in r}
     if weights:
-        out += [f"## Weight sparsity (the paper's Fig. 3): SBDT, rank {THROUGHPUT_RANK}, seed 0, after the pass", "",
-                "Posterior inclusion probability c(ρ*) = `inclusion_prob_`, mean μ* = `weights_`, "
-                "variance v* = `weight_variances_` of every weight (biases included), layer 3 = output.", ""]
+        out += [
+            f"## Weight sparsity (the paper's Fig. 3): SBDT, rank {THROUGHPUT_RANK}, seed 0, after the pass",
+            "",
+            "Posterior inclusion probability c(ρ*) = `inclusion_prob_`, mean μ* = `weights_`, "
+            "variance v* = `weight_variances_` of every weight (biases included), layer 3 = output.",
+            "",
+        ]
         for (likelihood, model), w in weights.items():
             tab, per_layer = inclusion_summary(w)
-            out += [f"{likelihood}, {model}: share of weights with c(ρ*) < 0.5 per layer — {per_layer}.", "",
-                    md_table(("inclusion prob.", "weights", "median |μ*|", "max |μ*|", "median v*", "max v*"), tab), ""]
+            out += [
+                f"{likelihood}, {model}: share of weights with c(ρ*) < 0.5 per layer — {per_layer}.",
+                "",
+                md_table(("inclusion prob.", "weights", "median |μ*|", "max |μ*|", "median v*", "max v*"), tab),
+                "",
+            ]
     out += ["## Verdicts", ""] + (verdicts or ["- none (runs missing)"]) + [""]
     if not args.quick:
-        out += ["## Reading", "",
-                *hand_notes(NOTES, NOTES_SOURCE)]
+        out += ["## Reading", "", *hand_notes(NOTES, NOTES_SOURCE)]
     if skipped:
         out += [f"## Skipped (budget {args.budget:g} min)", ""] + [f"- {s}" for s in skipped] + [""]
     out += ["## Warnings raised (count, message)", ""]
@@ -672,8 +876,9 @@ def report(rows, skipped, base, args, elapsed, n_train, n_test, files, load_text
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run (a minute or two), not written")
-    parser.add_argument("--budget", type=float, default=20.0,
-                        help="minutes after which the optional items (see docstring) are skipped")
+    parser.add_argument(
+        "--budget", type=float, default=20.0, help="minutes after which the optional items (see docstring) are skipped"
+    )
     args = parser.parse_args()
     t_start = time.perf_counter()
     load0 = os.getloadavg()
@@ -698,9 +903,20 @@ def main():
     if weights:
         files.append("sbdt_inclusion.png")
         plot_inclusion(weights, out_dir / files[1])
-    load_text = (f"1-min {load0[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on 2 cores")
-    text = report(rows, skipped, base, args, time.perf_counter() - t_start, tr.size, te.size, files, load_text,
-                  speed, d_real.shape)
+    load_text = f"1-min {load0[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on 2 cores"
+    text = report(
+        rows,
+        skipped,
+        base,
+        args,
+        time.perf_counter() - t_start,
+        tr.size,
+        te.size,
+        files,
+        load_text,
+        speed,
+        d_real.shape,
+    )
     if not args.quick:
         (RESULTS / "sbdt_movielens.md").write_text(text)
     else:

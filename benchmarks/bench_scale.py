@@ -47,10 +47,9 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import _common  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
-
-import _common  # noqa: E402
 from _common import machine_lines, maxrss_bytes, reset_peak_rss, snapshot_library, verdict  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -209,17 +208,22 @@ def small_worker(spec):
     X = rng.standard_normal((SMALL["n"], SMALL["d"]))
     y = (X @ rng.standard_normal(SMALL["d"]) / np.sqrt(SMALL["d"]) + rng.logistic(size=SMALL["n"]) > 0).astype(int)
     out = {}
-    for name, make in (("CEPProbitClassifier()", CEPProbitClassifier),
-                       ("CEPLogisticClassifier()", CEPLogisticClassifier),
-                       ("LogisticRegression()", LogisticRegression)):
+    for name, make in (
+        ("CEPProbitClassifier()", CEPProbitClassifier),
+        ("CEPLogisticClassifier()", CEPLogisticClassifier),
+        ("LogisticRegression()", LogisticRegression),
+    ):
         make().fit(X, y)
         times = []
         for _ in range(SMALL["repeats"]):
             t = time.process_time()
             est = make().fit(X, y)
             times.append(time.process_time() - t)
-        out[name] = dict(median=statistics.median(times), best=min(times),
-                         choice=f"{getattr(est, 'method_', '')} {getattr(est, 'covariance_', '')}".strip())
+        out[name] = dict(
+            median=statistics.median(times),
+            best=min(times),
+            choice=f"{getattr(est, 'method_', '')} {getattr(est, 'covariance_', '')}".strip(),
+        )
     print("RESULT " + json.dumps(out))
 
 
@@ -281,7 +285,8 @@ def floor_worker(spec):
     stream(X[:10], a[:10], b[:10])
     likelihood(M[:10], S[:10])
     out = dict(
-        n=n, d=d,
+        n=n,
+        d=d,
         stream=best(lambda: stream(X, a, b)),
         likelihood=best(lambda: likelihood(M, S)),
         log_ndtr=best(lambda: log_ndtr(M)),
@@ -297,6 +302,7 @@ def floor_worker(spec):
             def run(*args, **kw):
                 calls.append(kw.get("method", "ep"))
                 return step(*args, **kw)
+
             return run
 
         glm.factorized_partition_step, glm.full_partition_step = map(counted, inner)
@@ -364,8 +370,7 @@ def floor_section(f, dense):
     gb_s = 5 * n * d * 8 / f["stream"] / 1e9
     lik_rate = n * d / f["likelihood"]
     gflops = 2 * n * d * d / f["gemm"] / 1e9
-    per_sweep = {"ep": f["stream"], "cep1": f["stream"] + f["likelihood"],
-                 "full": 2 * 2 * n * d * d / (gflops * 1e9)}
+    per_sweep = {"ep": f["stream"], "cep1": f["stream"] + f["likelihood"], "full": 2 * 2 * n * d * d / (gflops * 1e9)}
     lines = [
         "",
         "### Floor and profile (dense problem, one core)",
@@ -395,8 +400,10 @@ def floor_section(f, dense):
             floor = sum(sw.values()) * per_sweep[floor_key]
         cpu = dense[key]["cpu"]
         top = "; ".join(f"`{name}` {share:.0%}" for name, share, _ in p["top"][:4])
-        lines.append(f"| {METHODS[key][0]} | {' + '.join(f'{v} {k}' for k, v in sw.items())} | "
-                     f"{cpu:.3f} | {floor:.3f} | {cpu / floor:.1f} | {top} |")
+        lines.append(
+            f"| {METHODS[key][0]} | {' + '.join(f'{v} {k}' for k, v in sw.items())} | "
+            f"{cpu:.3f} | {floor:.3f} | {cpu / floor:.1f} | {top} |"
+        )
     return lines
 
 
@@ -408,20 +415,27 @@ def ratio(r, ref):
 def auto_section(auto, dense):
     """prior_variance="auto" on the dense problem: its cost against one fit of the same method,
     at λ = 1 and at the λ it chose."""
-    out = ["", "## prior_variance=\"auto\" on the dense problem", "",
-           "The search (type-II maximum likelihood of the EP evidence) and then the same method "
-           "refitted at the λ it chose, each timed like the rows above; × = wall-time ratio (CPU "
-           "in brackets) of \"auto\" to one fit of the same method at λ = 1 (table above) and at "
-           "the chosen λ (what a user who knew λ would run). The data's weights have variance "
-           f"1/{sizes(False)['dense']['d']}.", "",
-           "| method | λ chosen | auto s | sweeps | × fit at λ = 1 | × fit at the chosen λ | "
-           "sweeps at the chosen λ | log-loss at λ = 1 / auto |",
-           "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    out = [
+        "",
+        "## prior_variance=\"auto\" on the dense problem",
+        "",
+        "The search (type-II maximum likelihood of the EP evidence) and then the same method "
+        "refitted at the λ it chose, each timed like the rows above; × = wall-time ratio (CPU "
+        "in brackets) of \"auto\" to one fit of the same method at λ = 1 (table above) and at "
+        "the chosen λ (what a user who knew λ would run). The data's weights have variance "
+        f"1/{sizes(False)['dense']['d']}.",
+        "",
+        "| method | λ chosen | auto s | sweeps | × fit at λ = 1 | × fit at the chosen λ | "
+        "sweeps at the chosen λ | log-loss at λ = 1 / auto |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
     for key, (a, at) in auto.items():
         one = dense[key]
-        out.append(f"| {METHODS[key][0]} | {a['prior_variance']:.4g} | {a['seconds']:.2f} | "
-                   f"{a['n_iter']} | {ratio(a, one)} | {ratio(a, at)} | {at['n_iter']} | "
-                   f"{one['log_loss']:.4f} / {a['log_loss']:.4f} |")
+        out.append(
+            f"| {METHODS[key][0]} | {a['prior_variance']:.4g} | {a['seconds']:.2f} | "
+            f"{a['n_iter']} | {ratio(a, one)} | {ratio(a, at)} | {at['n_iter']} | "
+            f"{one['log_loss']:.4f} / {a['log_loss']:.4f} |"
+        )
     return out
 
 
@@ -431,8 +445,10 @@ def target_cell(r, ref, limits):
         return ""
     must, goal = limits
     x, x_cpu = r["seconds"] / ref["seconds"], r["cpu"] / ref["cpu"]
-    return (f"≤ {must:.0f}×: {verdict(x <= must)} (cpu: {'met' if x_cpu <= must else 'not met'}); "
-            f"goal ≤ {goal:.0f}×: {'met' if x <= goal else 'not met'}")
+    return (
+        f"≤ {must:.0f}×: {verdict(x <= must)} (cpu: {'met' if x_cpu <= must else 'not met'}); "
+        f"goal ≤ {goal:.0f}×: {'met' if x <= goal else 'not met'}"
+    )
 
 
 LOGISTIC_KEYS = ["logreg", "logreg_tight", "cep1", "ep", "ep_full", "default"]
@@ -468,18 +484,30 @@ def logistic_section(res, size, row):
 
 
 def small_section(small):
-    out = ["", f"## Small data: {SMALL['n']} × {SMALL['d']} at the defaults", "",
-           f"A whole `fit` (intercept, `prior_variance=\"auto\"`, the automatic method) in one "
-           f"process after a first fit has loaded the kernels: CPU ms, median and best of "
-           f"{SMALL['repeats']}. Target: ≤ 20 ms / goal ≤ 5 ms for each classifier.", "",
-           "| estimator | fitted as | median ms | best ms | × LogisticRegression() | target |",
-           "|---|---|--:|--:|--:|:-:|"]
+    out = [
+        "",
+        f"## Small data: {SMALL['n']} × {SMALL['d']} at the defaults",
+        "",
+        f"A whole `fit` (intercept, `prior_variance=\"auto\"`, the automatic method) in one "
+        f"process after a first fit has loaded the kernels: CPU ms, median and best of "
+        f"{SMALL['repeats']}. Target: ≤ 20 ms / goal ≤ 5 ms for each classifier.",
+        "",
+        "| estimator | fitted as | median ms | best ms | × LogisticRegression() | target |",
+        "|---|---|--:|--:|--:|:-:|",
+    ]
     ref = small["LogisticRegression()"]["median"]
     for name, r in small.items():
-        target = "" if name.startswith("Logistic") else (
-            f"≤ 20 ms: {verdict(r['median'] <= 0.020)}; goal ≤ 5 ms: {'met' if r['median'] <= 0.005 else 'not met'}")
-        out.append(f"| `{name}` | {r['choice']} | {r['median'] * 1e3:.1f} | {r['best'] * 1e3:.1f} | "
-                   f"{r['median'] / ref:.1f} | {target} |")
+        target = (
+            ""
+            if name.startswith("Logistic")
+            else (
+                f"≤ 20 ms: {verdict(r['median'] <= 0.020)}; goal ≤ 5 ms: {'met' if r['median'] <= 0.005 else 'not met'}"
+            )
+        )
+        out.append(
+            f"| `{name}` | {r['choice']} | {r['median'] * 1e3:.1f} | {r['best'] * 1e3:.1f} | "
+            f"{r['median'] / ref:.1f} | {target} |"
+        )
     return out
 
 
@@ -509,13 +537,14 @@ def main(quick):
     auto = {}
     for key in AUTO_METHODS:
         a = measure(dict(problem="dense", method=key, quick=quick, prior_variance="auto"), log)
-        at = measure(dict(problem="dense", method=key, quick=quick,
-                          prior_variance=a["prior_variance"]), log)
+        at = measure(dict(problem="dense", method=key, quick=quick, prior_variance=a["prior_variance"]), log)
         auto[key] = a, at
 
     floor = run_worker(dict(problem="floor", quick=quick))
-    log(f"  floor: stream {floor['stream'] * 1e3:.1f} ms, likelihood {floor['likelihood'] * 1e3:.1f} ms, "
-        f"GEMM {floor['gemm'] * 1e3:.1f} ms")
+    log(
+        f"  floor: stream {floor['stream'] * 1e3:.1f} ms, likelihood {floor['likelihood'] * 1e3:.1f} ms, "
+        f"GEMM {floor['gemm'] * 1e3:.1f} ms"
+    )
 
     sparse = {}
     for key in ["logreg", "logreg_tight", "ep"]:
@@ -523,8 +552,10 @@ def main(quick):
     # CEP-1: time a 10 % subsample first; run the full problem only if it predicts < 5 min.
     sub = run_worker(dict(problem="sparse", method="cep1", quick=quick, fraction=0.1))
     cep1_estimate = 10.0 * sub["seconds"]
-    log(f"  sparse CEP-1 on 10 % of rows: {sub['seconds']:.1f} s, {sub['n_iter']} sweeps "
-        f"-> estimate {cep1_estimate:.0f} s for all rows")
+    log(
+        f"  sparse CEP-1 on 10 % of rows: {sub['seconds']:.1f} s, {sub['n_iter']} sweeps "
+        f"-> estimate {cep1_estimate:.0f} s for all rows"
+    )
     cep1_note = None
     if cep1_estimate > CEP1_SPARSE_CAP:
         cep1_note = (
@@ -571,20 +602,28 @@ def main(quick):
         "LogisticRegression's C=1; the default \"auto\" is measured in its own section), other "
         "parameters default (max_iter 300, tol 1e-3; LogisticRegression: lbfgs, max_iter=100); "
         f"total wall {wall / 60:.1f} min",
-        f"- code measured: copy of `skcep/` taken {SNAPSHOT['time']} (sha256 of its .py files "
-        f"{SNAPSHOT['sha']})",
+        f"- code measured: copy of `skcep/` taken {SNAPSHOT['time']} (sha256 of its .py files {SNAPSHOT['sha']})",
     ]
 
     def row(name, r, ref, target, peak):
         cells = [
-            name, f"{r['seconds']:.2f}", f"{r['cpu']:.2f}", str(r["repeats"]), str(r["n_iter"]),
+            name,
+            f"{r['seconds']:.2f}",
+            f"{r['cpu']:.2f}",
+            str(r["repeats"]),
+            str(r["n_iter"]),
             "yes" if r["converged"] else "no",
         ]
         if peak:
             cells.append(mib(r["rss_peak"]))
         cells += [
-            mib(r["extra"]), ratio(r, ref[0]), ratio(r, ref[1]), target, f"{r['accuracy']:.4f}",
-            f"{r['log_loss']:.4f}", f"{r['load']:.1f}",
+            mib(r["extra"]),
+            ratio(r, ref[0]),
+            ratio(r, ref[1]),
+            target,
+            f"{r['accuracy']:.4f}",
+            f"{r['log_loss']:.4f}",
+            f"{r['load']:.1f}",
         ]
         return "| " + " | ".join(cells) + " |"
 
@@ -608,12 +647,15 @@ def main(quick):
         r = dense[key]
         out.append(row(METHODS[key][0], r, ref, target_cell(r, ref[0], limits.get(key)), peak=False))
 
-    out += ["", "¹ CEP/EP: sweeps over the data (`n_iter_`; EP warm-up sweeps of CEP, if any, not counted); "
-            "LogisticRegression: L-BFGS iterations (`n_iter_`, converged = fewer than max_iter). "
-            "× LogReg is against the default `LogisticRegression(fit_intercept=False)` (the targets' "
-            "reference); `tol=1e-8` is the same model solved to the optimum, the fair reference when "
-            "the default tolerance stops L-BFGS early (its tol bounds the gradient of the *mean* "
-            "loss, which on the sparse problem is below 1e-4 already at w = 0)."]
+    out += [
+        "",
+        "¹ CEP/EP: sweeps over the data (`n_iter_`; EP warm-up sweeps of CEP, if any, not counted); "
+        "LogisticRegression: L-BFGS iterations (`n_iter_`, converged = fewer than max_iter). "
+        "× LogReg is against the default `LogisticRegression(fit_intercept=False)` (the targets' "
+        "reference); `tol=1e-8` is the same model solved to the optimum, the fair reference when "
+        "the default tolerance stops L-BFGS early (its tol bounds the gradient of the *mean* "
+        "loss, which on the sparse problem is below 1e-4 already at w = 0).",
+    ]
     out += logistic_section(logistic, sz["dense_logistic"], row)
     out += small_section(small)
     out += auto_section(auto, dense)

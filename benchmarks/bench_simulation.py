@@ -25,6 +25,7 @@ gap to that bound, and the factorized methods' variances beside the NUTS margina
 diag Σ and conditional variances 1/diag(Σ⁻¹).  ``--quick``: simulation1 only, one repeat,
 outputs to a temporary directory.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -39,11 +40,21 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import (  # noqa: E402
+    ESTIMATORS,
+    LINKS,
+    METHODS,
+    RESULTS,
+    WARNINGS_SEEN,
+    command,
+    gauss_kl,
+    library_state,
+    load_nuts,
+    md_table,
+    timed_fit,
+)
+from baselines import ep_importance_sampling, laplace_propagation, vb_logistic, vb_probit  # noqa: E402
 
-from _common import (ESTIMATORS, LINKS, METHODS, RESULTS, WARNINGS_SEEN, command,  # noqa: E402
-                     gauss_kl, library_state, load_nuts, md_table, timed_fit)
-from baselines import (ep_importance_sampling, laplace_propagation, vb_logistic,  # noqa: E402
-                       vb_probit)
 from skcep.datasets import load_cep_simulation  # noqa: E402
 
 MAX_ITERS = (1, 2, 3, 5, 8, 13, 20, 30, 50, 100, 200)
@@ -76,9 +87,13 @@ def run(sets, repeats):
                         est.set_params(max_iter=it)
                     fits = [timed_fit(est, X, y) for _ in range(repeats)]
                     cov = est.coef_cov_[0] if "covariance" in kw else np.diag(est.coef_var_[0])
-                    row = dict(s=min(f[0] for f in fits), kl=gauss_kl(mu, S, est.coef_[0], cov),
-                               it=int(est.n_iter_[0]), conv=bool(est.converged_[0]),
-                               var=est.coef_var_[0])
+                    row = dict(
+                        s=min(f[0] for f in fits),
+                        kl=gauss_kl(mu, S, est.coef_[0], cov),
+                        it=int(est.n_iter_[0]),
+                        conv=bool(est.converged_[0]),
+                        var=est.coef_var_[0],
+                    )
                     if it is None:
                         final[k, link, m] = row
                     else:
@@ -92,25 +107,30 @@ def run_baselines(X, y, link, mu, S, k, curves, final):
     """LP and IS-EP traced sweep by sweep (one run each), VB to convergence."""
     sign = 2.0 * y - 1.0
     runs = {
-        "lp": lambda: laplace_propagation(X, sign, link, 1.0, max_iter=LP_SWEEPS,
-                                          record_history=True),
-        "is-ep": lambda: ep_importance_sampling(X, sign, link, 1.0, n_samples=IS_SAMPLES,
-                                                max_iter=IS_SWEEPS, random_state=k,
-                                                record_history=True),
+        "lp": lambda: laplace_propagation(X, sign, link, 1.0, max_iter=LP_SWEEPS, record_history=True),
+        "is-ep": lambda: ep_importance_sampling(
+            X, sign, link, 1.0, n_samples=IS_SAMPLES, max_iter=IS_SWEEPS, random_state=k, record_history=True
+        ),
     }
     for m, fit in runs.items():
         post = fit()
-        rows = [dict(s=sec, kl=gauss_kl(mu, S, mean, np.diag(var)), it=it, conv=False, var=var)
-                for it, (sec, mean, var) in enumerate(post.history, start=1)]
+        rows = [
+            dict(s=sec, kl=gauss_kl(mu, S, mean, np.diag(var)), it=it, conv=False, var=var)
+            for it, (sec, mean, var) in enumerate(post.history, start=1)
+        ]
         rows[-1]["conv"] = post.converged
         curves[k, link, m] = rows
         final[k, link, m] = rows[-1]
     vb = vb_probit if link == "probit" else vb_logistic
     t0 = time.perf_counter()
     post = vb(X, sign, 1.0)
-    final[k, link, "vb"] = dict(s=time.perf_counter() - t0,
-                                kl=gauss_kl(mu, S, post.mean, np.diag(post.var)),
-                                it=post.n_iter, conv=post.converged, var=post.var)
+    final[k, link, "vb"] = dict(
+        s=time.perf_counter() - t0,
+        kl=gauss_kl(mu, S, post.mean, np.diag(post.var)),
+        it=post.n_iter,
+        conv=post.converged,
+        var=post.var,
+    )
 
 
 def best_factorized_kl(S):
@@ -127,52 +147,68 @@ def plot(curves, sets, path):
                 c = curves[k, link, m]
                 style = "o-" if m in METHODS else "s--"
                 ax.plot([r["s"] for r in c], [r["kl"] for r in c], style, ms=3, label=m)
-            ax.axhline(best_factorized_kl(reference(k, link)[1]), ls="--", c="gray",
-                       label="best factorized")
-            ax.set(xscale="log", yscale="log", xlabel="fit seconds (log)",
-                   ylabel="KL(NUTS ‖ q), nats", title=f"simulation{k}, {link}")
+            ax.axhline(best_factorized_kl(reference(k, link)[1]), ls="--", c="gray", label="best factorized")
+            ax.set(
+                xscale="log",
+                yscale="log",
+                xlabel="fit seconds (log)",
+                ylabel="KL(NUTS ‖ q), nats",
+                title=f"simulation{k}, {link}",
+            )
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.grid(alpha=0.3, which="both")
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle("KL to NUTS vs run time, max_iter = 1 … 200; LP / IS-EP: one point per sweep "
-                 "(cf. papers/000 Fig. 1)", fontsize=10)
+    fig.suptitle(
+        "KL to NUTS vs run time, max_iter = 1 … 200; LP / IS-EP: one point per sweep (cf. papers/000 Fig. 1)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def report(curves, final, sets, png, elapsed):
-    out = [f"`{command()}`", "",
-           "# KL to NUTS against run time on the simulated sets (papers/000 §6.1, Fig. 1)", "",
-           "5,000 training points, 4 weights, no intercept, prior N(0, I). Reference: the "
-           "authors' NUTS Gaussian (logistic) and ours (probit; `results/nuts`). "
-           "KL = KL(NUTS ‖ q) in nats. The paper's Fig. 1 has no numbers in its text except "
-           "KJIT's KL {14.7, 1.4e13} (logistic, simulation1/2); it reports CEP-1, CEP-2 and "
-           "EP reaching almost the same KL. Our NUTS vs the authors' NUTS differ by KL "
-           "4.1e-3 / 1.6e-3 (simulation1/2, `results/nuts/summary.md`): differences below "
-           "that are noise. Note: skcep's CEP fits start with a few undamped factorized-EP "
-           "warm-up sweeps (up to 10, `warmup_sweeps` of `skcep/engines/glm.py:fit_factorized`; not counted in n_iter, "
-           "but timed), so the CEP curves start where EP has already made that many sweeps.",
-           "", f"Library measured: {library_state()}.", "",
-           f"Plot: `{png.name}`.", "",
-           "Baselines (`benchmarks/baselines.py`, fully factorized, sites from zero precision = "
-           "the limit of the paper's flat N(0, 1e6) messages, sequential site-by-site sweeps): "
-           "`lp` = Laplace propagation, each site update runs L-BFGS-B (≤ 100 iterations) to the "
-           "mode of the data point's tilted distribution over all weights and takes the exact "
-           f"marginal variances of its Laplace approximation; at most {LP_SWEEPS} sweeps, tol "
-           "1e-3. `is-ep` = factorized EP whose tilted moments of the linear predictor are "
-           f"self-normalised importance-sampling estimates from {IS_SAMPLES:,} draws of the "
-           "cavity of the linear predictor per site update (the paper: 500,000 — 50× more, "
-           f"too slow here for 5,000 sites a sweep); at most {IS_SWEEPS} sweeps. Each is run "
-           "once, with (seconds, KL) recorded after every sweep — one plotted point per "
-           "sweep — so its times are single runs, not best of 3. `vb` = mean-field VB "
-           "(probit: augmented model; logistic: Jaakkola–Jordan bound), converged from "
-           "q = prior; only in the table, as in the paper (it minimises the reverse KL).", "",
-           "## Converged KL and the factorized bound", "",
-           "best factorized = KL to the moment-matched N(μ_nuts, diag Σ_nuts), the smallest KL "
-           "any fully factorized Gaussian can reach; gap = KL − best factorized. Fits at the "
-           "default max_iter (300), time = best of the repeats. `N(μ, conditional var.)` = NUTS "
-           "mean with the NUTS conditional variances 1/diag(Σ⁻¹), where a factorized EP fixed "
-           "point tends to land (see the last table).", ""]
+    out = [
+        f"`{command()}`",
+        "",
+        "# KL to NUTS against run time on the simulated sets (papers/000 §6.1, Fig. 1)",
+        "",
+        "5,000 training points, 4 weights, no intercept, prior N(0, I). Reference: the "
+        "authors' NUTS Gaussian (logistic) and ours (probit; `results/nuts`). "
+        "KL = KL(NUTS ‖ q) in nats. The paper's Fig. 1 has no numbers in its text except "
+        "KJIT's KL {14.7, 1.4e13} (logistic, simulation1/2); it reports CEP-1, CEP-2 and "
+        "EP reaching almost the same KL. Our NUTS vs the authors' NUTS differ by KL "
+        "4.1e-3 / 1.6e-3 (simulation1/2, `results/nuts/summary.md`): differences below "
+        "that are noise. Note: skcep's CEP fits start with a few undamped factorized-EP "
+        "warm-up sweeps (up to 10, `warmup_sweeps` of `skcep/engines/glm.py:fit_factorized`; not counted in n_iter, "
+        "but timed), so the CEP curves start where EP has already made that many sweeps.",
+        "",
+        f"Library measured: {library_state()}.",
+        "",
+        f"Plot: `{png.name}`.",
+        "",
+        "Baselines (`benchmarks/baselines.py`, fully factorized, sites from zero precision = "
+        "the limit of the paper's flat N(0, 1e6) messages, sequential site-by-site sweeps): "
+        "`lp` = Laplace propagation, each site update runs L-BFGS-B (≤ 100 iterations) to the "
+        "mode of the data point's tilted distribution over all weights and takes the exact "
+        f"marginal variances of its Laplace approximation; at most {LP_SWEEPS} sweeps, tol "
+        "1e-3. `is-ep` = factorized EP whose tilted moments of the linear predictor are "
+        f"self-normalised importance-sampling estimates from {IS_SAMPLES:,} draws of the "
+        "cavity of the linear predictor per site update (the paper: 500,000 — 50× more, "
+        f"too slow here for 5,000 sites a sweep); at most {IS_SWEEPS} sweeps. Each is run "
+        "once, with (seconds, KL) recorded after every sweep — one plotted point per "
+        "sweep — so its times are single runs, not best of 3. `vb` = mean-field VB "
+        "(probit: augmented model; logistic: Jaakkola–Jordan bound), converged from "
+        "q = prior; only in the table, as in the paper (it minimises the reverse KL).",
+        "",
+        "## Converged KL and the factorized bound",
+        "",
+        "best factorized = KL to the moment-matched N(μ_nuts, diag Σ_nuts), the smallest KL "
+        "any fully factorized Gaussian can reach; gap = KL − best factorized. Fits at the "
+        "default max_iter (300), time = best of the repeats. `N(μ, conditional var.)` = NUTS "
+        "mean with the NUTS conditional variances 1/diag(Σ⁻¹), where a factorized EP fixed "
+        "point tends to land (see the last table).",
+        "",
+    ]
     rows = []
     for k in sets:
         for link in LINKS:
@@ -180,55 +216,124 @@ def report(curves, final, sets, png, elapsed):
             mu, S = reference(k, link)
             cond = gauss_kl(mu, S, mu, np.diag(1.0 / np.diag(np.linalg.inv(S))))
             rows.append([f"simulation{k}", link, "best factorized", f"{best:.4g}", "", "", "", ""])
-            rows.append([f"simulation{k}", link, "N(μ, conditional var.)", f"{cond:.4g}",
-                         f"{cond - best:+.3g}", "", "", ""])
+            rows.append(
+                [f"simulation{k}", link, "N(μ, conditional var.)", f"{cond:.4g}", f"{cond - best:+.3g}", "", "", ""]
+            )
             for m in tuple(METHODS) + TRACED + ("vb",):
                 r = final[k, link, m]
-                rows.append([f"simulation{k}", link, m, f"{r['kl']:.4g}", f"{r['kl'] - best:+.3g}",
-                             f"{r['s']:.3f}", r["it"], r["conv"]])
-    out += [md_table(("set", "link", "method", "KL", "gap", "fit s", "n_iter", "converged"),
-                     rows), ""]
-    out += ["LP and IS-EP rows: the last recorded sweep (n_iter; converged = the tol test "
-            "passed before the sweep cap).", ""]
-    out += ["## Speed ratios (same run)", "",
-            "Fit seconds to the rows above: LP and IS-EP (their whole run) against skcep's "
-            "CEP-1 and EP at the default max_iter (best of the repeats).", ""]
+                rows.append(
+                    [
+                        f"simulation{k}",
+                        link,
+                        m,
+                        f"{r['kl']:.4g}",
+                        f"{r['kl'] - best:+.3g}",
+                        f"{r['s']:.3f}",
+                        r["it"],
+                        r["conv"],
+                    ]
+                )
+    out += [md_table(("set", "link", "method", "KL", "gap", "fit s", "n_iter", "converged"), rows), ""]
+    out += [
+        "LP and IS-EP rows: the last recorded sweep (n_iter; converged = the tol test passed before the sweep cap).",
+        "",
+    ]
+    out += [
+        "## Speed ratios (same run)",
+        "",
+        "Fit seconds to the rows above: LP and IS-EP (their whole run) against skcep's "
+        "CEP-1 and EP at the default max_iter (best of the repeats).",
+        "",
+    ]
     rows = []
     for k in sets:
         for link in LINKS:
             sec = {m: final[k, link, m]["s"] for m in ("cep1", "ep", "lp", "is-ep")}
-            rows.append([f"simulation{k}", link] + [f"{sec[m]:.3f}" for m in sec]
-                        + [f"{sec[a] / sec[b]:.0f}" for a in TRACED for b in ("cep1", "ep")])
-    out += [md_table(("set", "link", "cep1 s", "ep s", "lp s", "is-ep s", "lp / cep1",
-                      "lp / ep", "is-ep / cep1", "is-ep / ep"), rows), ""]
-    out += ["## KL by max_iter", "", "The points of the plot (KL in nats; time in the PNG). "
-            "LP / IS-EP: KL after that many sweeps of their single run (– : run ended "
-            "earlier).", ""]
-    rows = [[f"simulation{k}", link, m] + [f"{r['kl']:.3g}" for r in curves[k, link, m]]
-            for k in sets for link in LINKS for m in METHODS]
-    rows += [[f"simulation{k}", link, m]
-             + [f"{curves[k, link, m][it - 1]['kl']:.3g}" if it <= len(curves[k, link, m])
-                else "–" for it in MAX_ITERS]
-             for k in sets for link in LINKS for m in TRACED]
+            rows.append(
+                [f"simulation{k}", link]
+                + [f"{sec[m]:.3f}" for m in sec]
+                + [f"{sec[a] / sec[b]:.0f}" for a in TRACED for b in ("cep1", "ep")]
+            )
+    out += [
+        md_table(
+            ("set", "link", "cep1 s", "ep s", "lp s", "is-ep s", "lp / cep1", "lp / ep", "is-ep / cep1", "is-ep / ep"),
+            rows,
+        ),
+        "",
+    ]
+    out += [
+        "## KL by max_iter",
+        "",
+        "The points of the plot (KL in nats; time in the PNG). "
+        "LP / IS-EP: KL after that many sweeps of their single run (– : run ended "
+        "earlier).",
+        "",
+    ]
+    rows = [
+        [f"simulation{k}", link, m] + [f"{r['kl']:.3g}" for r in curves[k, link, m]]
+        for k in sets
+        for link in LINKS
+        for m in METHODS
+    ]
+    rows += [
+        [f"simulation{k}", link, m]
+        + [f"{curves[k, link, m][it - 1]['kl']:.3g}" if it <= len(curves[k, link, m]) else "–" for it in MAX_ITERS]
+        for k in sets
+        for link in LINKS
+        for m in TRACED
+    ]
     out += [md_table(("set", "link", "method") + MAX_ITERS, rows), ""]
-    out += ["## Factorized variances against NUTS", "",
-            "A factorized EP fixed point is known to track the *conditional* variances "
-            "1/diag(Σ⁻¹) rather than the marginal ones diag Σ; with correlated weights these "
-            "differ. Converged fits; ratio = EP variance / conditional variance.", ""]
+    out += [
+        "## Factorized variances against NUTS",
+        "",
+        "A factorized EP fixed point is known to track the *conditional* variances "
+        "1/diag(Σ⁻¹) rather than the marginal ones diag Σ; with correlated weights these "
+        "differ. Converged fits; ratio = EP variance / conditional variance.",
+        "",
+    ]
     rows = []
     for k in sets:
         for link in LINKS:
             S = reference(k, link)[1]
             marg, cond = np.diag(S), 1.0 / np.diag(np.linalg.inv(S))
             for j in range(len(marg)):
-                v = {m: final[k, link, m]["var"][j] for m in ("ep", "cep1", "cep2") + TRACED
-                     + ("vb",)}
-                rows.append([f"simulation{k}", link, f"w{j + 1}", f"{marg[j]:.3e}",
-                             f"{cond[j]:.3e}", f"{v['ep']:.3e}", f"{v['cep1']:.3e}",
-                             f"{v['cep2']:.3e}", f"{v['ep'] / cond[j]:.3f}", f"{v['lp']:.3e}",
-                             f"{v['is-ep']:.3e}", f"{v['vb']:.3e}"])
-    out += [md_table(("set", "link", "weight", "NUTS marginal", "NUTS conditional", "ep",
-                      "cep1", "cep2", "ratio ep/cond.", "lp", "is-ep", "vb"), rows), ""]
+                v = {m: final[k, link, m]["var"][j] for m in ("ep", "cep1", "cep2") + TRACED + ("vb",)}
+                rows.append(
+                    [
+                        f"simulation{k}",
+                        link,
+                        f"w{j + 1}",
+                        f"{marg[j]:.3e}",
+                        f"{cond[j]:.3e}",
+                        f"{v['ep']:.3e}",
+                        f"{v['cep1']:.3e}",
+                        f"{v['cep2']:.3e}",
+                        f"{v['ep'] / cond[j]:.3f}",
+                        f"{v['lp']:.3e}",
+                        f"{v['is-ep']:.3e}",
+                        f"{v['vb']:.3e}",
+                    ]
+                )
+    out += [
+        md_table(
+            (
+                "set",
+                "link",
+                "weight",
+                "NUTS marginal",
+                "NUTS conditional",
+                "ep",
+                "cep1",
+                "cep2",
+                "ratio ep/cond.",
+                "lp",
+                "is-ep",
+                "vb",
+            ),
+            rows,
+        ),
+        "",
+    ]
     other = {msg: n for msg, n in WARNINGS_SEEN.items() if not msg.startswith("ConvergenceWarning")}
     out += ["## Warnings other than ConvergenceWarning raised during fits", ""]
     lines = [f"- {n} × {msg}" for msg, n in sorted(other.items(), key=lambda kv: -kv[1])]
@@ -239,8 +344,9 @@ def report(curves, final, sets, png, elapsed):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="simulation1 only, one repeat, outputs to a temporary directory")
+    parser.add_argument(
+        "--quick", action="store_true", help="simulation1 only, one repeat, outputs to a temporary directory"
+    )
     args = parser.parse_args()
     sets, repeats = ((1,), 1) if args.quick else ((1, 2), 3)
     out_dir = Path(tempfile.mkdtemp()) if args.quick else RESULTS

@@ -14,6 +14,7 @@ and the fit's posterior means in the fit's posterior sd (the issue's target: ≤
 ≤ 1 sd factorized), the two λ, the held-out log-likelihood of both, and the CPU seconds of the
 whole stream and of ``fit``.  ``--quick``: split 0 only, printed rather than written.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -24,11 +25,10 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import ESTIMATORS, command, library_state, machine_lines, md_table, verdict, write_report  # noqa: E402
 from sklearn.datasets import load_breast_cancer  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
-
-from _common import ESTIMATORS, command, library_state, machine_lines, md_table, verdict, write_report  # noqa: E402
 
 BATCH = 50
 LIMIT = {"full": 0.5, "diagonal": 1.0}  # the issue's targets, posterior sd
@@ -43,7 +43,7 @@ def timed(call):
 def stream(make, X, y):
     model = make()
     for start in range(0, len(y), BATCH):
-        model.partial_fit(X[start:start + BATCH], y[start:start + BATCH], classes=[0, 1])
+        model.partial_fit(X[start : start + BATCH], y[start : start + BATCH], classes=[0, 1])
     return model
 
 
@@ -62,7 +62,8 @@ def main():
     X_all, y_all = load_breast_cancer(return_X_y=True)
     rows, gaps = [], {}
     for split, (link, cls), cov, prior in itertools.product(
-            (0,) if quick else range(5), ESTIMATORS.items(), ("full", "diagonal"), ("auto", 1.0)):
+        (0,) if quick else range(5), ESTIMATORS.items(), ("full", "diagonal"), ("auto", 1.0)
+    ):
         X, X_test, y, y_test = train_test_split(X_all, y_all, test_size=0.3, random_state=split)
         scaler = StandardScaler().fit(X)
         X, X_test = scaler.transform(X), scaler.transform(X_test)
@@ -74,24 +75,50 @@ def main():
         mean, sd = weights(fitted)
         gap = float(np.max(np.abs(weights(streamed)[0] - mean) / sd))
         gaps.setdefault((link, cov, prior), []).append(gap)
-        rows.append([split, link, cov, prior, f"{fitted.prior_variance_[0]:.3g} / {streamed.prior_variance_[0]:.3g}",
-                     f"{gap:.2f}", f"{held_out(fitted, X_test, y_test):.4f} / {held_out(streamed, X_test, y_test):.4f}",
-                     f"{t_fit:.3f} / {t_stream:.3f}"])
-    summary = [[link, cov, prior, " ".join(f"{g:.2f}" for g in v), f"{max(v):.2f}",
-                f"≤ {LIMIT[cov]}: {verdict(max(v) <= LIMIT[cov])}" if prior == "auto" else "—"]
-               for (link, cov, prior), v in gaps.items()]
+        rows.append(
+            [
+                split,
+                link,
+                cov,
+                prior,
+                f"{fitted.prior_variance_[0]:.3g} / {streamed.prior_variance_[0]:.3g}",
+                f"{gap:.2f}",
+                f"{held_out(fitted, X_test, y_test):.4f} / {held_out(streamed, X_test, y_test):.4f}",
+                f"{t_fit:.3f} / {t_stream:.3f}",
+            ]
+        )
+    summary = [
+        [
+            link,
+            cov,
+            prior,
+            " ".join(f"{g:.2f}" for g in v),
+            f"{max(v):.2f}",
+            f"≤ {LIMIT[cov]}: {verdict(max(v) <= LIMIT[cov])}" if prior == "auto" else "—",
+        ]
+        for (link, cov, prior), v in gaps.items()
+    ]
     out = [
-        "# A stream of batches against the batch fit", "",
-        f"`{command()}`", "", library_state(), "", *machine_lines(), "",
+        "# A stream of batches against the batch fit",
+        "",
+        f"`{command()}`",
+        "",
+        library_state(),
+        "",
+        *machine_lines(),
+        "",
         f"Breast-cancer data (scikit-learn), 70/30 splits 0–{0 if quick else 4}, standardised; "
         f"batches of {BATCH}. \"full\": the defaults on 30 features (EP, full covariance); "
         "\"diagonal\": `covariance=\"diagonal\"` (CEP-1). Gap: the largest |stream mean − fit "
-        "mean| over the weights and the intercept, in the fit's posterior sd.", "",
-        "## Summary (gap per split, posterior sd)", "",
-        md_table(["link", "covariance", "prior_variance", "gap per split", "worst", "target"], summary), "",
-        "## Every run (each cell: fit / stream)", "",
-        md_table(["split", "link", "covariance", "prior_variance", "λ", "gap (sd)", "held-out log-lik",
-                  "CPU s"], rows),
+        "mean| over the weights and the intercept, in the fit's posterior sd.",
+        "",
+        "## Summary (gap per split, posterior sd)",
+        "",
+        md_table(["link", "covariance", "prior_variance", "gap per split", "worst", "target"], summary),
+        "",
+        "## Every run (each cell: fit / stream)",
+        "",
+        md_table(["split", "link", "covariance", "prior_variance", "λ", "gap (sd)", "held-out log-lik", "CPU s"], rows),
     ]
     write_report(out, "stream.md", quick)
 

@@ -12,6 +12,7 @@ tolerance (``tol=1e-3``) only: reported are the largest difference of a posterio
 posterior sds, of a variance relative, of ``log_evidence_``, the sweeps and the fit seconds
 (best of 3).  ``--quick``: w_max = 10 only, one repeat, printed rather than written.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -22,8 +23,8 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
-
 from _common import ESTIMATORS, command, library_state, machine_lines, md_table, write_report  # noqa: E402
+
 from skcep.datasets import load_pima  # noqa: E402
 
 CONFIGS = (("cep1", "diagonal"), ("cep2", "diagonal"), ("ep", "diagonal"), ("ep", "full"))
@@ -58,23 +59,60 @@ def main():
                 warnings.simplefilter("error")  # a ConvergenceWarning would be reported
                 a, ta = best_fit(make, X, y, repeats, sample_weight=w)
                 b, tb = best_fit(make, Xr, yr, repeats)
-            mean = max(np.max(np.abs(a.coef_ - b.coef_) / np.sqrt(b.coef_var_)),
-                       np.max(np.abs(a.intercept_ - b.intercept_) / np.sqrt(b.intercept_var_)))
+            mean = max(
+                np.max(np.abs(a.coef_ - b.coef_) / np.sqrt(b.coef_var_)),
+                np.max(np.abs(a.intercept_ - b.intercept_) / np.sqrt(b.intercept_var_)),
+            )
             var = np.max(np.abs(a.coef_var_ / b.coef_var_ - 1))
             lam = f"{a.prior_variance_[0]:.4g} / {b.prior_variance_[0]:.4g}"
-            rows.append([w_max, link, method, cov, prior, lam, f"{len(y)} / {len(yr)}", f"{mean:.1e}",
-                         f"{var:.1e}", f"{abs(a.log_evidence_ - b.log_evidence_).max():.1e}",
-                         f"{a.n_iter_[0]} / {b.n_iter_[0]}", f"{ta:.3f} / {tb:.3f}"])
+            rows.append(
+                [
+                    w_max,
+                    link,
+                    method,
+                    cov,
+                    prior,
+                    lam,
+                    f"{len(y)} / {len(yr)}",
+                    f"{mean:.1e}",
+                    f"{var:.1e}",
+                    f"{abs(a.log_evidence_ - b.log_evidence_).max():.1e}",
+                    f"{a.n_iter_[0]} / {b.n_iter_[0]}",
+                    f"{ta:.3f} / {tb:.3f}",
+                ]
+            )
     out = [
-        "# Integer sample weights against repeated rows", "",
-        f"`{command()}`", "", library_state(), "", *machine_lines(), "",
+        "# Integer sample weights against repeated rows",
+        "",
+        f"`{command()}`",
+        "",
+        library_state(),
+        "",
+        *machine_lines(),
+        "",
         "Pima training set, standardised; weights uniform in 1..w_max (seed 0); default "
         "settings (tol=1e-3), with the default prior_variance=\"auto\" and with 1.0. Each cell: "
         "weighted / repeated. With \"auto\" the two fits may choose different λ: the search's "
         "budget counts sweeps, and the weighted and the repeated rows run different block "
-        "schedules.", "",
-        md_table(["w_max", "link", "method", "covariance", "prior_variance", "λ", "rows", "max |Δmean| / sd",
-                  "max |Δvar| / var", "|Δ log evidence|", "sweeps", "seconds"], rows),
+        "schedules.",
+        "",
+        md_table(
+            [
+                "w_max",
+                "link",
+                "method",
+                "covariance",
+                "prior_variance",
+                "λ",
+                "rows",
+                "max |Δmean| / sd",
+                "max |Δvar| / var",
+                "|Δ log evidence|",
+                "sweeps",
+                "seconds",
+            ],
+            rows,
+        ),
     ]
     write_report(out, "weights.md", quick)
 

@@ -39,12 +39,12 @@ Existing outputs are skipped unless ``--force``. ``--quick`` is a smoke test (sh
 written to a scratch directory unless ``--out`` is given). ``summary.md`` is rebuilt from all
 outputs present at the end of every run.
 """
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("XLA_FLAGS",
-                      "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
@@ -61,7 +61,8 @@ import numpyro.distributions as dist  # noqa: E402
 from jax.scipy.special import log_ndtr  # noqa: E402
 from numpyro.diagnostics import effective_sample_size, split_gelman_rubin  # noqa: E402
 from numpyro.infer import MCMC, NUTS  # noqa: E402
-from scipy.special import log_expit, log_ndtr as np_log_ndtr  # noqa: E402
+from scipy.special import log_expit  # noqa: E402
+from scipy.special import log_ndtr as np_log_ndtr
 from sklearn.datasets import load_breast_cancer  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
@@ -137,10 +138,16 @@ def model(X, s, link, intercept):
 def run_nuts(X, y, link, intercept, seed, num_warmup, num_samples, num_chains):
     """NUTS draws of theta = (w, b) (b last if intercept), shape (chains, draws, dim)."""
     # Data are jit arguments (jit_model_args) so that same-shaped splits hit the XLA cache.
-    kernel = NUTS(functools.partial(model, link=link, intercept=intercept), dense_mass=True,
-                  target_accept_prob=0.9)
-    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
-                chain_method="sequential", progress_bar=False, jit_model_args=True)
+    kernel = NUTS(functools.partial(model, link=link, intercept=intercept), dense_mass=True, target_accept_prob=0.9)
+    mcmc = MCMC(
+        kernel,
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=num_chains,
+        chain_method="sequential",
+        progress_bar=False,
+        jit_model_args=True,
+    )
     mcmc.run(jax.random.PRNGKey(seed), jnp.asarray(X, float), jnp.asarray(2 * y - 1, float))
     s = mcmc.get_samples(group_by_chain=True)
     theta = np.asarray(s["w"])
@@ -154,7 +161,7 @@ def run_nuts(X, y, link, intercept, seed, num_warmup, num_samples, num_chains):
 def predictive(theta, X, link, intercept):
     """Posterior-predictive log p(y=1|x) and log p(y=0|x), averaged over all draws."""
     t = theta.reshape(-1, theta.shape[-1])
-    a = X @ t[:, :X.shape[1]].T + (t[:, -1] if intercept else 0.0)   # (n_test, draws)
+    a = X @ t[:, : X.shape[1]].T + (t[:, -1] if intercept else 0.0)  # (n_test, draws)
     logcdf = np_log_ndtr if link == "probit" else log_expit
     lse = lambda z: np.logaddexp.reduce(z, axis=1) - np.log(z.shape[1])  # noqa: E731
     return lse(logcdf(a)), lse(logcdf(-a))
@@ -168,17 +175,23 @@ def summarise(theta, X_test, y_test, link, intercept):
     log_p1, log_p0 = predictive(theta, X_test, link, intercept)
     flat = theta.reshape(-1, theta.shape[-1])
     r_hat, ess = diagnostics(theta)
-    return dict(mean=flat.mean(0), cov=np.cov(flat, rowvar=False), p_test=np.exp(log_p1),
-                y_test=y_test, test_ll=float(np.mean(np.where(y_test == 1, log_p1, log_p0))),
-                test_auc=float(roc_auc_score(y_test, log_p1)), r_hat_max=r_hat, ess_min=ess)
+    return dict(
+        mean=flat.mean(0),
+        cov=np.cov(flat, rowvar=False),
+        p_test=np.exp(log_p1),
+        y_test=y_test,
+        test_ll=float(np.mean(np.where(y_test == 1, log_p1, log_p0))),
+        test_auc=float(roc_auc_score(y_test, log_p1)),
+        r_hat_max=r_hat,
+        ess_min=ess,
+    )
 
 
 def gauss_kl(m0, S0, m1, S1):
     """KL(N(m0, S0) || N(m1, S1))."""
     S1inv = np.linalg.inv(S1)
     d = m1 - m0
-    return 0.5 * (np.trace(S1inv @ S0) + d @ S1inv @ d - len(m0)
-                  + np.linalg.slogdet(S1)[1] - np.linalg.slogdet(S0)[1])
+    return 0.5 * (np.trace(S1inv @ S0) + d @ S1inv @ d - len(m0) + np.linalg.slogdet(S1)[1] - np.linalg.slogdet(S0)[1])
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -192,69 +205,78 @@ def fit_one(tag, data, link, intercept, out, settings, force):
     theta, div = run_nuts(X_tr, y_tr, link, intercept, zlib.crc32(tag.encode()), **settings)
     jax.clear_caches()  # loaded executables pile up (one set per chain) and exhaust mmap limits
     res = summarise(theta, X_te, y_te, link, intercept)
-    res.update(divergences=div, seconds=time.perf_counter() - t0, n_train=len(y_tr),
-               intercept=intercept, **settings)
+    res.update(divergences=div, seconds=time.perf_counter() - t0, n_train=len(y_tr), intercept=intercept, **settings)
     if len(data) > 4:  # simulation: compare with the authors' NUTS reference
         ref = data[4]
-        res.update(ref_mean=ref["nuts_mean"], ref_cov=ref["nuts_cov"],
-                   kl_ref_ours=gauss_kl(ref["nuts_mean"], ref["nuts_cov"], res["mean"], res["cov"]),
-                   kl_ours_ref=gauss_kl(res["mean"], res["cov"], ref["nuts_mean"], ref["nuts_cov"]))
+        res.update(
+            ref_mean=ref["nuts_mean"],
+            ref_cov=ref["nuts_cov"],
+            kl_ref_ours=gauss_kl(ref["nuts_mean"], ref["nuts_cov"], res["mean"], res["cov"]),
+            kl_ours_ref=gauss_kl(res["mean"], res["cov"], ref["nuts_mean"], ref["nuts_cov"]),
+        )
     if tag.startswith("wdbc"):
         res["train_idx"], res["test_idx"] = wdbc_indices(int(tag.rsplit("_", 1)[1]))
     np.savez(path, **res)
-    print(f"{tag:24s} test_ll={res['test_ll']:.4f} auc={res['test_auc']:.4f} "
-          f"rhat={res['r_hat_max']:.4f} ess={res['ess_min']:.0f} div={div} "
-          f"{res['seconds']:.1f}s", flush=True)
+    print(
+        f"{tag:24s} test_ll={res['test_ll']:.4f} auc={res['test_auc']:.4f} "
+        f"rhat={res['r_hat_max']:.4f} ess={res['ess_min']:.0f} div={div} "
+        f"{res['seconds']:.1f}s",
+        flush=True,
+    )
 
 
 def write_summary(out, settings):
     """Rebuild summary.md from every output present in `out`."""
-    sampling = sum(float(np.load(p)["seconds"]) for p in out.glob("*_*.npz")
-                   if p.stem != "wdbc_splits")
-    lines = [f"# NUTS reference posteriors\n\nRegenerate with:\n\n    {COMMAND} --force\n",
-             f"numpyro {numpyro.__version__}, jax {jax.__version__}; NUTS with dense mass matrix, "
-             f"target_accept 0.9, {settings['num_chains']} chains x ({settings['num_warmup']} "
-             f"warm-up + {settings['num_samples']} draws). Prior w ~ N(0, I), b ~ N(0, "
-             f"{PRIOR_VAR_B:g}); simulations: no intercept. Total time of the outputs below: "
-             f"{sampling / 60:.1f} min on one CPU thread. ESS can exceed the number of draws "
-             "(NUTS draws are often anti-correlated).\n",
-             "| data set | link | test log-lik (mean ± std) | test AUC (mean ± std) "
-             "| max R-hat | min ESS | divergences | splits |",
-             "|---|---|---|---|---|---|---|---|"]
+    sampling = sum(float(np.load(p)["seconds"]) for p in out.glob("*_*.npz") if p.stem != "wdbc_splits")
+    lines = [
+        f"# NUTS reference posteriors\n\nRegenerate with:\n\n    {COMMAND} --force\n",
+        f"numpyro {numpyro.__version__}, jax {jax.__version__}; NUTS with dense mass matrix, "
+        f"target_accept 0.9, {settings['num_chains']} chains x ({settings['num_warmup']} "
+        f"warm-up + {settings['num_samples']} draws). Prior w ~ N(0, I), b ~ N(0, "
+        f"{PRIOR_VAR_B:g}); simulations: no intercept. Total time of the outputs below: "
+        f"{sampling / 60:.1f} min on one CPU thread. ESS can exceed the number of draws "
+        "(NUTS draws are often anti-correlated).\n",
+        "| data set | link | test log-lik (mean ± std) | test AUC (mean ± std) "
+        "| max R-hat | min ESS | divergences | splits |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name in DATASETS:
         for link in LINKS:
             rs = [np.load(p) for k in SPLITS if (p := out / f"{name}_{link}_{k}.npz").exists()]
             if not rs:
                 continue
             ll, auc = [np.array([float(r[key]) for r in rs]) for key in ("test_ll", "test_auc")]
-            lines.append(f"| {name} | {link} | {ll.mean():.4f} ± {ll.std():.4f} | "
-                         f"{auc.mean():.4f} ± {auc.std():.4f} | "
-                         f"{max(float(r['r_hat_max']) for r in rs):.4f} | "
-                         f"{min(float(r['ess_min']) for r in rs):.0f} | "
-                         f"{sum(int(r['divergences']) for r in rs)} | {len(rs)} |")
-    lines += ["\n## Simulated sets (no intercept, w ~ N(0, I))\n",
-              "KL between Gaussian summaries of our NUTS run and the authors' `nuts_mean`/"
-              "`nuts_cov` (logistic link only; the authors have no probit reference).\n",
-              "| set | link | test log-lik | test AUC | max R-hat | min ESS "
-              "| KL(authors ‖ ours) | KL(ours ‖ authors) |",
-              "|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {name} | {link} | {ll.mean():.4f} ± {ll.std():.4f} | "
+                f"{auc.mean():.4f} ± {auc.std():.4f} | "
+                f"{max(float(r['r_hat_max']) for r in rs):.4f} | "
+                f"{min(float(r['ess_min']) for r in rs):.0f} | "
+                f"{sum(int(r['divergences']) for r in rs)} | {len(rs)} |"
+            )
+    lines += [
+        "\n## Simulated sets (no intercept, w ~ N(0, I))\n",
+        "KL between Gaussian summaries of our NUTS run and the authors' `nuts_mean`/"
+        "`nuts_cov` (logistic link only; the authors have no probit reference).\n",
+        "| set | link | test log-lik | test AUC | max R-hat | min ESS | KL(authors ‖ ours) | KL(ours ‖ authors) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name in SIM_SETS:
         for link in LINKS:
             if not (p := out / f"{name}_{link}.npz").exists():
                 continue
             r = np.load(p)
-            kl = (f"{float(r['kl_ref_ours']):.2e} | {float(r['kl_ours_ref']):.2e}"
-                  if link == "logistic" else "– | –")
-            lines.append(f"| {name} | {link} | {float(r['test_ll']):.4f} | "
-                         f"{float(r['test_auc']):.4f} | {float(r['r_hat_max']):.4f} | "
-                         f"{float(r['ess_min']):.0f} | {kl} |")
+            kl = f"{float(r['kl_ref_ours']):.2e} | {float(r['kl_ours_ref']):.2e}" if link == "logistic" else "– | –"
+            lines.append(
+                f"| {name} | {link} | {float(r['test_ll']):.4f} | "
+                f"{float(r['test_auc']):.4f} | {float(r['r_hat_max']):.4f} | "
+                f"{float(r['ess_min']):.0f} | {kl} |"
+            )
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS + SIM_SETS),
-                    choices=DATASETS + SIM_SETS)
+    ap.add_argument("--datasets", nargs="+", default=list(DATASETS + SIM_SETS), choices=DATASETS + SIM_SETS)
     ap.add_argument("--links", nargs="+", default=list(LINKS), choices=LINKS)
     ap.add_argument("--splits", nargs="+", type=int, default=list(SPLITS), choices=SPLITS)
     ap.add_argument("--quick", action="store_true", help="short chains, scratch output dir")
@@ -269,12 +291,10 @@ def main(argv=None):
     for name in args.datasets:
         for link in args.links:
             if name in SIM_SETS:
-                fit_one(f"{name}_{link}", load_simulation(name), link, False, out, settings,
-                        args.force)
+                fit_one(f"{name}_{link}", load_simulation(name), link, False, out, settings, args.force)
                 continue
             for k in args.splits:
-                fit_one(f"{name}_{link}_{k}", load_split(name, k), link, True, out, settings,
-                        args.force)
+                fit_one(f"{name}_{link}_{k}", load_split(name, k), link, True, out, settings, args.force)
     total = time.perf_counter() - t0
     write_summary(out, settings)
     print(f"done in {total / 60:.1f} min; summary in {out / 'summary.md'}")

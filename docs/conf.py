@@ -91,9 +91,7 @@ def _adapt_links(app, docname, source):
             continue
         stem = name[: -len(".md")]
         # a toctree entry "deep_tensor" or "deep_tensor.md" (optionally "Title <deep_tensor>")
-        text, n_toc = re.subn(
-            rf"(?m)^[ \t]*(?:[^\n<`]*<)?{re.escape(stem)}(?:\.md)?>?[ \t]*\n", "", text
-        )
+        text, n_toc = re.subn(rf"(?m)^[ \t]*(?:[^\n<`]*<)?{re.escape(stem)}(?:\.md)?>?[ \t]*\n", "", text)
         # a link [text](deep_tensor.md#anchor) -> text
         text, n_link = re.subn(rf"(?<!!)\[([^\]]*)\]\({re.escape(name)}(?:#[^)]*)?\)", r"\1", text)
         if n_toc or n_link:

@@ -81,17 +81,19 @@ def main(argv=None):
     y = np.concatenate(y_pooled)
     proba = {label: np.concatenate(p) for label, p in proba.items()}
 
-    print(f"{y.size} pooled test points from {', '.join(cfg['datasets'])} "
-          f"(split{'s' if len(cfg['splits']) > 1 else ''} {', '.join(map(str, cfg['splits']))})")
+    print(
+        f"{y.size} pooled test points from {', '.join(cfg['datasets'])} "
+        f"(split{'s' if len(cfg['splits']) > 1 else ''} {', '.join(map(str, cfg['splits']))})"
+    )
     print(f"{'model':<26} {'log-loss':>9} {'Brier':>7} {'ECE':>7} {'accuracy':>9}")
     for label, p in proba.items():
-        print(f"{label:<26} {log_loss(y, p):9.4f} {brier_score_loss(y, p):7.4f} "
-              f"{expected_calibration_error(y, p):7.4f} {accuracy_score(y, p > 0.5):9.4f}")
+        print(
+            f"{label:<26} {log_loss(y, p):9.4f} {brier_score_loss(y, p):7.4f} "
+            f"{expected_calibration_error(y, p):7.4f} {accuracy_score(y, p > 0.5):9.4f}"
+        )
     print(f"fits that hit max_iter: {', '.join(not_converged) if not_converged else 'none'}")
 
-    fig, (ax, hist) = plt.subplots(
-        2, 1, figsize=(6, 7), sharex=True, gridspec_kw=dict(height_ratios=(3, 1))
-    )
+    fig, (ax, hist) = plt.subplots(2, 1, figsize=(6, 7), sharex=True, gridspec_kw=dict(height_ratios=(3, 1)))
     ax.plot([0, 1], [0, 1], color="0.6", ls=":", label="perfectly calibrated")
     markers = dict(zip(proba, "osD^"))
     for label, p in proba.items():

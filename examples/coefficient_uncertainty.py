@@ -78,9 +78,7 @@ def main(argv=None):
     names = list(data.feature_names)
 
     intervals = bayesian_intervals(X, y)
-    intervals[f"bootstrap LR ({n_resamples}x)"] = bootstrap_interval(
-        X, y, n_resamples, args.random_state
-    )
+    intervals[f"bootstrap LR ({n_resamples}x)"] = bootstrap_interval(X, y, n_resamples, args.random_state)
 
     print(f"Pima ({len(y)} women), standardised features; 95 % intervals as mean [low, high]")
     print(f"{'feature':<8}" + "".join(f"{label:>24}" for label in intervals))
@@ -89,16 +87,17 @@ def main(argv=None):
         print(f"{name:<8}" + "".join(f"{cell:>24}" for cell in cells))
     reference = intervals["EP (full cov.)"]
     ref_width = reference[2] - reference[1]
-    print(f"{'width':<8}" + "".join(
-        f"{np.mean((hi - lo) / ref_width):>24.2f}" for _, lo, hi in intervals.values()
-    ) + "   (mean interval width relative to full-covariance EP)")
+    print(
+        f"{'width':<8}"
+        + "".join(f"{np.mean((hi - lo) / ref_width):>24.2f}" for _, lo, hi in intervals.values())
+        + "   (mean interval width relative to full-covariance EP)"
+    )
 
     fig, ax = plt.subplots(figsize=(7, 5))
     offsets = np.linspace(-0.27, 0.27, len(intervals))
     for k, (label, (mean, low, high)) in enumerate(intervals.items()):
         rows = np.arange(len(names)) + offsets[k]
-        ax.errorbar(mean, rows, xerr=[mean - low, high - mean], fmt="os^D"[k], capsize=3,
-                    label=label)
+        ax.errorbar(mean, rows, xerr=[mean - low, high - mean], fmt="os^D"[k], capsize=3, label=label)
     ax.axvline(0.0, color="0.6", ls=":")
     ax.set_yticks(np.arange(len(names)), names)
     ax.invert_yaxis()

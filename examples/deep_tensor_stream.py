@@ -40,8 +40,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="4,000 ratings")
     parser.add_argument("--out", type=Path, default=Path("."), help="directory for the PNG")
-    parser.add_argument("--random-state", type=int, default=0,
-                        help="seed of the split, the stream order and the model")
+    parser.add_argument("--random-state", type=int, default=0, help="seed of the split, the stream order and the model")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     rng = np.random.default_rng(args.random_state)
@@ -51,16 +50,19 @@ def main(argv=None):
     if cfg["n_ratings"] is not None:
         keep = rng.choice(y.size, cfg["n_ratings"], replace=False)
         X, y = X[keep], y[keep]
-    X_train, X_test, y_train, y_test = train_test_split(
-        X, y, test_size=0.1, random_state=args.random_state
-    )
-    order = rng.permutation(y_train.size)              # the stream: training ratings, shuffled
+    X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.1, random_state=args.random_state)
+    order = rng.permutation(y_train.size)  # the stream: training ratings, shuffled
     X_train, y_train = X_train[order], y_train[order]
 
     batch = cfg["batch_size"]
-    model = StreamingDeepTensor(rank=8, hidden_layer_sizes=(50, 50), activation="relu",
-                                likelihood="gaussian", batch_size=batch,
-                                random_state=args.random_state)
+    model = StreamingDeepTensor(
+        rank=8,
+        hidden_layer_sizes=(50, 50),
+        activation="relu",
+        likelihood="gaussian",
+        batch_size=batch,
+        random_state=args.random_state,
+    )
     seen, test_rmse = [], []
     for start in range(0, y_train.size, batch):
         rows = slice(start, start + batch)
@@ -70,8 +72,10 @@ def main(argv=None):
     seen, test_rmse = np.array(seen), np.array(test_rmse)
     baseline = float(np.sqrt(np.mean((y_train.mean() - y_test) ** 2)))
 
-    print(f"MovieLens-small stream: {y_train.size:,} training ratings in {seen.size} batches of "
-          f"{batch}, {y_test.size:,} test ratings")
+    print(
+        f"MovieLens-small stream: {y_train.size:,} training ratings in {seen.size} batches of "
+        f"{batch}, {y_test.size:,} test ratings"
+    )
     print(f"{'ratings seen':>12} {'test RMSE':>10}")
     marks = np.unique(np.searchsorted(seen, np.linspace(0.1, 1.0, 10) * y_train.size))
     for k in np.append(0, marks[marks < seen.size]):

@@ -31,8 +31,7 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 from skcep import CEPLogisticClassifier  # noqa: E402
 from skcep.datasets import load_pima  # noqa: E402
 
-FULL = dict(methods=("cep1", "cep2", "ep", "ep-full"), prior_variances=np.logspace(-2, 2, 7),
-            folds=5)
+FULL = dict(methods=("cep1", "cep2", "ep", "ep-full"), prior_variances=np.logspace(-2, 2, 7), folds=5)
 QUICK = dict(methods=("ep", "ep-full"), prior_variances=np.array([0.1, 10.0]), folds=3)
 
 
@@ -51,17 +50,14 @@ def param_grid(methods, prior_variances):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="2 methods, 2 prior variances, 3 folds")
+    parser.add_argument("--quick", action="store_true", help="2 methods, 2 prior variances, 3 folds")
     parser.add_argument("--out", type=Path, default=Path("."), help="directory for the PNG")
     parser.add_argument("--random-state", type=int, default=0, help="seed of the split and folds")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
 
     X, y = load_pima(return_X_y=True)
-    X_train, X_test, y_train, y_test = train_test_split(
-        X, y, test_size=0.3, stratify=y, random_state=args.random_state
-    )
+    X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.3, stratify=y, random_state=args.random_state)
     pipe = Pipeline([("scale", StandardScaler()), ("clf", CEPLogisticClassifier())])
     search = GridSearchCV(
         pipe,
@@ -72,24 +68,23 @@ def main(argv=None):
     search.fit(X_train, y_train)
 
     results = pd.DataFrame(search.cv_results_)
-    results["method"] = np.where(
-        results["param_clf__covariance"] == "full", "ep-full", results["param_clf__method"]
-    )
+    results["method"] = np.where(results["param_clf__covariance"] == "full", "ep-full", results["param_clf__method"])
     results["prior_variance"] = results["param_clf__prior_variance"].astype(float)
     results["log_loss"] = -results["mean_test_score"]
     table = results.pivot(index="prior_variance", columns="method", values="log_loss")
     table = table[list(cfg["methods"])]
     table.index = [f"{v:.3g}" for v in table.index]
     table.index.name, table.columns.name = "prior_variance", None
-    print(f"Pima, {len(y_train)} training rows: {cfg['folds']}-fold CV log-loss "
-          "(lower is better)")
+    print(f"Pima, {len(y_train)} training rows: {cfg['folds']}-fold CV log-loss (lower is better)")
     print(table.to_string(float_format=lambda v: f"{v:.4f}"))
     best = search.best_params_
     best_method = "ep-full" if best["clf__covariance"] == "full" else best["clf__method"]
     test_loss = log_loss(y_test, search.predict_proba(X_test)[:, 1])
-    print(f"best: method={best_method}, prior_variance={best['clf__prior_variance']:.3g}, "
-          f"CV log-loss {-search.best_score_:.4f}; held-out log-loss ({len(y_test)} rows) "
-          f"{test_loss:.4f}")
+    print(
+        f"best: method={best_method}, prior_variance={best['clf__prior_variance']:.3g}, "
+        f"CV log-loss {-search.best_score_:.4f}; held-out log-loss ({len(y_test)} rows) "
+        f"{test_loss:.4f}"
+    )
 
     # Left: CV log-loss per method (band: ± 1 s.e. over folds, for the reference only — the
     # fold-to-fold spread is shared by all methods).  Right: paired difference to the reference.
@@ -99,14 +94,18 @@ def main(argv=None):
     fig, (ax, diff) = plt.subplots(1, 2, figsize=(11, 4.3))
     for method, rows in results.groupby("method", sort=False):
         rows = rows.sort_values("prior_variance")
-        line, = ax.plot(rows["prior_variance"], rows["log_loss"], marker="o", label=method)
+        (line,) = ax.plot(rows["prior_variance"], rows["log_loss"], marker="o", label=method)
         if method == reference:
             error = rows["std_test_score"] / np.sqrt(cfg["folds"])
-            ax.fill_between(rows["prior_variance"], rows["log_loss"] - error,
-                            rows["log_loss"] + error, color=line.get_color(), alpha=0.15)
+            ax.fill_between(
+                rows["prior_variance"],
+                rows["log_loss"] - error,
+                rows["log_loss"] + error,
+                color=line.get_color(),
+                alpha=0.15,
+            )
         paired = ref_rows[split_columns].to_numpy() - rows[split_columns].to_numpy()
-        diff.plot(rows["prior_variance"], 1000 * paired.mean(axis=1), marker="o",
-                  color=line.get_color(), label=method)
+        diff.plot(rows["prior_variance"], 1000 * paired.mean(axis=1), marker="o", color=line.get_color(), label=method)
     ax.plot(best["clf__prior_variance"], -search.best_score_, "k*", ms=14, label="best")
     ax.set_xscale("log")
     ax.set_xlabel("prior_variance λ  (prior w ~ N(0, λ I))")

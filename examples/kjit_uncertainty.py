@@ -50,51 +50,59 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 problems of 150 points")
     parser.add_argument("--out", type=Path, default=Path("."), help="directory for the PNG")
-    parser.add_argument("--random-state", type=int, default=0,
-                        help="seed of the problems and of the random features")
+    parser.add_argument("--random-state", type=int, default=0, help="seed of the problems and of the random features")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
 
     operator = KJITMessageOperator(
-        n_inner_features=300, n_outer_features=500, message_families=("gaussian", "beta"),
-        noise_variance=NOISE_VARIANCE, uncertainty_threshold=THRESHOLD,
-        oracle=LogisticFactor().exact, n_initial=cfg["n_initial"], random_state=args.random_state,
+        n_inner_features=300,
+        n_outer_features=500,
+        message_families=("gaussian", "beta"),
+        noise_variance=NOISE_VARIANCE,
+        uncertainty_threshold=THRESHOLD,
+        oracle=LogisticFactor().exact,
+        n_initial=cfg["n_initial"],
+        random_state=args.random_state,
     )
     boundaries, calls = [0], [0]
-    print(f"{'problem':>7} {'features':>9} {'messages':>9} {'oracle calls':>13} "
-          f"{'max |Δ mean|/sd':>16} {'variance ratio':>15}   (KJIT vs exact factorized EP)")
+    print(
+        f"{'problem':>7} {'features':>9} {'messages':>9} {'oracle calls':>13} "
+        f"{'max |Δ mean|/sd':>16} {'variance ratio':>15}   (KJIT vs exact factorized EP)"
+    )
     for p in range(cfg["n_problems"]):
         features = "gaussian" if p < cfg["shift_at"] else "mixture"
-        X, y = make_cep_classification(cfg["n_samples"], 4, features=features, link="logistic",
-                                       random_state=args.random_state + p)
+        X, y = make_cep_classification(
+            cfg["n_samples"], 4, features=features, link="logistic", random_state=args.random_state + p
+        )
         kjit = CEPLogisticClassifier(method="kjit", message_operator=operator).fit(X, y)
         exact = CEPLogisticClassifier(method="ep").fit(X, y)
-        operator = kjit.message_operator_          # the trained operator serves the next problem
+        operator = kjit.message_operator_  # the trained operator serves the next problem
         boundaries.append(len(operator.log_predictive_variance_))
         calls.append(operator.n_oracle_calls_)
         shift = np.abs(kjit.coef_ - exact.coef_) / np.sqrt(exact.coef_var_)
         ratio = kjit.coef_var_ / exact.coef_var_
-        print(f"{p + 1:>7} {features:>9} {boundaries[-1] - boundaries[-2]:9d} "
-              f"{calls[-1] - calls[-2]:13d} {shift.max():16.3f} "
-              f"{f'{ratio.min():.2f}-{ratio.max():.2f}':>15}")
+        print(
+            f"{p + 1:>7} {features:>9} {boundaries[-1] - boundaries[-2]:9d} "
+            f"{calls[-1] - calls[-2]:13d} {shift.max():16.3f} "
+            f"{f'{ratio.min():.2f}-{ratio.max():.2f}':>15}"
+        )
     trace = np.asarray(operator.log_predictive_variance_, dtype=float)
-    print(f"total: {trace.size} messages, {operator.n_oracle_calls_} oracle calls "
-          f"({operator.n_oracle_calls_ / trace.size:.1%})")
+    print(
+        f"total: {trace.size} messages, {operator.n_oracle_calls_} oracle calls "
+        f"({operator.n_oracle_calls_ / trace.size:.1%})"
+    )
 
     # NaN marks the first n_initial messages, which all went to the oracle
     oracle_called = np.isnan(trace) | (trace > THRESHOLD)
     sent = np.arange(1, trace.size + 1)
-    fig, (ax, cumulative) = plt.subplots(
-        2, 1, figsize=(10, 6.5), sharex=True, gridspec_kw=dict(height_ratios=(2, 1))
-    )
+    fig, (ax, cumulative) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, gridspec_kw=dict(height_ratios=(2, 1)))
     ax.plot(sent, trace, ",", color="C0", alpha=0.5)
     ax.plot([], [], ".", color="C0", label="log predictive variance of a message")
-    gated = trace > THRESHOLD                      # oracle calls after the initial batch
+    gated = trace > THRESHOLD  # oracle calls after the initial batch
     ax.plot(sent[gated], trace[gated], "|", color="C3", ms=6, label="oracle called")
     ax.axhline(THRESHOLD, color="k", ls="--", label=f"threshold {THRESHOLD:g}")
     ax.axvspan(0, cfg["n_initial"], color="0.88", label="first n_initial: all to the oracle")
-    ax.axvspan(boundaries[cfg["shift_at"]], trace.size, color="C1", alpha=0.08,
-               label="mixture features (new cavities)")
+    ax.axvspan(boundaries[cfg["shift_at"]], trace.size, color="C1", alpha=0.08, label="mixture features (new cavities)")
     fig.suptitle("KJIT operator inside EP on a stream of logistic regressions")
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=9, ncol=3, frameon=False)
     ax.set_ylabel("log predictive variance")

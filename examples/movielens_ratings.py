@@ -39,33 +39,34 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="15,000 ratings, 10 sweeps")
     parser.add_argument("--out", type=Path, default=Path("."), help="directory for the PNG")
-    parser.add_argument("--random-state", type=int, default=0,
-                        help="seed of the split and of the initial factors")
+    parser.add_argument("--random-state", type=int, default=0, help="seed of the split and of the initial factors")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
 
     ml = load_movielens()
     X, y = ml.X, ml.y
     if cfg["n_ratings"] is not None:
-        keep = np.random.default_rng(args.random_state).choice(y.size, cfg["n_ratings"],
-                                                                replace=False)
+        keep = np.random.default_rng(args.random_state).choice(y.size, cfg["n_ratings"], replace=False)
         X, y = X[keep], y[keep]
-    X_train, X_test, y_train, y_test = train_test_split(
-        X, y, test_size=0.1, random_state=args.random_state
-    )
+    X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.1, random_state=args.random_state)
 
-    model = BayesianCPTensor(rank=cfg["rank"], mode_bias=True, max_iter=cfg["max_iter"],
-                             shape=ml.shape, random_state=args.random_state)
+    model = BayesianCPTensor(
+        rank=cfg["rank"], mode_bias=True, max_iter=cfg["max_iter"], shape=ml.shape, random_state=args.random_state
+    )
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)   # a fixed budget of sweeps
+        warnings.simplefilter("ignore", ConvergenceWarning)  # a fixed budget of sweeps
         model.fit(X_train, y_train)
     mean, std = model.predict(X_test, return_std=True)
     error = mean - y_test
 
-    print(f"MovieLens-small: {y_train.size:,} training / {y_test.size:,} test ratings; "
-          f"rank {cfg['rank']}, mode_bias=True, {model.n_iter_} sweeps")
-    print(f"test RMSE: global mean {np.sqrt(np.mean((y_train.mean() - y_test) ** 2)):.4f}, "
-          f"BayesianCPTensor {np.sqrt(np.mean(error ** 2)):.4f}")
+    print(
+        f"MovieLens-small: {y_train.size:,} training / {y_test.size:,} test ratings; "
+        f"rank {cfg['rank']}, mode_bias=True, {model.n_iter_} sweeps"
+    )
+    print(
+        f"test RMSE: global mean {np.sqrt(np.mean((y_train.mean() - y_test) ** 2)):.4f}, "
+        f"BayesianCPTensor {np.sqrt(np.mean(error**2)):.4f}"
+    )
     print(f"{'predictive interval':<20} {'coverage':>9}")
     for level in (0.5, 0.9, 0.95):
         inside = np.mean(np.abs(error) <= ndtri(0.5 + level / 2) * std)
@@ -79,19 +80,24 @@ def main(argv=None):
 
     # ratings of the movie in the training set, for every test rating
     n_movie = np.bincount(X_train[:, 1], minlength=ml.shape[1])[X_test[:, 1]]
-    print(f"{'training ratings of the movie':<30} {'test ratings':>12} {'median std':>11} "
-          f"{'test RMSE':>10}")
+    print(f"{'training ratings of the movie':<30} {'test ratings':>12} {'median std':>11} {'test RMSE':>10}")
     for low, high in ((0, 0), (1, 4), (5, 19), (20, 99), (100, None)):
         rows = (n_movie >= low) & (n_movie <= (high if high is not None else n_movie.max()))
         label = f"{low}" if low == high else (f"{low}-{high}" if high else f">= {low}")
         if rows.any():
-            print(f"{label:<30} {rows.sum():12d} {np.median(std[rows]):11.3f} "
-                  f"{np.sqrt(np.mean(error[rows] ** 2)):10.3f}")
+            print(
+                f"{label:<30} {rows.sum():12d} {np.median(std[rows]):11.3f} {np.sqrt(np.mean(error[rows] ** 2)):10.3f}"
+            )
     n_bins = 10
     bins = np.quantile(std, np.linspace(0, 1, n_bins + 1))
     which = np.clip(np.searchsorted(bins, std, side="right") - 1, 0, n_bins - 1)
-    binned = np.array([(std[which == b].mean(), np.sqrt(np.mean(error[which == b] ** 2)))
-                       for b in range(n_bins) if np.any(which == b)])
+    binned = np.array(
+        [
+            (std[which == b].mean(), np.sqrt(np.mean(error[which == b] ** 2)))
+            for b in range(n_bins)
+            if np.any(which == b)
+        ]
+    )
 
     fig, (ax, users) = plt.subplots(1, 2, figsize=(11, 4.3))
     ax.plot(binned[:, 0], binned[:, 1], "o-", label="test ratings, std deciles")

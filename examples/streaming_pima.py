@@ -37,7 +37,10 @@ def main(argv=None):
 
     data = load_pima()
     X_train, X_test, y_train, y_test = train_test_split(
-        data.data, data.target, test_size=0.3, random_state=args.random_state,
+        data.data,
+        data.target,
+        test_size=0.3,
+        random_state=args.random_state,
         stratify=data.target,
     )
     scaler = StandardScaler().fit(X_train)
@@ -47,8 +50,10 @@ def main(argv=None):
     def report(label, clf):
         log_proba = clf.predict_log_proba(X_test)[np.arange(y_test.size), y_test]
         mean, sd = clf.coef_[0, glucose], np.sqrt(clf.coef_var_[0, glucose])
-        print(f"{label:>14}  test loglik {log_proba.mean():+.4f}   glu {mean:+.3f} "
-              f"[{mean - 1.96 * sd:+.3f}, {mean + 1.96 * sd:+.3f}]")
+        print(
+            f"{label:>14}  test loglik {log_proba.mean():+.4f}   glu {mean:+.3f} "
+            f"[{mean - 1.96 * sd:+.3f}, {mean + 1.96 * sd:+.3f}]"
+        )
         return log_proba.mean(), mean, sd
 
     stream = CEPProbitClassifier(method="ep")
@@ -69,8 +74,7 @@ def main(argv=None):
     ax.set_title("Held-out score over the stream")
     ax.legend(loc="lower right")
     coef.plot(seen, mean, "o-", label="posterior mean")
-    coef.fill_between(seen, mean - 1.96 * sd, mean + 1.96 * sd, alpha=0.25,
-                      label="95 % credible interval")
+    coef.fill_between(seen, mean - 1.96 * sd, mean + 1.96 * sd, alpha=0.25, label="95 % credible interval")
     coef.axhline(batch[1], color="k", ls="--", label="batch fit (mean, 95 % interval)")
     coef.axhspan(batch[1] - 1.96 * batch[2], batch[1] + 1.96 * batch[2], color="k", alpha=0.07)
     coef.set_xlabel("training patients seen")

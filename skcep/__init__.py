@@ -6,8 +6,8 @@ from . import datasets
 from ._compile import compile_kernels
 from .linear_model._classifiers import CEPLogisticClassifier, CEPProbitClassifier
 from .message_operator._operator import KJITMessageOperator
-from .tensor._sbdt import StreamingDeepTensor
 from .tensor._cp import BayesianCPTensor
+from .tensor._sbdt import StreamingDeepTensor
 
 try:  # the installed distribution's version (pyproject.toml), one source of truth
     __version__ = _metadata.version("skcep")

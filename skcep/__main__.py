@@ -36,14 +36,23 @@ CLASSIFIERS = [
     ("CEPLogisticClassifier", CEPLogisticClassifier, "EP", dict(method="ep")),
     ("CEPLogisticClassifier", CEPLogisticClassifier, "EP + KJIT operator", dict(method="kjit", random_state=0)),
 ]
-COLUMNS = (("estimator", 21), ("inference", 26), ("data", 25), ("metric", 12), ("skcep", 8),
-           ("reference", 9), ("fit s", 6), ("note", 0))
+COLUMNS = (
+    ("estimator", 21),
+    ("inference", 26),
+    ("data", 25),
+    ("metric", 12),
+    ("skcep", 8),
+    ("reference", 9),
+    ("fit s", 6),
+    ("note", 0),
+)
 RIGHT = {"skcep", "reference", "fit s"}
 
 
 def _line(cells):
-    return "  ".join(str(cell).rjust(w) if name in RIGHT else str(cell).ljust(w)
-                     for (name, w), cell in zip(COLUMNS, cells)).rstrip()
+    return "  ".join(
+        str(cell).rjust(w) if name in RIGHT else str(cell).ljust(w) for (name, w), cell in zip(COLUMNS, cells)
+    ).rstrip()
 
 
 def _timed(fit):
@@ -72,9 +81,20 @@ def classifier_rows(names=("pima", "crabs")):
             note = ""
             if params["method"] == "kjit":
                 operator = model.message_operator_
-                note = f"oracle answered {operator.n_oracle_calls_} of {len(operator.log_predictive_variance_)} messages"
-            yield (label, method, f"{name} (CEP split 1)", "test log-lik",
-                   _test_loglik(model, data), reference, seconds, note, caught)
+                note = (
+                    f"oracle answered {operator.n_oracle_calls_} of {len(operator.log_predictive_variance_)} messages"
+                )
+            yield (
+                label,
+                method,
+                f"{name} (CEP split 1)",
+                "test log-lik",
+                _test_loglik(model, data),
+                reference,
+                seconds,
+                note,
+                caught,
+            )
 
 
 def _coverage(y, mean, std):
@@ -92,36 +112,35 @@ def tensor_rows(rank=5, max_iter=40):
     reference = np.sqrt(np.mean((biases.predict(encoder.transform(X_test[:, :2])) - y_test) ** 2))
     data = f"MovieLens {ml.shape[0]}×{ml.shape[1]}×{ml.shape[2]}"
     models = [
-        ("BayesianCPTensor", f"CEP (= VMP), rank {rank}", lambda: BayesianCPTensor(
-            rank=rank, mode_bias=True, max_iter=max_iter, random_state=0)),
-        ("StreamingDeepTensor", f"ADF, one pass, rank {rank}", lambda: StreamingDeepTensor(
-            rank=rank, random_state=0)),
+        (
+            "BayesianCPTensor",
+            f"CEP (= VMP), rank {rank}",
+            lambda: BayesianCPTensor(rank=rank, mode_bias=True, max_iter=max_iter, random_state=0),
+        ),
+        ("StreamingDeepTensor", f"ADF, one pass, rank {rank}", lambda: StreamingDeepTensor(rank=rank, random_state=0)),
     ]
     for label, method, make in models:
         model, seconds, caught = _timed(lambda: make().fit(X, y))
         mean, std = model.predict(X_test, return_std=True)
         rmse = np.sqrt(np.mean((mean - y_test) ** 2))
-        yield (label, method, data, "test RMSE", rmse, reference, seconds,
-               _coverage(y_test, mean, std), caught)
+        yield (label, method, data, "test RMSE", rmse, reference, seconds, _coverage(y_test, mean, std), caught)
 
 
 def main():
     print("skcep demonstration: five Bayesian estimators on bundled real data\n")
-    print("Compiling skcep's numba kernels (once per machine; later runs load them from the "
-          "cache):", flush=True)
+    print("Compiling skcep's numba kernels (once per machine; later runs load them from the cache):", flush=True)
     compiled = compile_kernels(verbose=True)
-    print(f"  {sum(compiled.values()):.1f} s in all, not counted in the fit times below\n",
-          flush=True)
+    print(f"  {sum(compiled.values()):.1f} s in all, not counted in the fit times below\n", flush=True)
     print(_line(name for name, _ in COLUMNS))
     print(_line("-" * max(w, len(name)) for name, w in COLUMNS))
-    for est, method, data, metric, ours, ref, sec, note, caught in chain(classifier_rows(),
-                                                                        tensor_rows()):
-        print(_line((est, method, data, metric, f"{ours:.4f}", f"{ref:.4f}", f"{sec:.2f}", note)),
-              flush=True)
+    for est, method, data, metric, ours, ref, sec, note, caught in chain(classifier_rows(), tensor_rows()):
+        print(_line((est, method, data, metric, f"{ours:.4f}", f"{ref:.4f}", f"{sec:.2f}", note)), flush=True)
         for message in caught:
             print(f"    warning: {message}", flush=True)
-    print("\nreference: scikit-learn LogisticRegression (classifiers); user + movie biases by "
-          "scikit-learn Ridge on one-hot indices (tensors).  Higher log-lik and lower RMSE are better.")
+    print(
+        "\nreference: scikit-learn LogisticRegression (classifiers); user + movie biases by "
+        "scikit-learn Ridge on one-hot indices (tensors).  Higher log-lik and lower RMSE are better."
+    )
 
 
 if __name__ == "__main__":

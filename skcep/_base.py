@@ -183,8 +183,7 @@ def predict_method(method):
     return call
 
 
-_SKIPPED_DIRS = tuple(os.path.dirname(m.__file__) + os.sep
-                      for m in (sys.modules[__package__], sklearn, joblib))
+_SKIPPED_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (sys.modules[__package__], sklearn, joblib))
 
 
 def caller_stacklevel():
@@ -202,11 +201,11 @@ def warn(message, category=UserWarning):
     warnings.warn(message, category, stacklevel=caller_stacklevel())
 
 
-
 class DaskWeightsError(TypeError, ValueError):
     """``sample_weight`` given with Dask collections to a method that cannot take it (a
     TypeError for the input's type, and a ValueError as scikit-learn raises for a bad
     combination of arguments)."""
+
 
 class SkcepMixin:
     """Shared plumbing of the five estimators (put it first among the bases)."""
@@ -234,8 +233,7 @@ class SkcepMixin:
             return
         for name, value in self._structure().items():
             if not _same(value, fitted[name]):
-                use = ("continues the fitted posterior" if call == "partial_fit"
-                       else "would read the fitted posterior")
+                use = "continues the fitted posterior" if call == "partial_fit" else "would read the fitted posterior"
                 raise ValueError(
                     f"{name} changed from {fitted[name]!r} to {value!r} since the model was "
                     f"fitted; {call} {use} and cannot change {name}. Call fit to start again "
@@ -262,7 +260,8 @@ class SkcepMixin:
             raise DaskWeightsError(
                 f"{type(self).__name__}.{name} on Dask collections does not take sample_weight. "
                 "Weight the rows of numpy arrays, or pass sample_weight with Dask collections to "
-                "a fit that takes them (the classifiers' and BayesianCPTensor's).")
+                "a fit that takes them (the classifiers' and BayesianCPTensor's)."
+            )
         if "sample_weight" in options and options["sample_weight"] is None:
             del options["sample_weight"]
         if name == "partial_fit":
@@ -307,13 +306,16 @@ class SkcepMixin:
     def _warn_not_converged(self, max_iter, name="max_iter", unit="sweeps", cause=None):
         """The ``ConvergenceWarning`` of a fit stopped at ``max_iter``, at the user's line;
         ``cause``, if known, says why and what to do instead of the estimator's general advice."""
-        warn(f"{type(self).__name__} did not converge in {name}={max_iter} {unit}; "
-             f"{cause or self._convergence_advice}.", ConvergenceWarning)
+        warn(
+            f"{type(self).__name__} did not converge in {name}={max_iter} {unit}; {cause or self._convergence_advice}.",
+            ConvergenceWarning,
+        )
 
 
 class Progress:
     """One printed line per sweep or batch, as scikit-learn's iterative estimators print, with
-    the seconds elapsed since the ``fit`` / ``partial_fit`` / ``send`` call began; :meth:`section` prints a line that says which
+    the seconds elapsed since the ``fit`` / ``partial_fit`` / ``send`` call began; :meth:`section` prints a
+    line that says which
     stage the following sweeps belong to (a trial of a search, the final fit)."""
 
     def __init__(self, name, unit, objective):

@@ -125,8 +125,7 @@ def rows(X, name="X", chunks=None, drop_empty=False):
         X = X.to_dask_array(lengths=True)
     if not isinstance(X, da.Array):
         raise TypeError(
-            f"{name} is a {type(X).__name__}; skcep takes a dask.array.Array or a "
-            "dask.dataframe.DataFrame (or Series)."
+            f"{name} is a {type(X).__name__}; skcep takes a dask.array.Array or a dask.dataframe.DataFrame (or Series)."
         )
     if any(np.isnan(c) for c in X.chunks[0]):
         X = X.compute_chunk_sizes()
@@ -203,13 +202,15 @@ def predict_lazily(estimator, method, X, **options):
     X, columns = rows(X)
     predict = _Predict(estimator, method, columns, options)
     filled = [k for k, n in enumerate(X.chunks[0]) if n]
-    first = (X.blocks[filled[0]][:1].compute() if filled
-             else np.ones((1, *X.shape[1:]), dtype=X.dtype))
+    first = X.blocks[filled[0]][:1].compute() if filled else np.ones((1, *X.shape[1:]), dtype=X.dtype)
     sample = predict(first)
     predict.empty = sample[:0]
     extra = sample.shape[1:]
     out = da.map_blocks(
-        predict, X, dtype=sample.dtype, chunks=(X.chunks[0], *((k,) for k in extra)),
+        predict,
+        X,
+        dtype=sample.dtype,
+        chunks=(X.chunks[0], *((k,) for k in extra)),
         drop_axis=[1] if X.ndim == 2 and not extra else [],
         new_axis=list(range(2, 1 + len(extra))) if len(extra) > 1 else None,
         meta=sample[:0],
@@ -258,9 +259,7 @@ def partial_fit_chunks(estimator, X, y=None, step=_partial_fit_step, **first_opt
     else:
         y_blocks, y_lengths = _blocks_of(y, "y", tuple(lengths))
         if list(y_lengths) != list(lengths):
-            raise ValueError(
-                f"X and y have different row chunks ({lengths} and {y_lengths}); chunk y like X."
-            )
+            raise ValueError(f"X and y have different row chunks ({lengths} and {y_lengths}); chunk y like X.")
     model = estimator
     for i, (xb, yb) in enumerate(zip(X_blocks, y_blocks)):
         model = delayed(step, pure=False)(model, xb, yb, first_options if i == 0 else {})
@@ -317,16 +316,18 @@ class DaskPartitions:
         import dask  # noqa: PLC0415
 
         options = {**options, **self.fixed}
-        tasks = [dask.delayed(_chunk_task, pure=False)(self.chunk_step, d, y, previous, global_state, options)
-                 for d, y, previous in zip(self.data, self.ys, self.state)]
+        tasks = [
+            dask.delayed(_chunk_task, pure=False)(self.chunk_step, d, y, previous, global_state, options)
+            for d, y, previous in zip(self.data, self.ys, self.state)
+        ]
         reductions = [t[1] for t in tasks]
         if self.client is None:
             self.state = list(dask.persist(*tasks))
             self._reductions = list(dask.compute(*reductions))
         else:  # one graph for the states and the reductions: one message to the scheduler
             futures = self.client.compute([*tasks, *reductions])
-            self.state = futures[:len(tasks)]
-            self._reductions = self.client.gather(futures[len(tasks):])
+            self.state = futures[: len(tasks)]
+            self._reductions = self.client.gather(futures[len(tasks) :])
         return list(self._reductions)
 
     def totals(self):

@@ -7,8 +7,18 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.validation import validate_data as _sklearn_validate_data
 
-__all__ = ["COMPLETE_ROWS", "MAX_FIT_VALUE", "MAX_FIT_WEIGHT", "MESSAGE_ROWS", "OBSERVED_ENTRIES",
-           "check_finite", "check_fit_range", "FEATURE_RANGE_ADVICE", "check_sparse_structure", "validate_data"]
+__all__ = [
+    "COMPLETE_ROWS",
+    "MAX_FIT_VALUE",
+    "MAX_FIT_WEIGHT",
+    "MESSAGE_ROWS",
+    "OBSERVED_ENTRIES",
+    "check_finite",
+    "check_fit_range",
+    "FEATURE_RANGE_ADVICE",
+    "check_sparse_structure",
+    "validate_data",
+]
 
 #: |x| a fit takes (features; tensor targets; message parameters and statistics): EP sites hold
 #: precisions ~ x², the full q their sums, regressions sums of squares — all far inside double precision.
@@ -16,14 +26,20 @@ MAX_FIT_VALUE = 1e50
 MAX_FIT_WEIGHT = 1e12  # a sample weight counts copies of a row: up to a trillion
 
 #: What to do, for models of feature rows (the classifiers).
-COMPLETE_ROWS = ("needs complete rows: impute the missing values first (e.g. "
-                 "sklearn.impute.SimpleImputer in a Pipeline) or drop the rows that hold them")
+COMPLETE_ROWS = (
+    "needs complete rows: impute the missing values first (e.g. "
+    "sklearn.impute.SimpleImputer in a Pipeline) or drop the rows that hold them"
+)
 #: What to do, for the tensor estimators (X: entry indices, y: entry values).
-OBSERVED_ENTRIES = ("takes observed entries only: a tensor's missing entries are simply not "
-                    "passed, so drop the rows of X and y that hold them")
+OBSERVED_ENTRIES = (
+    "takes observed entries only: a tensor's missing entries are simply not "
+    "passed, so drop the rows of X and y that hold them"
+)
 #: What to do, for a message operator (X: message parameters, Y: statistics).
-MESSAGE_ROWS = ("needs finite message parameters and statistics: drop or repair those rows (a "
-                "NaN or infinite parameter usually comes from a diverged message upstream)")
+MESSAGE_ROWS = (
+    "needs finite message parameters and statistics: drop or repair those rows (a "
+    "NaN or infinite parameter usually comes from a diverged message upstream)"
+)
 
 
 def _absent(y):
@@ -86,8 +102,9 @@ def check_finite(X, name="X", estimator_name="The estimator", advice=COMPLETE_RO
     raise ValueError(f"{name} contains {what} at {where}{others}. {estimator_name} {advice}.")
 
 
-def validate_data(estimator, X="no_validation", y="no_validation", *, advice=COMPLETE_ROWS,
-                  ensure_all_finite=True, **check_params):
+def validate_data(
+    estimator, X="no_validation", y="no_validation", *, advice=COMPLETE_ROWS, ensure_all_finite=True, **check_params
+):
     """:func:`sklearn.utils.validation.validate_data` with skcep's message for NaN or infinity
     (:func:`check_finite`): y is checked before scikit-learn sees it, X after its conversion
     (``ensure_all_finite=False``: X is left to the caller, e.g. to check after converting it).
@@ -113,23 +130,29 @@ def check_sparse_structure(X, estimator_name="The estimator"):
     inner = X.shape[1] if X.format == "csr" else X.shape[0]
     what = "column" if X.format == "csr" else "row"
     low, high = int(X.indices.min()), int(X.indices.max())
-    bad_pointer = (X.indptr.size != (X.shape[0] if X.format == "csr" else X.shape[1]) + 1
-                   or X.indptr[0] != 0 or X.indptr[-1] > X.indices.size
-                   or np.any(np.diff(X.indptr) < 0))
+    bad_pointer = (
+        X.indptr.size != (X.shape[0] if X.format == "csr" else X.shape[1]) + 1
+        or X.indptr[0] != 0
+        or X.indptr[-1] > X.indices.size
+        or np.any(np.diff(X.indptr) < 0)
+    )
     if low < 0 or high >= inner or bad_pointer:
         found = f"{what} index {high if high >= inner else low}" if not bad_pointer else "row pointers"
         raise ValueError(
             f"X is a sparse {X.format.upper()} matrix of shape {X.shape} that stores {found} "
             f"outside that shape. {estimator_name} reads every stored index: build X with the "
             f"shape it really has, e.g. the training features' vectorizer, or "
-            f"scipy.sparse.csr_matrix((data, indices, indptr), shape=(n_rows, n_features)).")
+            f"scipy.sparse.csr_matrix((data, indices, indptr), shape=(n_rows, n_features))."
+        )
 
 
 # The end of the message of a feature beyond the range a fit supports: EP's site precisions (~ x²
 # over the prior variance) are factorised by full-covariance EP and leave double precision.
-FEATURE_RANGE_ADVICE = (" EP's site precisions (~ x²) must stay in double precision: standardise the features, "
-                        "e.g. sklearn.preprocessing.StandardScaler in a Pipeline (the prior N(0, λ) on each "
-                        "weight also assumes features of comparable scale).")
+FEATURE_RANGE_ADVICE = (
+    " EP's site precisions (~ x²) must stay in double precision: standardise the features, "
+    "e.g. sklearn.preprocessing.StandardScaler in a Pipeline (the prior N(0, λ) on each "
+    "weight also assumes features of comparable scale)."
+)
 
 
 def check_fit_range(estimator_name, values=None, weight=None, name="y", advice="", weight_name="sample_weight"):
@@ -139,8 +162,14 @@ def check_fit_range(estimator_name, values=None, weight=None, name="y", advice="
     copies, stay in double precision), checked before it starts.  ``advice``: what to do about
     large values; ``weight_name``: what the weights are called in the message."""
     stored = values.data if sp.issparse(values) else values
-    if stored is not None and np.size(stored) and (  # two reductions, no |values| copy
-            largest := max(float(np.max(stored)), -float(np.min(stored)))) > MAX_FIT_VALUE:
+    if (
+        stored is not None
+        and np.size(stored)
+        and (  # two reductions, no |values| copy
+            largest := max(float(np.max(stored)), -float(np.min(stored)))
+        )
+        > MAX_FIT_VALUE
+    ):
         if sp.issparse(values):
             coo = values.tocoo()
             top = int(np.argmax(np.abs(coo.data)))
@@ -148,13 +177,16 @@ def check_fit_range(estimator_name, values=None, weight=None, name="y", advice="
         else:
             at = np.unravel_index(int(np.argmax(np.abs(values))), np.shape(values))
         where = f"row {at[0]}" + (f", column {at[1]}" if len(at) == 2 else "")
-        raise ValueError(f"{name} has a value of {largest:.3g} ({where}); {estimator_name} takes values up "
-                         f"to {MAX_FIT_VALUE:.0e} in absolute value.{advice}")
+        raise ValueError(
+            f"{name} has a value of {largest:.3g} ({where}); {estimator_name} takes values up "
+            f"to {MAX_FIT_VALUE:.0e} in absolute value.{advice}"
+        )
     if weight is not None and np.size(weight) and (heaviest := float(np.max(weight))) > MAX_FIT_WEIGHT:
         raise ValueError(
             f"{weight_name} reaches {heaviest:.3g}; a weight counts copies of an entry, and "
             f"{estimator_name} takes weights up to {MAX_FIT_WEIGHT:.0e}. Divide the weights by a "
-            "common factor if only their ratios matter (that rescales the data's evidence).")
+            "common factor if only their ratios matter (that rescales the data's evidence)."
+        )
 
 
 #: Feature ranges (max − min of a column) further apart than this factor are reported
@@ -184,9 +216,14 @@ def feature_scale_span(X, feature_names=None):
     ratio = spread[wide] / spread[narrow]
     if not ratio > SCALE_SPAN_LIMIT:
         return None
-    name = (lambda j: repr(str(feature_names[j])) if feature_names is not None else str(int(j)))
-    return ratio, (f"the features' ranges span {np.log10(ratio):.1f} orders of magnitude (column "
-                   f"{name(wide)}: {spread[wide]:.3g}, column {name(narrow)}: {spread[narrow]:.3g}); "
-                   "the prior N(0, λ) shrinks every weight alike and the sweeps may converge slowly "
-                   "or not at all: standardise the features, e.g. "
-                   "make_pipeline(StandardScaler(), estimator)")
+
+    def name(j):
+        return repr(str(feature_names[j])) if feature_names is not None else str(int(j))
+
+    return ratio, (
+        f"the features' ranges span {np.log10(ratio):.1f} orders of magnitude (column "
+        f"{name(wide)}: {spread[wide]:.3g}, column {name(narrow)}: {spread[narrow]:.3g}); "
+        "the prior N(0, λ) shrinks every weight alike and the sweeps may converge slowly "
+        "or not at all: standardise the features, e.g. "
+        "make_pipeline(StandardScaler(), estimator)"
+    )

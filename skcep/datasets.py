@@ -159,9 +159,7 @@ def load_crabs(*, return_X_y=False, as_frame=False):
     raw = _read_csv("crabs.csv")
     data = raw[["FL", "RW", "CL", "CW", "BD"]].assign(sex_male=raw["sex"].eq("M"))
     target = raw["sp"].map({"B": 0, "O": 1})
-    return _tabular_bunch(
-        data, target, ["blue", "orange"], _CRABS_DESCR, return_X_y, as_frame
-    )
+    return _tabular_bunch(data, target, ["blue", "orange"], _CRABS_DESCR, return_X_y, as_frame)
 
 
 def load_pima(*, return_X_y=False, as_frame=False):
@@ -240,15 +238,8 @@ def load_cep_paper(name, split=1):
     ((384, 8), (384, 8))
     """
     if name not in CEP_PAPER_DATASETS:
-        raise ValueError(
-            f"Unknown CEP paper data set {name!r}; "
-            f"valid names are {', '.join(CEP_PAPER_DATASETS)}."
-        )
-    if (
-        isinstance(split, bool)
-        or not isinstance(split, numbers.Integral)
-        or not 1 <= split <= _N_CEP_SPLITS
-    ):
+        raise ValueError(f"Unknown CEP paper data set {name!r}; valid names are {', '.join(CEP_PAPER_DATASETS)}.")
+    if isinstance(split, bool) or not isinstance(split, numbers.Integral) or not 1 <= split <= _N_CEP_SPLITS:
         raise ValueError(f"split must be an integer in 1..{_N_CEP_SPLITS}, got {split!r}.")
     split = int(split)
     result = Bunch(name=name, split=split)
@@ -270,8 +261,7 @@ def _load_cep_tensor(name, fold):
     shape, dtype = _CEP_TENSORS[name]
     result = Bunch(name=name, fold=int(fold), shape=shape)
     for part in ("train", "test"):
-        values = _read_csv("cep_tensor", name, f"{part}-fold-{int(fold)}.txt",
-                           header=None).to_numpy()
+        values = _read_csv("cep_tensor", name, f"{part}-fold-{int(fold)}.txt", header=None).to_numpy()
         result[f"X_{part}"] = values[:, :3].astype(np.int64) - 1
         result[f"y_{part}"] = values[:, 3].astype(dtype)
     return result
@@ -388,9 +378,7 @@ def load_cep_simulation(which):
     if isinstance(which, numbers.Integral) and not isinstance(which, bool):
         which = names.get(int(which), which)
     if which not in names.values():
-        raise ValueError(
-            f"which must be 1, 2, 'simulation1' or 'simulation2', got {which!r}."
-        )
+        raise ValueError(f"which must be 1, 2, 'simulation1' or 'simulation2', got {which!r}.")
     arrays = _read_npz("cep_paper", f"{which}.npz")
     for key in ("y_train", "y_test"):
         arrays[key] = arrays[key].astype(np.int64)
@@ -467,9 +455,7 @@ def make_cep_classification(
         or not isinstance(prior_variance, numbers.Real)
         or not 0 < prior_variance < np.inf
     ):
-        raise ValueError(
-            f"prior_variance must be a positive finite number, got {prior_variance!r}."
-        )
+        raise ValueError(f"prior_variance must be a positive finite number, got {prior_variance!r}.")
     rng = check_random_state(random_state)
     shape = (n_samples, n_features)
 
@@ -478,9 +464,7 @@ def make_cep_classification(
         X = rng.standard_normal(shape)
     else:
         means = np.array([-2.0, -1.0, 0.0, 1.0, 2.0])
-        X = means[rng.randint(len(means), size=shape)] + np.sqrt(0.5) * rng.standard_normal(
-            shape
-        )
+        X = means[rng.randint(len(means), size=shape)] + np.sqrt(0.5) * rng.standard_normal(shape)
     noise = rng.standard_normal(n_samples) if link == "probit" else rng.logistic(size=n_samples)
     y = (X @ w + noise > 0).astype(np.int64)
     return (X, y, w) if return_coef else (X, y)
@@ -562,9 +546,7 @@ def load_movielens(*, binary=False, n_time_bins=20, return_frame=False):
         ),
     )
     if return_frame:
-        result.frame = ratings.assign(
-            user_index=X[:, 0], movie_index=X[:, 1], time_bin=X[:, 2]
-        )
+        result.frame = ratings.assign(user_index=X[:, 0], movie_index=X[:, 1], time_bin=X[:, 2])
     return result
 
 

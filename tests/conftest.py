@@ -16,8 +16,9 @@ def dask_client():
     import dask
 
     with dask.config.set(WORKER_ENVIRON):
-        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                           dashboard_address=None, memory_limit="3GiB")
+        cluster = distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, memory_limit="3GiB"
+        )
     with cluster, distributed.Client(cluster, set_as_default=False) as client:
         yield client
 

@@ -27,8 +27,14 @@ def tensor(n=1500, shape=(25, 20, 6), seed=0, binary=False):
 def messages(n=600, seed=0):
     """Rows (μ, σ², α, β) of the logistic factor's incoming messages and its exact (E z, E z²)."""
     rng = np.random.default_rng(seed)
-    X = np.column_stack([rng.normal(0, 2, n), rng.uniform(0.5, 4, n),
-                         rng.integers(1, 3, n).astype(float), rng.integers(1, 3, n).astype(float)])
+    X = np.column_stack(
+        [
+            rng.normal(0, 2, n),
+            rng.uniform(0.5, 4, n),
+            rng.integers(1, 3, n).astype(float),
+            rng.integers(1, 3, n).astype(float),
+        ]
+    )
     return X, LogisticFactor().exact(X)[:, :2]
 
 

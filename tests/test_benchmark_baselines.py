@@ -6,6 +6,7 @@ factorized EP, a direct numerical maximisation of the Jaakkola–Jordan bound an
 LP, a 2-D grid search, central-difference Hessians and gradients summed entry by entry.
 """
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -20,8 +21,18 @@ from sklearn.metrics import roc_auc_score
 from skcep.engines.glm import fit_factorized
 from skcep.engines.likelihoods import Probit
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import baselines  # noqa: E402
+
+def _load(name):
+    """A module of ``benchmarks/`` (not a package) loaded from its file, sys.path untouched."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+baselines = _load("baselines")
 
 LOG_LIK = {"probit": log_ndtr, "logistic": log_expit}
 
@@ -87,8 +98,7 @@ def test_lp_site_marginals_are_inverse_hessian_diagonal(link):
     for j in range(3):
         for k in range(3):
             ej, ek = np.eye(3)[j] * h, np.eye(3)[k] * h
-            H[j, k] = (f(mode + ej + ek) - f(mode + ej - ek) - f(mode - ej + ek)
-                       + f(mode - ej - ek)) / (4 * h * h)
+            H[j, k] = (f(mode + ej + ek) - f(mode + ej - ek) - f(mode - ej + ek) + f(mode - ej - ek)) / (4 * h * h)
     assert_allclose(post.mean, mode, atol=1e-4)
     assert_allclose(post.var, np.diag(np.linalg.inv(H)), rtol=1e-4)
 
@@ -128,10 +138,8 @@ def test_is_ep_approaches_exact_factorized_ep():
     (same fixed point; schedule differences vanish at convergence)."""
     X, y = toy(n=15, d=2, seed=5, corr=0.5)
     lam = np.ones(2)
-    exact = fit_factorized(X, y, Probit(), np.zeros(2), lam, method="ep", max_iter=500,
-                           tol=1e-9, block_size=1)
-    post = baselines.ep_importance_sampling(X, y, "probit", lam, n_samples=50_000, max_iter=10,
-                                            random_state=0)
+    exact = fit_factorized(X, y, Probit(), np.zeros(2), lam, method="ep", max_iter=500, tol=1e-9, block_size=1)
+    post = baselines.ep_importance_sampling(X, y, "probit", lam, n_samples=50_000, max_iter=10, random_state=0)
     assert_allclose(post.mean, exact.mean, atol=0.05 * np.sqrt(exact.var).max())
     assert_allclose(post.var, exact.var, rtol=0.05)
 
@@ -147,8 +155,7 @@ def test_vb_probit_mean_is_map(covariance):
     X, y = toy(n=40, d=3, seed=2, corr=0.8)
     lam = np.array([1.0, 2.0, 0.5])
     post = baselines.vb_probit(X, y, lam, covariance=covariance, tol=1e-10, max_iter=20000)
-    map_ = minimize(neg_log_posterior(X, y, lam, "probit"), np.zeros(3), method="BFGS",
-                    options=dict(gtol=1e-10)).x
+    map_ = minimize(neg_log_posterior(X, y, lam, "probit"), np.zeros(3), method="BFGS", options=dict(gtol=1e-10)).x
     assert post.converged
     assert_allclose(post.mean, map_, atol=1e-6)
     if covariance == "full":
@@ -182,16 +189,16 @@ def test_vb_logistic_1d_maximises_jaakkola_jordan_bound_below_evidence():
         kl = 0.5 * (v / lam + mu * mu / lam - 1 - np.log(v / lam))
         return -(np.sum(log_expit(xi) + 0.5 * (y * x * mu - xi) - lj * (ea2 - xi * xi)) - kl)
 
-    best = minimize(neg_bound, np.r_[0.0, 0.0, np.ones(8)], method="L-BFGS-B",
-                    options=dict(ftol=1e-15, gtol=1e-10, maxiter=5000))
+    best = minimize(
+        neg_bound, np.r_[0.0, 0.0, np.ones(8)], method="L-BFGS-B", options=dict(ftol=1e-15, gtol=1e-10, maxiter=5000)
+    )
     for cov in ("diagonal", "full"):
         post = baselines.vb_logistic(x[:, None], y, lam, covariance=cov, tol=1e-10)
         assert_allclose(post.mean, [best.x[0]], atol=1e-4)
         assert_allclose(np.log(post.var), [best.x[1]], atol=1e-4)
         assert_allclose(post.elbo[-1], -best.fun, atol=1e-7)
     w = np.linspace(-15, 15, 30001)
-    log_joint = (np.sum(log_expit(y[:, None] * x[:, None] * w), 0)
-                 - 0.5 * w * w / lam - 0.5 * np.log(2 * np.pi * lam))
+    log_joint = np.sum(log_expit(y[:, None] * x[:, None] * w), 0) - 0.5 * w * w / lam - 0.5 * np.log(2 * np.pi * lam)
     log_evidence = logsumexp(log_joint) + np.log(w[1] - w[0])
     assert post.elbo[-1] < log_evidence
 
@@ -245,10 +252,13 @@ def test_cp_wopt_fits_a_fully_observed_low_rank_tensor_and_is_stationary():
     assert np.max(np.abs(grad)) < 1e-3 * np.sqrt(objective(theta) + 1)
 
 
-@pytest.mark.parametrize("fit, max_iter, bound", [
-    (baselines.cep_authors_gaussian, 300, 0.3),
-    (baselines.cp_laplace_propagation, 60, 0.2),  # RMSE 0.108 (noise 0.1)
-])
+@pytest.mark.parametrize(
+    "fit, max_iter, bound",
+    [
+        (baselines.cep_authors_gaussian, 300, 0.3),
+        (baselines.cp_laplace_propagation, 60, 0.2),  # RMSE 0.108 (noise 0.1)
+    ],
+)
 def test_gaussian_tensor_baselines_fit_a_planted_noisy_tensor(fit, max_iter, bound):
     """The authors' continuous CEP loop (re-implemented) and LP, on half the entries of a noisy
     rank-2 tensor, predict the other half far better than their mean."""
@@ -286,8 +296,15 @@ def test_lp_row_update_is_the_mode_and_hessian_of_the_probit_tilted_density():
     assert_allclose(u, center, atol=1e-5)
     h = 1e-4
     E = np.eye(2) * h
-    fd = np.array([[(f(u + E[a] + E[b]) - f(u + E[a] - E[b]) - f(u - E[a] + E[b]) + f(u - E[a] - E[b])) / (4 * h * h)
-                    for b in range(2)] for a in range(2)])
+    fd = np.array(
+        [
+            [
+                (f(u + E[a] + E[b]) - f(u + E[a] - E[b]) - f(u - E[a] + E[b]) + f(u - E[a] - E[b])) / (4 * h * h)
+                for b in range(2)
+            ]
+            for a in range(2)
+        ]
+    )
     assert_allclose(H, -fd, rtol=1e-5)
     assert not np.allclose(H, np.eye(2) + Z.T @ Z / 4, rtol=1e-2)  # the curvature is not a fixed constant
 
@@ -311,12 +328,13 @@ def test_cp_laplace_propagation_ranks_held_out_probit_labels_and_stops_at_the_ro
     of the first mode is the mode of its tilted density given the other rows' final means
     (gradient ≈ 0, computed here from the entries directly)."""
     X, f, _ = _planted_tensor(shape=(15, 12, 10), seed=3)
-    f = 1.3 ** 3 * f  # factors N(0, 1.3²)
+    f = 1.3**3 * f  # factors N(0, 1.3²)
     rng = np.random.default_rng(4)
     y = (rng.random(f.size) < ndtr(f)).astype(float)
     train = rng.random(f.size) < 0.5
-    factors, sweeps = baselines.cp_laplace_propagation(X[train], y[train], (15, 12, 10), 2, likelihood="probit",
-                                                       max_iter=300, rng=np.random.default_rng(0))
+    factors, sweeps = baselines.cp_laplace_propagation(
+        X[train], y[train], (15, 12, 10), 2, likelihood="probit", max_iter=300, rng=np.random.default_rng(0)
+    )
     assert sweeps < 300
     auc = roc_auc_score(y[~train], baselines.cp_predict(factors, X[~train]))
     assert auc > 0.85, auc

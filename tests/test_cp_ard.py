@@ -19,8 +19,7 @@ from scipy.stats import gamma as gamma_dist
 from sklearn.exceptions import ConvergenceWarning
 
 from skcep import BayesianCPTensor
-from skcep.engines.cp import (EntryPartition, component_update, effective_rank, elbo, fit_cp, init_posterior,
-                              predict_cp)
+from skcep.engines.cp import EntryPartition, component_update, effective_rank, elbo, fit_cp, init_posterior, predict_cp
 
 SHAPE = (30, 25, 20)
 A0 = B0 = 1e-6
@@ -43,11 +42,19 @@ def quiet(est, X, y):
 
 
 def ard_posterior(shape, rank, seed, *, gaussian=True, y=None, offsets=True, floor=0.0, init_scale=0.7):
-    return init_posterior(shape, rank, prior_variance=1.0, init_scale=init_scale, rng=np.random.default_rng(seed),
-                          global_offset=10.0 if offsets else None, mode_offsets=0.5 if offsets else None,
-                          noise_prior=(1e-3, 1e-3) if gaussian else None,
-                          noise_init=10.0 / np.var(y) if gaussian else None, component_prior=(A0, B0),
-                          precision_floor=floor)
+    return init_posterior(
+        shape,
+        rank,
+        prior_variance=1.0,
+        init_scale=init_scale,
+        rng=np.random.default_rng(seed),
+        global_offset=10.0 if offsets else None,
+        mode_offsets=0.5 if offsets else None,
+        noise_prior=(1e-3, 1e-3) if gaussian else None,
+        noise_init=10.0 / np.var(y) if gaussian else None,
+        component_prior=(A0, B0),
+        precision_floor=floor,
+    )
 
 
 def vmp_fit_with_monotone_elbo(post0, X, y, likelihood, max_iter):
@@ -92,8 +99,8 @@ def test_effective_rank_counts_components_by_power():
     for f in post.factors:
         f.mean[:] = 1.0
         f.mean[:, 1] = 1e-2  # power 1e-12 · … relative 1e-12: pruned
-        f.mean[:, 2] = 0.2   # power 0.2⁶ = 6.4e-5 of the largest: pruned (< 1e-3)
-        f.mean[:, 3] = 0.5   # 0.5⁶ = 1.6e-2: kept
+        f.mean[:, 2] = 0.2  # power 0.2⁶ = 6.4e-5 of the largest: pruned (< 1e-3)
+        f.mean[:, 3] = 0.5  # 0.5⁶ = 1.6e-2: kept
     assert effective_rank(post) == 2
     for f in post.factors:
         f.mean[:] = 1e-5  # a collapsed CP part: power 1e-30
@@ -263,19 +270,19 @@ def test_partial_fit_updates_lambda_after_every_batch_from_all_rows():
             cov_batch = np.linalg.inv(precision - np.diag(delta))
             mean_batch = np.einsum("sij,sjk,sk->si", cov_batch, precision, mean)
             square = square + np.einsum("sii->i", cov_batch) + np.sum(mean_batch**2, axis=0)
-        np.testing.assert_allclose(est.component_precision_, (A0 + 0.5 * sum(SHAPE)) / (B0 + 0.5 * square),
-                                   rtol=1e-9)
+        np.testing.assert_allclose(est.component_precision_, (A0 + 0.5 * sum(SHAPE)) / (B0 + 0.5 * square), rtol=1e-9)
         if stop == 1420:
             # a row without entries in the batch: its q moved by the change of the prior only
             untouched = np.setdiff1d(np.arange(SHAPE[0]), X[sel, 0])[0]
-            expected = np.linalg.inv(np.linalg.inv(before[0][untouched])
-                                     + np.diag(est.component_precision_ - lam_before))
+            expected = np.linalg.inv(
+                np.linalg.inv(before[0][untouched]) + np.diag(est.component_precision_ - lam_before)
+            )
             np.testing.assert_allclose(est.factor_covariances_[0][untouched], expected, rtol=1e-10)
     # an unseen object is predicted from the prior N(0, E[Λ]⁻¹)
     grown = BayesianCPTensor(rank=6, ard=True, random_state=0).partial_fit(X[:500], y[:500])
     mean, var = grown._latent_moments(np.array([[grown.shape_[0] + 1, 0, 0]]))  # of the standardized y
     second = [grown.factor_covariances_[k][0].diagonal() + grown.factors_[k][0] ** 2 for k in (1, 2)]
-    expected = np.sum(second[0] * second[1] / grown.component_precision_) + grown.intercept_var_ / grown.y_scale_ ** 2
+    expected = np.sum(second[0] * second[1] / grown.component_precision_) + grown.intercept_var_ / grown.y_scale_**2
     assert var[0] == pytest.approx(expected, rel=1e-10)
 
 
@@ -290,8 +297,13 @@ def test_probit_cep_ard_stays_finite_on_separable_labels(schedule):
     1/prior_variance keeps the fit where the fixed prior would (max |U| ≈ 3)."""
     X, y, f = planted(n=1500, seed=13)
     labels = (f > 0).astype(int)
-    est = quiet(BayesianCPTensor(rank=6, likelihood="probit", ard=True, schedule=schedule, prior_variance=0.5,
-                                 random_state=0, max_iter=30), X, labels)
+    est = quiet(
+        BayesianCPTensor(
+            rank=6, likelihood="probit", ard=True, schedule=schedule, prior_variance=0.5, random_state=0, max_iter=30
+        ),
+        X,
+        labels,
+    )
     assert np.all(est.component_precision_ >= 2.0 * (1 - 1e-12))
     assert all(np.all(np.isfinite(u)) and np.abs(u).max() < 10 for u in est.factors_)
     assert est.score(X, labels) > 0.85
@@ -300,8 +312,13 @@ def test_probit_cep_ard_stays_finite_on_separable_labels(schedule):
 def test_probit_vmp_ard_prunes_components():
     X, y, f = planted(n=2500, seed=14)
     labels = (f + 0.3 * np.random.default_rng(0).standard_normal(f.size) > 0).astype(int)
-    est = quiet(BayesianCPTensor(rank=8, likelihood="probit", method="vmp", ard=True, init_scale=1.0,
-                                 random_state=0, max_iter=60), X, labels)
+    est = quiet(
+        BayesianCPTensor(
+            rank=8, likelihood="probit", method="vmp", ard=True, init_scale=1.0, random_state=0, max_iter=60
+        ),
+        X,
+        labels,
+    )
     assert 1 <= est.effective_rank_ <= 3
     assert np.sort(est.component_precision_)[-1] > 10.0
 

@@ -56,12 +56,17 @@ def make_tensor(shape, rank, n, seed, noise=0.05, offset=0.0, mode_offsets=False
     return index, y, f
 
 
-def new_posterior(shape, rank, seed, offsets=False, gaussian=True, noise_init=None, prior_variance=1.0,
-                  init_scale=0.5):
+def new_posterior(shape, rank, seed, offsets=False, gaussian=True, noise_init=None, prior_variance=1.0, init_scale=0.5):
     return init_posterior(
-        shape, rank, prior_variance=prior_variance, init_scale=init_scale, rng=np.random.default_rng(seed),
-        global_offset=10.0 if offsets else None, mode_offsets=0.5 if offsets else None,
-        noise_prior=(A0, B0) if gaussian else None, noise_init=noise_init,
+        shape,
+        rank,
+        prior_variance=prior_variance,
+        init_scale=init_scale,
+        rng=np.random.default_rng(seed),
+        global_offset=10.0 if offsets else None,
+        mode_offsets=0.5 if offsets else None,
+        noise_prior=(A0, B0) if gaussian else None,
+        noise_init=noise_init,
     )
 
 
@@ -94,6 +99,7 @@ def run(post, index, y, max_iter, hold_noise=0, seed=None, **kw):
     """fit_cp with tol=0, and a snapshot of q after each of its sweeps: the sweeps of
     ``start_sweeps``, which fit_cp loops over (checked: the last one is fit_cp's result).
     ``seed`` seeds a fresh generator for each of the two runs (the entry schedule's order)."""
+
     def rng():
         return None if seed is None else np.random.default_rng(seed)
 
@@ -311,8 +317,12 @@ def brute_probit_cep_sweep(st, index, y, sites):
                 rest = st.cp_mean(index[i]) + st.offsets_mean(index[i], skip_mode=mode)
             p_old, h_old = sites["offset"][j][i]
             P_site, h_site = _probit_tilted_site(
-                np.array([[1.0 / var - p_old]]), np.array([mean / var - h_old]),
-                np.ones(1), np.ones((1, 1)), rest, sign[i],
+                np.array([[1.0 / var - p_old]]),
+                np.array([mean / var - h_old]),
+                np.ones(1),
+                np.ones((1, 1)),
+                rest,
+                sign[i],
             )
             new.append((P_site[0, 0], h_site[0]))
         sites["offset"][j] = new
@@ -343,8 +353,7 @@ def empty_sites(st, n):
 @pytest.mark.parametrize("offsets", [False, True], ids=["no-offsets", "offsets"])
 def test_group_cep_equals_vmp_every_iteration(offsets):
     shape, rank = (6, 5, 4), 3
-    index, y, _ = make_tensor(shape, rank, 70, seed=1, noise=0.2, offset=1.5 if offsets else 0.0,
-                              mode_offsets=offsets)
+    index, y, _ = make_tensor(shape, rank, 70, seed=1, noise=0.2, offset=1.5 if offsets else 0.0, mode_offsets=offsets)
     post0 = new_posterior(shape, rank, seed=2, offsets=offsets, noise_init=4.0)
     before = snapshot(post0)
     vmp, vmp_states = run(post0, index, y, method="vmp", max_iter=15)
@@ -394,16 +403,25 @@ def vmp_problem(likelihood, offsets):
     compared sweeps (on smaller problems it collapses there within two sweeps, and relative
     comparisons of near-zero means say little)."""
     shape = (4, 3, 3)
-    index, y, f = make_tensor(shape, 2, 30, seed=2, noise=0.1, offset=0.5 if offsets else 0.0,
-                              mode_offsets=offsets, strong=True)
+    index, y, f = make_tensor(
+        shape, 2, 30, seed=2, noise=0.1, offset=0.5 if offsets else 0.0, mode_offsets=offsets, strong=True
+    )
     if likelihood == "probit":
         y = (f > np.median(f)).astype(float)
         variance, scale = 1.0, 2.0
     else:
         variance, scale = 2.0, 1.0
     keep = index[:, 0] != 3
-    post0 = new_posterior(shape, 2, seed=12, offsets=offsets, gaussian=likelihood == "gaussian",
-                          noise_init=30.0, prior_variance=variance, init_scale=scale)
+    post0 = new_posterior(
+        shape,
+        2,
+        seed=12,
+        offsets=offsets,
+        gaussian=likelihood == "gaussian",
+        noise_init=30.0,
+        prior_variance=variance,
+        init_scale=scale,
+    )
     return index[keep], y[keep], post0, BruteState(post0, variance, global_var=10.0, mode_var=0.5)
 
 
@@ -461,8 +479,9 @@ def test_probit_group_cep_with_offsets_matches_brute_force():
 def gaussian_kl(mean, cov, prior_var):
     """KL(N(mean, cov) ‖ N(0, prior_var I)), explicit formula."""
     R = mean.size
-    return 0.5 * (np.trace(cov) / prior_var + mean @ mean / prior_var - R
-                  + R * np.log(prior_var) - np.linalg.slogdet(cov)[1])
+    return 0.5 * (
+        np.trace(cov) / prior_var + mean @ mean / prior_var - R + R * np.log(prior_var) - np.linalg.slogdet(cov)[1]
+    )
 
 
 def brute_kl(st):
@@ -513,12 +532,19 @@ def test_gaussian_elbo_and_predictions_match_brute_force():
     sq = float(np.sum((y - f_mean) ** 2 + f_var))
     q_tau = gamma_dist(a, scale=1.0 / b)
     lo, hi = q_tau.ppf(1e-14), q_tau.ppf(1 - 1e-14)
-    loglik = quad(lambda t: q_tau.pdf(t) * (0.5 * n * np.log(t / (2 * np.pi)) - 0.5 * t * sq), lo, hi,
-                  epsabs=1e-12, epsrel=1e-12, limit=200)[0]
+    loglik = quad(
+        lambda t: q_tau.pdf(t) * (0.5 * n * np.log(t / (2 * np.pi)) - 0.5 * t * sq),
+        lo,
+        hi,
+        epsabs=1e-12,
+        epsrel=1e-12,
+        limit=200,
+    )[0]
     # KL(q(τ) ‖ p(τ)) by quadrature; Gaussian KLs by the explicit formula
     p_tau = gamma_dist(A0, scale=1.0 / B0)
-    kl_tau = quad(lambda t: q_tau.pdf(t) * (q_tau.logpdf(t) - p_tau.logpdf(t)), lo, hi,
-                  epsabs=1e-12, epsrel=1e-12, limit=200)[0]
+    kl_tau = quad(
+        lambda t: q_tau.pdf(t) * (q_tau.logpdf(t) - p_tau.logpdf(t)), lo, hi, epsabs=1e-12, epsrel=1e-12, limit=200
+    )[0]
     expected = loglik - kl_tau - brute_kl(st)
     assert elbo(post, index, y, "gaussian") == pytest.approx(expected, rel=1e-8, abs=1e-8)
 
@@ -585,8 +611,13 @@ def random_cavity(seed, target_t=None, offset=0.0):
 
 
 PROBIT_CASES = [  # (seed, sign, target t = zᵀm + offset or None)
-    (0, 1.0, None), (1, -1.0, None), (2, 1.0, 3.0), (3, -1.0, 3.0), (4, 1.0, -8.0),
-    (5, 1.0, -30.0), (6, -1.0, 30.0),
+    (0, 1.0, None),
+    (1, -1.0, None),
+    (2, 1.0, 3.0),
+    (3, -1.0, 3.0),
+    (4, 1.0, -8.0),
+    (5, 1.0, -30.0),
+    (6, -1.0, 30.0),
 ]
 
 
@@ -630,7 +661,8 @@ def test_probit_site_is_finite_for_extreme_arguments():
 
 
 def brute_entry_cep(post0, index, y, order, block_size, n_sweeps, v, gvar, mvar):
-    """Entry CEP (Wang & Zhe, "Conditional Expectation Propagation", Algorithm 1) for Gaussian entries with explicit loops and full-matrix sites.
+    """Entry CEP (Wang & Zhe, "Conditional Expectation Propagation", Algorithm 1) for Gaussian entries with
+    explicit loops and full-matrix sites.
 
     Starting convention (cp._EntrySchedule): for a row with entries, q's excess over the prior
     (precision and shift) is spread evenly over the sites of its entries, so q is unchanged; a
@@ -679,7 +711,7 @@ def brute_entry_cep(post0, index, y, order, block_size, n_sweeps, v, gvar, mvar)
     states = []
     for _ in range(n_sweeps):
         for c in range(0, n, block_size):
-            B = sorted(order[c:c + block_size])
+            B = sorted(order[c : c + block_size])
             tau = st.noise[0] / st.noise[1]
             off_mean = {i: st.offsets_mean(index[i]) for i in B}
             for k in range(K):
@@ -730,10 +762,10 @@ def brute_entry_cep(post0, index, y, order, block_size, n_sweeps, v, gvar, mvar)
 def entry_problem(offsets=False, prior_variance=1.0):
     """A small tensor on which entry CEP, from this start, stays clear of the all-zero point."""
     shape, rank = (5, 4, 3), 2
-    index, y, f = make_tensor(shape, rank, 40, seed=0, noise=0.3, offset=1.0 if offsets else 0.0,
-                              mode_offsets=offsets)
-    post0 = new_posterior(shape, rank, seed=1, offsets=offsets, noise_init=1 / 0.3**2, init_scale=1.0,
-                          prior_variance=prior_variance)
+    index, y, f = make_tensor(shape, rank, 40, seed=0, noise=0.3, offset=1.0 if offsets else 0.0, mode_offsets=offsets)
+    post0 = new_posterior(
+        shape, rank, seed=1, offsets=offsets, noise_init=1 / 0.3**2, init_scale=1.0, prior_variance=prior_variance
+    )
     return index, y, f, post0
 
 
@@ -755,8 +787,7 @@ def test_entry_cep_with_one_block_is_vmp(offsets):
     """With a single block holding every entry, entry CEP updates every site of a group from the
     same q, which is group CEP and therefore VMP (Theorem 1), sweep by sweep."""
     shape, rank = (5, 4, 3), 2
-    index, y, _ = make_tensor(shape, rank, 40, seed=0, noise=0.3, offset=1.0 if offsets else 0.0,
-                              mode_offsets=offsets)
+    index, y, _ = make_tensor(shape, rank, 40, seed=0, noise=0.3, offset=1.0 if offsets else 0.0, mode_offsets=offsets)
     post0 = new_posterior(shape, rank, seed=1, offsets=offsets, noise_init=10.0, init_scale=1.0)
     _, vmp = run(post0, index, y, method="vmp", max_iter=6)
     _, entry = run(post0, index, y, method="cep", schedule="entry", block_size=y.size, max_iter=6)
@@ -766,8 +797,9 @@ def test_entry_cep_with_one_block_is_vmp(offsets):
 
 def test_entry_cep_converges_to_a_vmp_fixed_point():
     index, y, f, post0 = entry_problem()
-    entry = fit_cp(post0, index, y, method="cep", schedule="entry", max_iter=300, tol=1e-8,
-                   rng=np.random.default_rng(0))
+    entry = fit_cp(
+        post0, index, y, method="cep", schedule="entry", max_iter=300, tol=1e-8, rng=np.random.default_rng(0)
+    )
     assert entry.converged and entry.n_iter < 300
     post = entry.posterior
     one = fit_cp(post, index, y, method="vmp", max_iter=1, tol=0.0).posterior
@@ -790,25 +822,36 @@ def test_entry_cep_warm_started_at_a_vmp_fixed_point_stays_there(block_size):
     (the committed 06b2944 engine reset every covariance to the prior here and collapsed to zero)."""
     index, y, _, post0 = entry_problem()
     vmp = fit_cp(post0, index, y, method="vmp", max_iter=500, tol=1e-10)
-    entry = fit_cp(vmp.posterior, index, y, method="cep", schedule="entry", block_size=block_size,
-                   max_iter=5, tol=0.0, rng=np.random.default_rng(0))
+    entry = fit_cp(
+        vmp.posterior,
+        index,
+        y,
+        method="cep",
+        schedule="entry",
+        block_size=block_size,
+        max_iter=5,
+        tol=0.0,
+        rng=np.random.default_rng(0),
+    )
     before, _ = predict_cp(vmp.posterior, index)
     after, _ = predict_cp(entry.posterior, index)
     assert rel(after, before) < 0.1
     assert entry.elbo[-1] == pytest.approx(vmp.elbo[-1], abs=0.1)
 
 
-@pytest.mark.xfail(strict=True, reason="known weakness of the entry schedule: on tiny dense rank-1 tensors "
-                   "it falls to the all-zero fixed point from some starts where VMP fits (group CEP, "
-                   "the default, is VMP)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="known weakness of the entry schedule: on tiny dense rank-1 tensors "
+    "it falls to the all-zero fixed point from some starts where VMP fits (group CEP, "
+    "the default, is VMP)",
+)
 @pytest.mark.parametrize("seed", [0, 3])
 def test_entry_cep_fits_as_well_as_vmp_on_a_dense_tensor(seed):
     shape, rank = (5, 4, 4), 1
     index, y, f = make_tensor(shape, rank, 70, seed=seed, noise=0.1, strong=True)
     post0 = new_posterior(shape, rank, seed=seed + 1, noise_init=100.0, init_scale=1.0)
     vmp = fit_cp(post0, index, y, method="vmp", max_iter=60, tol=1e-6)
-    entry = fit_cp(post0, index, y, method="cep", schedule="entry", max_iter=60, tol=1e-6,
-                   rng=np.random.default_rng(0))
+    entry = fit_cp(post0, index, y, method="cep", schedule="entry", max_iter=60, tol=1e-6, rng=np.random.default_rng(0))
     rmse = [np.sqrt(np.mean((predict_cp(r.posterior, index)[0] - f) ** 2)) for r in (vmp, entry)]
     assert rmse[0] < 0.1 * np.std(f)  # VMP fits
     assert rmse[1] < 2 * rmse[0], rmse
@@ -885,7 +928,9 @@ def test_absorb_batch_equals_batch_on_the_whole_model(likelihood, method):
     if likelihood == "probit":
         y = (y > np.median(y)).astype(float)
     first = np.arange(200)
-    batch = 200 + np.flatnonzero((index[200:, 0] < 6) & (index[200:, 1] < 5) & (index[200:, 2] < 4))  # touches part of each mode
+    batch = 200 + np.flatnonzero(
+        (index[200:, 0] < 6) & (index[200:, 1] < 5) & (index[200:, 2] < 4)
+    )  # touches part of each mode
     post = new_posterior(shape, 2, seed=3, offsets=True, gaussian=likelihood == "gaussian")
     post = fit_cp(post, index[first], y[first], likelihood=likelihood, method=method, max_iter=15, tol=0.0).posterior
     X2, y2 = index[batch], y[batch]
@@ -895,8 +940,20 @@ def test_absorb_batch_equals_batch_on_the_whole_model(likelihood, method):
     assert all(np.all(c[r] > 0) for c, r in zip(seen, rows))  # no random working means
 
     whole = fit_cp(post.as_prior(), X2, y2, likelihood=likelihood, method=method, max_iter=6, tol=0.0)
-    part, n_seen = absorb_batch(post, X2, y2, seen, shape=shape, prior_variance=1.0, init_scale=0.5,
-                                mode_offset_variance=0.5, likelihood=likelihood, method=method, max_iter=6, tol=0.0)
+    part, n_seen = absorb_batch(
+        post,
+        X2,
+        y2,
+        seen,
+        shape=shape,
+        prior_variance=1.0,
+        init_scale=0.5,
+        mode_offset_variance=0.5,
+        likelihood=likelihood,
+        method=method,
+        max_iter=6,
+        tol=0.0,
+    )
     merged = part.posterior
     assert_same_state(snapshot(merged), snapshot(whole.posterior), rtol=1e-9)
     np.testing.assert_allclose(part.elbo, whole.elbo, rtol=1e-9)
@@ -914,9 +971,18 @@ def test_absorb_batch_grows_modes_and_starts_new_objects_off_zero():
     assert min(np.linalg.norm(f.mean) for f in post.factors) > 0.5
     seen = [np.bincount(index[:, k], minlength=d) for k, d in enumerate(shape)]
     batch = np.array([[6, 0, 1], [6, 1, 2], [0, 4, 0]])  # new objects 6 (mode 0) and 4 (mode 1)
-    result, n_seen = absorb_batch(post, batch, np.array([0.3, -0.2, 0.5]), seen, shape=(7, 5, 3),
-                                  prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0),
-                                  max_iter=3, tol=0.0)
+    result, n_seen = absorb_batch(
+        post,
+        batch,
+        np.array([0.3, -0.2, 0.5]),
+        seen,
+        shape=(7, 5, 3),
+        prior_variance=1.0,
+        init_scale=0.5,
+        rng=np.random.default_rng(0),
+        max_iter=3,
+        tol=0.0,
+    )
     new = result.posterior
     assert new.shape == (7, 5, 3) and [c.size for c in n_seen] == [7, 5, 3]
     assert n_seen[0][6] == 2 and n_seen[0][5] == 0 and n_seen[1][4] == 1
@@ -924,11 +990,30 @@ def test_absorb_batch_grows_modes_and_starts_new_objects_off_zero():
     np.testing.assert_array_equal(new.factors[0].cov[5], np.eye(2))
     assert np.linalg.norm(new.factors[0].mean[6]) > 1e-3  # the new object learned from a random start
     # the random working means come from rng, and only from it; init_scale = 0 needs no generator
-    again, _ = absorb_batch(post, batch, np.array([0.3, -0.2, 0.5]), seen, shape=(7, 5, 3),
-                            prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0), max_iter=3, tol=0.0)
+    again, _ = absorb_batch(
+        post,
+        batch,
+        np.array([0.3, -0.2, 0.5]),
+        seen,
+        shape=(7, 5, 3),
+        prior_variance=1.0,
+        init_scale=0.5,
+        rng=np.random.default_rng(0),
+        max_iter=3,
+        tol=0.0,
+    )
     assert_same_state(snapshot(again.posterior), snapshot(new), 0.0)
-    plain, _ = absorb_batch(post, batch, np.array([0.3, -0.2, 0.5]), seen, shape=(7, 5, 3),
-                            prior_variance=1.0, init_scale=0.0, max_iter=3, tol=0.0)
+    plain, _ = absorb_batch(
+        post,
+        batch,
+        np.array([0.3, -0.2, 0.5]),
+        seen,
+        shape=(7, 5, 3),
+        prior_variance=1.0,
+        init_scale=0.0,
+        max_iter=3,
+        tol=0.0,
+    )
     assert all(np.all(np.isfinite(f.mean)) for f in plain.posterior.factors)
     assert not np.array_equal(plain.posterior.factors[0].mean[6], new.factors[0].mean[6])
 
@@ -995,8 +1080,9 @@ def test_simultaneous_sweep_updates_every_group_from_the_q_before_it(likelihood,
             rows = 0 if m is None else index[:, m]
             f_mean, f_var = f_mean + g.mean[rows, 0], f_var + g.cov[rows, 0, 0]
         a0, b0 = post.noise_prior
-        np.testing.assert_allclose(new.noise, (a0 + 0.5 * y.size, b0 + 0.5 * np.sum((y - f_mean) ** 2 + f_var)),
-                                   rtol=1e-10)
+        np.testing.assert_allclose(
+            new.noise, (a0 + 0.5 * y.size, b0 + 0.5 * np.sum((y - f_mean) ** 2 + f_var)), rtol=1e-10
+        )
     with pytest.raises(ValueError, match="group schedule"):
         fit_cp(post, index, y, schedule="entry", simultaneous=True, likelihood=likelihood, method="cep")
 
@@ -1062,8 +1148,9 @@ def test_probit_site_statistics_of_chunks_sum_to_the_statistics_of_all_entries()
         np.testing.assert_array_equal(np.concatenate([c.entries for c in pieces]), whole.entries)
 
         def step(chunk, sites):
-            return probit_site_statistics(chunk, k, g.mean, g.cov, means, second, rest[chunk.entries],
-                                          sign[chunk.entries], sites, damping=0.7)
+            return probit_site_statistics(
+                chunk, k, g.mean, g.cov, means, second, rest[chunk.entries], sign[chunk.entries], sites, damping=0.7
+            )
 
         sites, _, _ = step(whole, (np.zeros((n, rank)), np.zeros(n), np.zeros(n)))  # non-zero current sites
         assert np.all(sites[1] > 0)
@@ -1096,7 +1183,8 @@ def test_probit_site_with_an_improper_cavity_is_kept_and_counted():
     precision[bad] = 2.0 / g.cov[chunk.columns[0][bad], 0, 0]  # π eᵀΣe = 2 > 1: improper cavity
     shift = np.full(n, 0.05)
     (new_dir, new_pi, new_beta), stats, skipped = probit_site_statistics(
-        chunk, 0, g.mean, g.cov, means, second, np.zeros(n), sign[chunk.entries], (direction, precision, shift))
+        chunk, 0, g.mean, g.cov, means, second, np.zeros(n), sign[chunk.entries], (direction, precision, shift)
+    )
     assert skipped == bad.sum() > 0
     np.testing.assert_array_equal(new_pi[bad], precision[bad])
     np.testing.assert_array_equal(new_beta[bad], shift[bad])
@@ -1105,17 +1193,37 @@ def test_probit_site_with_an_improper_cavity_is_kept_and_counted():
     assert np.all(np.isfinite(stats.second)) and np.all(np.isfinite(stats.first))
 
 
-@pytest.mark.parametrize("likelihood, method, schedule", [
-    ("gaussian", "vmp", "group"), ("probit", "cep", "group"), ("probit", "vmp", "group"), ("gaussian", "cep", "entry"),
-])
+@pytest.mark.parametrize(
+    "likelihood, method, schedule",
+    [
+        ("gaussian", "vmp", "group"),
+        ("probit", "cep", "group"),
+        ("probit", "vmp", "group"),
+        ("gaussian", "cep", "entry"),
+    ],
+)
 def test_fit_is_bit_identical_for_any_n_jobs(likelihood, method, schedule):
     shape = (15, 12, 10)
     index, y, f = make_tensor(shape, 2, 700, seed=26, noise=0.1, offset=0.5, mode_offsets=True)
     if likelihood == "probit":
         y = (f > np.median(f)).astype(float)
     post0 = new_posterior(shape, 2, seed=27, offsets=True, gaussian=likelihood == "gaussian")
-    fits = [fit_cp(post0, index, y, likelihood=likelihood, method=method, schedule=schedule, max_iter=4, tol=0.0,
-                   chunk_size=64, n_jobs=n_jobs, rng=np.random.default_rng(0)) for n_jobs in (1, 2)]
+    fits = [
+        fit_cp(
+            post0,
+            index,
+            y,
+            likelihood=likelihood,
+            method=method,
+            schedule=schedule,
+            max_iter=4,
+            tol=0.0,
+            chunk_size=64,
+            n_jobs=n_jobs,
+            rng=np.random.default_rng(0),
+        )
+        for n_jobs in (1, 2)
+    ]
     a, b = (snapshot(r.posterior) for r in fits)
     for name in a:
         assert np.array_equal(a[name], b[name]), name
@@ -1126,8 +1234,9 @@ def test_fit_is_bit_identical_for_any_n_jobs(likelihood, method, schedule):
 def test_callback_reports_every_sweep(schedule):
     index, y, _, post0 = entry_problem()
     calls = []
-    result = fit_cp(post0, index, y, method="cep", schedule=schedule, max_iter=4, tol=0.0,
-                    callback=lambda *args: calls.append(args))
+    result = fit_cp(
+        post0, index, y, method="cep", schedule=schedule, max_iter=4, tol=0.0, callback=lambda *args: calls.append(args)
+    )
     assert [c[0] for c in calls] == [1, 2, 3, 4]
     assert [c[2] for c in calls] == result.elbo
     assert all(c[1] > 0 and np.isfinite(c[1]) for c in calls)
@@ -1136,8 +1245,10 @@ def test_callback_reports_every_sweep(schedule):
     post = sweeps.posterior
     before = [g.mean.copy() for g in post.factors + post.offsets]
     sweeps.sweep()
-    expected = max(float(np.max(np.abs(g.mean - m) / np.sqrt(np.diagonal(g.cov, axis1=1, axis2=2))))
-                   for m, g in zip(before, post.factors + post.offsets))
+    expected = max(
+        float(np.max(np.abs(g.mean - m) / np.sqrt(np.diagonal(g.cov, axis1=1, axis2=2))))
+        for m, g in zip(before, post.factors + post.offsets)
+    )
     assert calls[0][1] == pytest.approx(expected, rel=1e-12)
     calls.clear()
     fit_cp(post0, index, y, max_iter=2, tol=0.0, track_elbo=False, callback=lambda *args: calls.append(args))

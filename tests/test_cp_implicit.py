@@ -20,8 +20,13 @@ from sklearn.exceptions import ConvergenceWarning
 from skcep import BayesianCPTensor
 from skcep.engines import cp
 from skcep.engines.cp import elbo, fit_cp, init_posterior
-from skcep.engines.implicit import (cooccurrence_weights, effective_moments, implicit_prior_update, implicit_update,
-                                    new_term)
+from skcep.engines.implicit import (
+    cooccurrence_weights,
+    effective_moments,
+    implicit_prior_update,
+    implicit_update,
+    new_term,
+)
 
 
 def spd(rng, n, rank, scale=1.0):
@@ -38,8 +43,12 @@ def small_block(rng, d=(6, 5), rank=2):
     index = np.column_stack([rng.integers(0, d[0], 14), rng.integers(0, d[1], 14)])
     term = new_term(index, d, 0, 1, rank, 0.7)
     term.mean = rng.standard_normal(term.mean.shape)
-    rows = Rows(rng.standard_normal((d[0], rank)), spd(rng, d[0], rank), spd(rng, d[0], rank, 0.3),
-                rng.standard_normal((d[0], rank)))
+    rows = Rows(
+        rng.standard_normal((d[0], rank)),
+        spd(rng, d[0], rank),
+        spd(rng, d[0], rank, 0.3),
+        rng.standard_normal((d[0], rank)),
+    )
     return index, term, rows, spd(rng, d[0], rank), rng.standard_normal((d[0], rank))
 
 
@@ -50,8 +59,9 @@ def test_cooccurrence_weights_are_the_normalised_sets():
     expected[0, [1, 2]] = 1 / np.sqrt(2)  # the repeated entry (0, 1) counts once
     expected[2, [0, 1, 2, 3]] = 0.5
     np.testing.assert_array_equal(C, expected)
-    np.testing.assert_array_equal(cooccurrence_weights(index, (4, 4), 1, 0).toarray()[:, 2],
-                                  [1.0, 1 / np.sqrt(2), 1 / np.sqrt(2), 1.0])  # object 2's items, by their users
+    np.testing.assert_array_equal(
+        cooccurrence_weights(index, (4, 4), 1, 0).toarray()[:, 2], [1.0, 1 / np.sqrt(2), 1 / np.sqrt(2), 1.0]
+    )  # object 2's items, by their users
 
 
 def test_effective_moments_follow_the_definition():
@@ -82,7 +92,7 @@ def dense_block(term, rows, Lam, h):
             A[ym, u] += C[s, m] * Lam[s]
             b[ym] += C[s, m] * h[s]
             for m2 in np.flatnonzero(C[s]):
-                A[ym, (d + m2) * R:(d + m2 + 1) * R] += C[s, m] * C[s, m2] * Lam[s]
+                A[ym, (d + m2) * R : (d + m2 + 1) * R] += C[s, m] * C[s, m2] * Lam[s]
     for m in range(J):
         ym = slice((d + m) * R, (d + m + 1) * R)
         A[ym, ym] += term.prior_precision * np.eye(R)
@@ -97,12 +107,12 @@ def test_joint_update_is_the_dense_solution_of_the_block():
     n_iter = implicit_update(rows, term, Lam, h, tol=1e-14, max_iter=500)
     assert 0 < n_iter < 500
     x = np.linalg.solve(A, b)
-    np.testing.assert_allclose(rows.mean, x[:d * R].reshape(d, R), atol=1e-10)
-    np.testing.assert_allclose(term.mean, x[d * R:].reshape(-1, R), atol=1e-10)
+    np.testing.assert_allclose(rows.mean, x[: d * R].reshape(d, R), atol=1e-10)
+    np.testing.assert_allclose(term.mean, x[d * R :].reshape(-1, R), atol=1e-10)
     for s in range(d):
-        np.testing.assert_allclose(rows.cov[s], np.linalg.inv(A[s * R:(s + 1) * R, s * R:(s + 1) * R]), rtol=1e-10)
+        np.testing.assert_allclose(rows.cov[s], np.linalg.inv(A[s * R : (s + 1) * R, s * R : (s + 1) * R]), rtol=1e-10)
     for m in range(term.mean.shape[0]):
-        block = A[(d + m) * R:(d + m + 1) * R, (d + m) * R:(d + m + 1) * R]
+        block = A[(d + m) * R : (d + m + 1) * R, (d + m) * R : (d + m + 1) * R]
         np.testing.assert_allclose(term.cov[m], np.linalg.inv(block), rtol=1e-10)
 
 
@@ -143,8 +153,9 @@ def test_elbo_never_decreases_with_implicit_terms(likelihood):
     X, y, d = planted()
     if likelihood == "ordinal":
         y = np.digitize(y, [-0.8, 0.0, 0.8]).astype(float)
-    est = BayesianCPTensor(rank=2, likelihood=likelihood, implicit_modes={0: 1, 1: 0}, max_iter=60, tol=0.0,
-                           random_state=0)
+    est = BayesianCPTensor(
+        rank=2, likelihood=likelihood, implicit_modes={0: 1, 1: 0}, max_iter=60, tol=0.0, random_state=0
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         est.fit(X, y)
@@ -159,8 +170,9 @@ def test_converged_fit_is_a_stationary_point_of_the_elbo():
     moments alone, has zero derivative in every implicit vector's mean and every row's mean."""
     X, y, d = planted(n=200, d=(12, 10))
     rng = np.random.default_rng(0)
-    post = init_posterior(d, 2, prior_variance=1.0, init_scale=0.5, rng=rng, global_offset=10.0,
-                          noise_prior=(1.0, 1.0), noise_init=10.0)
+    post = init_posterior(
+        d, 2, prior_variance=1.0, init_scale=0.5, rng=rng, global_offset=10.0, noise_prior=(1.0, 1.0), noise_init=10.0
+    )
     post.implicit = [new_term(X, d, 0, 1, 2, 1.0)]
     post = fit_cp(post, X, y, likelihood="gaussian", method="vmp", max_iter=3000, tol=1e-13).posterior
     term, f = post.implicit[0], post.factors[0]
@@ -222,12 +234,15 @@ def test_prediction_of_unseen_objects_and_pickling():
         np.testing.assert_array_equal(clone(est).fit(X, y).predict(new), mean)  # deterministic
 
 
-@pytest.mark.parametrize("params, message", [
-    (dict(implicit_modes={0: 0}), "maps a mode to another mode"),
-    (dict(implicit_modes={0: 5}), "names mode 5"),
-    (dict(implicit_modes={0: 1}, likelihood="probit", method="cep"), "takes VMP"),
-    (dict(implicit_modes={0: 1}, method="cep", schedule="entry"), "group schedule"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (dict(implicit_modes={0: 0}), "maps a mode to another mode"),
+        (dict(implicit_modes={0: 5}), "names mode 5"),
+        (dict(implicit_modes={0: 1}, likelihood="probit", method="cep"), "takes VMP"),
+        (dict(implicit_modes={0: 1}, method="cep", schedule="entry"), "group schedule"),
+    ],
+)
 def test_invalid_implicit_modes_are_refused(params, message):
     X, y, _ = planted()
     if params.get("likelihood") == "probit":
@@ -266,11 +281,13 @@ def test_partial_fit_and_dask_are_refused_before_any_work():
 
 def test_stream_and_entry_schedule_engines_refuse_implicit_terms():
     X, y, d = planted()
-    post = init_posterior(d, 2, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0),
-                          noise_prior=(1.0, 1.0))
+    post = init_posterior(
+        d, 2, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0), noise_prior=(1.0, 1.0)
+    )
     post.implicit = [new_term(X, d, 0, 1, 2, 1.0)]
     with pytest.raises(ValueError, match="group schedule in memory"):
         cp.start_sweeps(post, X, y, method="cep", schedule="entry")
     with pytest.raises(ValueError, match="batch by batch"):
-        cp.absorb_batch(post, X, y, [np.zeros(k, dtype=np.int64) for k in d], shape=d, prior_variance=1.0,
-                        init_scale=0.5)
+        cp.absorb_batch(
+            post, X, y, [np.zeros(k, dtype=np.int64) for k in d], shape=d, prior_variance=1.0, init_scale=0.5
+        )

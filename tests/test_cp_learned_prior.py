@@ -14,25 +14,40 @@ import warnings
 import numpy as np
 import pytest
 from scipy.integrate import quad
-from scipy.special import digamma
 from scipy.stats import gamma as gamma_dist
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import roc_auc_score
+from test_cp_ard import TwoPartitions, planted, vmp_fit_with_monotone_elbo
 
 from skcep import BayesianCPTensor
 from skcep.datasets import load_enron
-from skcep.engines.cp import (elbo, fit_cp, grow_posterior, init_posterior, mode_prior_update, offset_prior_update,
-                              start_sweeps, streaming_sweeps)
-from test_cp_ard import TwoPartitions, planted, vmp_fit_with_monotone_elbo
+from skcep.engines.cp import (
+    elbo,
+    fit_cp,
+    grow_posterior,
+    init_posterior,
+    mode_prior_update,
+    offset_prior_update,
+    start_sweeps,
+    streaming_sweeps,
+)
 
 A0, B0, V = 1e-3, 1e-3, 1.0
 HYPER = (A0, B0, V)
 
 
 def learned_posterior(shape, rank, seed, *, gaussian=True, y=None, init_scale=0.5):
-    return init_posterior(shape, rank, prior_variance=1.0, init_scale=init_scale, rng=np.random.default_rng(seed),
-                          global_offset=10.0, noise_prior=(1e-3, 1e-3) if gaussian else None,
-                          noise_init=10.0 / np.var(y) if gaussian else None, mode_prior=HYPER)
+    return init_posterior(
+        shape,
+        rank,
+        prior_variance=1.0,
+        init_scale=init_scale,
+        rng=np.random.default_rng(seed),
+        global_offset=10.0,
+        noise_prior=(1e-3, 1e-3) if gaussian else None,
+        noise_init=10.0 / np.var(y) if gaussian else None,
+        mode_prior=HYPER,
+    )
 
 
 def small_problem(seed, shape=(9, 8, 7)):
@@ -80,8 +95,9 @@ def test_mode_prior_update_is_the_closed_form_and_maximises_the_elbo():
         assert got_s == pytest.approx(s, rel=1e-14)
         assert got_a == pytest.approx(A0 + 0.5 * shape[k] * rank, rel=1e-15)
         assert got_b == pytest.approx(B0 + 0.5 * spread, rel=1e-12)
-        np.testing.assert_allclose(f.prior_precision, np.broadcast_to(got_a / got_b * np.eye(rank), f.cov.shape),
-                                   rtol=1e-12)
+        np.testing.assert_allclose(
+            f.prior_precision, np.broadcast_to(got_a / got_b * np.eye(rank), f.cov.shape), rtol=1e-12
+        )
         np.testing.assert_allclose(f.prior_shift, np.broadcast_to(got_a / got_b * m, f.mean.shape), rtol=1e-11)
     # q(λ_k) maximises the ELBO given everything else (finite differences in a and b)
     k = 1
@@ -103,8 +119,9 @@ def test_mode_prior_update_is_the_closed_form_and_maximises_the_elbo():
             moved[j] += step
             assert elbo(with_mode_prior(post_mu, k, moved, s, before[k][2], before[k][3]), X, y, "gaussian") < best_mu
     for step in (1e-3, -1e-3):
-        assert elbo(with_mode_prior(post_mu, k, m, s * (1 + step), before[k][2], before[k][3]),
-                    X, y, "gaussian") < best_mu
+        assert (
+            elbo(with_mode_prior(post_mu, k, m, s * (1 + step), before[k][2], before[k][3]), X, y, "gaussian") < best_mu
+        )
 
 
 def test_learned_prior_elbo_terms_match_quadrature():
@@ -124,11 +141,17 @@ def test_learned_prior_elbo_terms_match_quadrature():
         q, p = gamma_dist(a, scale=1 / b), gamma_dist(A0, scale=1 / B0)
         lo, hi = q.ppf(1e-14), q.ppf(1 - 1e-14)
         e_log = quad(lambda t: q.pdf(t) * np.log(t), lo, hi, epsabs=1e-13, epsrel=1e-12)[0]
-        kl_lam = quad(lambda t: q.pdf(t) * (q.logpdf(t) - p.logpdf(t)), lo, hi, epsabs=1e-13, epsrel=1e-12,
-                      limit=200)[0]
+        kl_lam = quad(lambda t: q.pdf(t) * (q.logpdf(t) - p.logpdf(t)), lo, hi, epsabs=1e-13, epsrel=1e-12, limit=200)[
+            0
+        ]
         S, P = s * np.eye(rank), V * np.eye(rank)
-        kl_mu = 0.5 * (np.trace(np.linalg.solve(P, S)) + m @ np.linalg.solve(P, m) - rank
-                       + np.linalg.slogdet(P)[1] - np.linalg.slogdet(S)[1])
+        kl_mu = 0.5 * (
+            np.trace(np.linalg.solve(P, S))
+            + m @ np.linalg.solve(P, m)
+            - rank
+            + np.linalg.slogdet(P)[1]
+            - np.linalg.slogdet(S)[1]
+        )
         expected += 0.5 * d * rank * (np.log(a / b) - e_log + (a / b) * s) + kl_lam + kl_mu
     assert engine == pytest.approx(expected, rel=1e-7)
 
@@ -184,8 +207,9 @@ def test_entry_schedule_keeps_q_equal_to_the_prior_times_its_sites(likelihood):
     if likelihood == "probit":
         y = (y > 0).astype(float)
     post0 = learned_posterior((30, 25, 20), 3, 2, gaussian=likelihood == "gaussian", y=y)
-    sweeps = start_sweeps(post0, X, y, likelihood=likelihood, method="cep", schedule="entry",
-                          rng=np.random.default_rng(0))
+    sweeps = start_sweeps(
+        post0, X, y, likelihood=likelihood, method="cep", schedule="entry", rng=np.random.default_rng(0)
+    )
     rank = post0.rank
     rows, cols = np.triu_indices(rank)
     for _ in range(3):
@@ -241,8 +265,10 @@ def test_learned_priors_escape_the_zero_fixed_point_on_the_cep_papers_enron_fold
     common = dict(rank=8, likelihood="probit", method=method, shape=data.shape, random_state=0, max_iter=300)
     fixed = quiet(BayesianCPTensor(prior_variance=1.0, **common), data.X_train, data.y_train)
     learned = quiet(BayesianCPTensor(prior_variance="auto", **common), data.X_train, data.y_train)
-    auc = {name: roc_auc_score(data.y_test, est.predict_proba(data.X_test)[:, 1])
-           for name, est in (("fixed", fixed), ("learned", learned))}
+    auc = {
+        name: roc_auc_score(data.y_test, est.predict_proba(data.X_test)[:, 1])
+        for name, est in (("fixed", fixed), ("learned", learned))
+    }
     assert auc["fixed"] < 0.8
     assert auc["learned"] > 0.93, auc
 
@@ -265,10 +291,15 @@ def test_probit_cep_learned_precisions_keep_their_floor_on_separable_entries():
     fell towards 0 and the factors grew without end (rows' RMS 1.2 → 71 in 50 sweeps, then
     overflow and NaN).  E[λ_k] is now kept at least 1/prior_variance, as ARD's E[λ_r] is."""
     Xtr, ytr, Xte, yte, shape = separable_probit_tensor(0)
-    est = quiet(BayesianCPTensor(rank=5, likelihood="probit", method="cep", prior_variance="auto", shape=shape,
-                                 random_state=0, max_iter=100), Xtr, ytr)
+    est = quiet(
+        BayesianCPTensor(
+            rank=5, likelihood="probit", method="cep", prior_variance="auto", shape=shape, random_state=0, max_iter=100
+        ),
+        Xtr,
+        ytr,
+    )
     assert min(float(np.min(p)) for p in est.factor_prior_precisions_) >= 1.0 - 1e-12
-    assert all(np.all(np.isfinite(f)) and np.sqrt(np.mean(f ** 2)) < 5.0 for f in est.factors_)
+    assert all(np.all(np.isfinite(f)) and np.sqrt(np.mean(f**2)) < 5.0 for f in est.factors_)
     assert roc_auc_score(yte, est.predict_proba(Xte)[:, 1]) > 0.95
 
 
@@ -283,7 +314,7 @@ def test_the_floor_caps_the_learned_precision_update():
     floored.precision_floor = 1.0
     mode_prior_update(free)
     mode_prior_update(floored)
-    for (m0, s0, a0, b0), (m1, s1, a1, b1) in zip(free.mode_priors, floored.mode_priors):
+    for (m0, _s0, a0, b0), (m1, _s1, a1, b1) in zip(free.mode_priors, floored.mode_priors):
         assert a0 / b0 < 0.5
         np.testing.assert_allclose(m1, m0)
         assert a1 == a0 and a1 / b1 == pytest.approx(1.0)
@@ -304,7 +335,7 @@ def test_a_short_stream_with_learned_priors_gets_a_full_first_batch():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         for first in range(0, order.size, 1000):
-            rows = order[first:first + 1000]
+            rows = order[first : first + 1000]
             est.partial_fit(data.X_train[rows], data.y_train[rows], classes=[0, 1])
     assert roc_auc_score(data.y_test, est.predict_proba(data.X_test)[:, 1]) > 0.92
 
@@ -332,8 +363,9 @@ def test_a_collapsed_fit_is_never_silent():
     """Probit VMP with the zero-mean prior on Enron fold 1 lands on the all-zero fixed point
     (every prediction 0.5): the fit warns, naming the fixed point and the remedy."""
     data = load_enron(1)
-    est = BayesianCPTensor(rank=8, likelihood="probit", method="vmp", prior_variance=1.0, shape=data.shape,
-                           random_state=0, max_iter=300)
+    est = BayesianCPTensor(
+        rank=8, likelihood="probit", method="vmp", prior_variance=1.0, shape=data.shape, random_state=0, max_iter=300
+    )
     with pytest.warns(ConvergenceWarning, match=r"all-zero fixed point.*prior_variance='auto'"):
         est.fit(data.X_train, data.y_train)
     assert est.effective_rank_ == 0
@@ -347,8 +379,9 @@ def test_a_collapsed_stream_is_never_silent():
     """partial_fit warns as fit does: a batch absorbed into the collapsed VMP posterior of Enron
     fold 1 leaves every component at zero, and says so."""
     data = load_enron(1)
-    est = BayesianCPTensor(rank=8, likelihood="probit", method="vmp", prior_variance=1.0, shape=data.shape,
-                           random_state=0, max_iter=300)
+    est = BayesianCPTensor(
+        rank=8, likelihood="probit", method="vmp", prior_variance=1.0, shape=data.shape, random_state=0, max_iter=300
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         est.fit(data.X_train[:900], data.y_train[:900])
@@ -363,10 +396,19 @@ def test_a_collapsed_stream_is_never_silent():
 
 
 def offset_posterior(shape, rank, seed, *, y, gaussian=True, mode_prior=None):
-    return init_posterior(shape, rank, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(seed),
-                          global_offset=10.0, mode_offsets=1.0, noise_prior=(1e-3, 1e-3) if gaussian else None,
-                          noise_init=10.0 / np.var(y) if gaussian else None, mode_prior=mode_prior,
-                          offset_prior=(A0, B0))
+    return init_posterior(
+        shape,
+        rank,
+        prior_variance=1.0,
+        init_scale=0.5,
+        rng=np.random.default_rng(seed),
+        global_offset=10.0,
+        mode_offsets=1.0,
+        noise_prior=(1e-3, 1e-3) if gaussian else None,
+        noise_init=10.0 / np.var(y) if gaussian else None,
+        mode_prior=mode_prior,
+        offset_prior=(A0, B0),
+    )
 
 
 def with_offsets_shifted(X, y, seed=0, scale=1.5):
@@ -427,8 +469,7 @@ def test_offset_prior_elbo_terms_match_quadrature():
         q, p = gamma_dist(a, scale=1 / b), gamma_dist(A0, scale=1 / B0)
         lo, hi = q.ppf(1e-14), q.ppf(1 - 1e-14)
         e_log = quad(lambda t: q.pdf(t) * np.log(t), lo, hi, epsabs=1e-13, epsrel=1e-12)[0]
-        kl = quad(lambda t: q.pdf(t) * (q.logpdf(t) - p.logpdf(t)), lo, hi, epsabs=1e-13, epsrel=1e-12,
-                  limit=200)[0]
+        kl = quad(lambda t: q.pdf(t) * (q.logpdf(t) - p.logpdf(t)), lo, hi, epsabs=1e-13, epsrel=1e-12, limit=200)[0]
         expected += 0.5 * g.n_rows * (np.log(a / b) - e_log) + kl
     assert engine == pytest.approx(expected, rel=1e-7)
 
@@ -472,8 +513,9 @@ def test_learned_offset_precisions_over_partitions_and_in_the_entry_schedule(lik
     for g, h in zip(got.posterior.groups, ref.posterior.groups):
         np.testing.assert_allclose(g.mean, h.mean, rtol=1e-8, atol=1e-10)
     assert any(abs(a / b - 1.0) > 1e-3 for _, _, (a, b) in learned_groups(ref.posterior))
-    sweeps = start_sweeps(post0, X, y, likelihood=likelihood, method="cep", schedule="entry",
-                          rng=np.random.default_rng(0))
+    sweeps = start_sweeps(
+        post0, X, y, likelihood=likelihood, method="cep", schedule="entry", rng=np.random.default_rng(0)
+    )
     for _ in range(3):
         sweeps.sweep()
         post = sweeps.posterior
@@ -496,7 +538,7 @@ def test_partial_fit_learns_the_offset_precisions_and_new_objects_start_from_the
     assert est.bias_prior_precisions_ != first
     post = est._posterior
     grown = grow_posterior(post, (31, 26, 21), prior_variance=1.0, mode_offset_variance=1.0)
-    for j, g, (a, b) in learned_groups(grown):  # an object never seen: the learned prior N(0, E[β]⁻¹)
+    for _j, g, (a, b) in learned_groups(grown):  # an object never seen: the learned prior N(0, E[β]⁻¹)
         assert g.prior_precision[-1, 0, 0] == pytest.approx(a / b, rel=1e-12)
         assert g.mean[-1, 0] == 0.0
     # mode 0's offsets are worth learning (sd 2 in y's units), the others' shrink

@@ -13,11 +13,21 @@ import warnings
 import numpy as np
 import pytest
 from sklearn.exceptions import ConvergenceWarning
+from test_cp_ard import vmp_fit_with_monotone_elbo
 
 from skcep import BayesianCPTensor
-from skcep.engines.cp import (_packing, component_update, elbo, fit_cp, gaussian_statistics, group_update,
-                              init_posterior, mode_chunks, predict_cp, reduce_rows)
-from test_cp_ard import vmp_fit_with_monotone_elbo
+from skcep.engines.cp import (
+    _packing,
+    component_update,
+    elbo,
+    fit_cp,
+    gaussian_statistics,
+    group_update,
+    init_posterior,
+    mode_chunks,
+    predict_cp,
+    reduce_rows,
+)
 
 A0 = B0 = 1e-6
 
@@ -33,12 +43,20 @@ def small_tensor(shape=(6, 5, 3), n=60, seed=0, rank=2, noise=0.3):
 
 
 def posterior(shape, rank, seed, *, variance=0.3, y=None, ard=False, gaussian=True, offsets=True):
-    return init_posterior(shape, rank, prior_variance=1.0, init_scale=0.7, rng=np.random.default_rng(seed),
-                          global_offset=10.0 if offsets else None, mode_offsets=0.5 if offsets else None,
-                          noise_prior=(1e-3, 1e-3) if gaussian else None,
-                          noise_init=10.0 / np.var(y) if gaussian else None,
-                          component_prior=(A0, B0) if ard else None, modulating_modes=(2,),
-                          modulation_variance=variance)
+    return init_posterior(
+        shape,
+        rank,
+        prior_variance=1.0,
+        init_scale=0.7,
+        rng=np.random.default_rng(seed),
+        global_offset=10.0 if offsets else None,
+        mode_offsets=0.5 if offsets else None,
+        noise_prior=(1e-3, 1e-3) if gaussian else None,
+        noise_init=10.0 / np.var(y) if gaussian else None,
+        component_prior=(A0, B0) if ard else None,
+        modulating_modes=(2,),
+        modulation_variance=variance,
+    )
 
 
 def update_mode(post, X, y, k):
@@ -204,8 +222,7 @@ def test_ard_with_a_modulating_mode_prunes_the_extra_components_of_a_planted_ten
 def test_estimator_fits_entry_schedule_and_predicts_unseen_modulating_rows_from_the_prior():
     shape = (9, 8, 4)
     X, y = small_tensor(shape, n=200, seed=10)
-    params = dict(rank=2, modulating_modes=[2], modulation_variance=0.05, mode_bias=True, random_state=0,
-                  max_iter=30)
+    params = dict(rank=2, modulating_modes=[2], modulation_variance=0.05, mode_bias=True, random_state=0, max_iter=30)
     group = quiet_fit(BayesianCPTensor(ard=True, **params), X, y)
     entry = quiet_fit(BayesianCPTensor(schedule="entry", ard=True, **params), X, y)
     for est in (group, entry):
@@ -223,8 +240,10 @@ def test_estimator_fits_entry_schedule_and_predicts_unseen_modulating_rows_from_
     np.testing.assert_allclose(group.predict(X), group.y_offset_ + group.y_scale_ * mean)
 
 
-@pytest.mark.parametrize("modes, message", [((3,), "distinct modes"), ((2, 2), "distinct modes"),
-                                            ((0, 1, 2), "At least one mode"), ((1.5,), "integers")])
+@pytest.mark.parametrize(
+    "modes, message",
+    [((3,), "distinct modes"), ((2, 2), "distinct modes"), ((0, 1, 2), "At least one mode"), ((1.5,), "integers")],
+)
 def test_invalid_modulating_modes_raise(modes, message):
     X, y = small_tensor()
     with pytest.raises(ValueError, match=message):

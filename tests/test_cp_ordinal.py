@@ -17,13 +17,20 @@ from scipy.special import logsumexp, ndtr
 from scipy.stats import norm
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
+from test_cp_engine import new_posterior, random_cavity, snapshot
 
 from skcep import BayesianCPTensor
 from skcep.engines import cp
-from skcep.engines.cp import (augmented_target, fit_cp, init_posterior, initial_thresholds, predict_cp,
-                              probit_site, site_likelihood)
+from skcep.engines.cp import (
+    augmented_target,
+    fit_cp,
+    init_posterior,
+    initial_thresholds,
+    predict_cp,
+    probit_site,
+    site_likelihood,
+)
 from skcep.engines.ordinal import OrderedProbit
-from test_cp_engine import new_posterior, random_cavity, snapshot
 
 THETA = np.array([-1.2, -0.1, 0.4, 1.5])  # five levels
 
@@ -124,8 +131,9 @@ def test_the_cut_points_after_a_sweep_maximise_their_objective(method):
 def test_vmp_elbo_never_decreases_with_the_cut_point_updates():
     """VMP's sweeps and the θ step are coordinate ascent on one ELBO (the augmented model's)."""
     X, y, _ = planted_ordinal(n=700, seed=4)
-    post = init_posterior((15, 12, 10), 3, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(2),
-                          mode_offsets=1.0)
+    post = init_posterior(
+        (15, 12, 10), 3, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(2), mode_offsets=1.0
+    )
     post.thresholds = initial_thresholds(y, 5)
     result = fit_cp(post, X, y.astype(float), likelihood="ordinal", method="vmp", max_iter=40, tol=0.0)
     assert np.all(np.diff(result.elbo) >= -1e-9 * np.abs(result.elbo[1:]))
@@ -172,8 +180,9 @@ def test_the_entry_schedule_and_missing_cut_points_are_refused():
 
 
 def half_stars(seed=0, n=1500):
-    X, levels, f = planted_ordinal(shape=(40, 30, 5), rank=2, n=n, seed=seed,
-                                   theta=np.array([-1.5, -0.8, -0.2, 0.5, 1.2]))
+    X, levels, f = planted_ordinal(
+        shape=(40, 30, 5), rank=2, n=n, seed=seed, theta=np.array([-1.5, -0.8, -0.2, 0.5, 1.2])
+    )
     return X, 0.5 * (levels + 5), f  # levels 2.5, 3.0, …, 5.0
 
 
@@ -194,8 +203,9 @@ def test_estimator_levels_probabilities_and_predictions():
     # against the definition, from the latent moments
     mean, var = est._latent_moments(X[1200:])
     cut = np.concatenate(([-np.inf], est.thresholds_, [np.inf]))
-    want = ndtr((cut[None, 1:] - mean[:, None]) / np.sqrt(1 + var)[:, None]) - \
-        ndtr((cut[None, :-1] - mean[:, None]) / np.sqrt(1 + var)[:, None])
+    want = ndtr((cut[None, 1:] - mean[:, None]) / np.sqrt(1 + var)[:, None]) - ndtr(
+        (cut[None, :-1] - mean[:, None]) / np.sqrt(1 + var)[:, None]
+    )
     np.testing.assert_allclose(proba, want, atol=1e-13)
     pred, sd = est.predict(X[1200:], return_std=True)
     np.testing.assert_allclose(pred, proba @ est.classes_, rtol=1e-12)
@@ -219,8 +229,9 @@ def test_estimator_streams_with_every_level_named_on_the_first_call(warm_up_entr
     the batches (0.77: one simultaneous sweep per batch keeps little of a 1,200-entry stream)."""
     X, y, _ = half_stars(seed=1)
     levels = np.unique(y)
-    est = BayesianCPTensor(rank=2, likelihood="ordinal", shape=(40, 30, 5), random_state=0,
-                           warm_up_entries=warm_up_entries)
+    est = BayesianCPTensor(
+        rank=2, likelihood="ordinal", shape=(40, 30, 5), random_state=0, warm_up_entries=warm_up_entries
+    )
     first = y[:200] != levels[0]  # without the lowest level, a first batch needs classes=
     with pytest.raises(ValueError, match="classes="):
         clone(est).partial_fit(X[:200][first], y[:200][first]).partial_fit(X[200:400], y[200:400])
@@ -228,7 +239,7 @@ def test_estimator_streams_with_every_level_named_on_the_first_call(warm_up_entr
     est.partial_fit(X[:200], y[:200], classes=levels)
     before = est.thresholds_.copy()
     for b in range(200, 1200, 200):
-        est.partial_fit(X[b:b + 200], y[b:b + 200])
+        est.partial_fit(X[b : b + 200], y[b : b + 200])
     assert not np.allclose(est.thresholds_, before) and np.all(np.diff(est.thresholds_) > 0)
     pred = est.predict(X[1200:])
     assert np.sqrt(np.mean((pred - y[1200:]) ** 2)) < (0.95 if warm_up_entries == "auto" else 1.05) * np.std(y[1200:])
@@ -265,10 +276,19 @@ def test_the_start_from_a_gaussian_fit_is_its_ordered_probit(learned):
     q(μ_k), q(λ_k) and the offsets' q(β) rescaled, the rows' priors still N(E μ, E[λ]⁻¹ I))."""
     X, y, _ = planted_ordinal(n=500, seed=5)
     z = (y - y.mean()) / y.std()
-    post = init_posterior((15, 12, 10), 2, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0),
-                          global_offset=100.0, mode_offsets=1.0, noise_prior=(1e-3, 1e-3), noise_init=3.0,
-                          mode_prior=(1e-3, 1e-3, 1.0) if learned else None,
-                          offset_prior=(1e-3, 1e-3) if learned else None)
+    post = init_posterior(
+        (15, 12, 10),
+        2,
+        prior_variance=1.0,
+        init_scale=0.5,
+        rng=np.random.default_rng(0),
+        global_offset=100.0,
+        mode_offsets=1.0,
+        noise_prior=(1e-3, 1e-3),
+        noise_init=3.0,
+        mode_prior=(1e-3, 1e-3, 1.0) if learned else None,
+        offset_prior=(1e-3, 1e-3) if learned else None,
+    )
     gauss = fit_cp(post, X, z, likelihood="gaussian", method="vmp", max_iter=15).posterior
     cuts = (np.arange(4) + 0.5 - y.mean()) / y.std()
     start = cp.ordinal_start(gauss, cuts)
@@ -277,8 +297,9 @@ def test_the_start_from_a_gaussian_fit_is_its_ordered_probit(learned):
     mean_o, var_o = predict_cp(start, X)
     b_mean, b_var = gauss.offsets[0].mean[0, 0], gauss.offsets[0].cov[0, 0, 0]
     assert gauss.offset_modes[0] is None and None not in start.offset_modes and start.noise is None
-    np.testing.assert_allclose(start.thresholds[None, :] - mean_o[:, None],
-                               (cuts[None, :] - mean_g[:, None]) / sigma, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        start.thresholds[None, :] - mean_o[:, None], (cuts[None, :] - mean_g[:, None]) / sigma, rtol=1e-10, atol=1e-10
+    )
     np.testing.assert_allclose(var_o, (var_g - b_var) / sigma**2, rtol=1e-9, atol=1e-12)
     if learned:
         for f, (m, _, a, b) in zip(start.factors, start.mode_priors):

@@ -34,7 +34,7 @@ def _rmse(est, X, y):
 
 def _stream(est, X, y, start=0, batch=BATCH):
     for b in range(start, y.size, batch):
-        est.partial_fit(X[b:b + batch], y[b:b + batch])
+        est.partial_fit(X[b : b + batch], y[b : b + batch])
     return est
 
 
@@ -134,7 +134,7 @@ def test_warm_up_refits_equal_fit_on_the_entries_seen():
     X, y, _, _ = _main_effects()
     est = BayesianCPTensor(rank=2, warm_up_entries=2000, random_state=3, max_iter=30)
     for j, b in enumerate(range(0, 2000, BATCH), 1):
-        est.partial_fit(X[b:b + BATCH], y[b:b + BATCH])
+        est.partial_fit(X[b : b + BATCH], y[b : b + BATCH])
         n = b + BATCH
         assert est._buffer[0].shape[0] == n
         fit = BayesianCPTensor(rank=2, random_state=3, max_iter=30).fit(X[:n], y[:n])
@@ -155,18 +155,18 @@ def test_warm_up_buffer_respects_its_cap_then_streams_by_adf():
     est = BayesianCPTensor(rank=2, warm_up_entries=1000, random_state=0, max_iter=30)
     ref = BayesianCPTensor(rank=2, random_state=0, max_iter=30).fit(X[:1000], y[:1000])
     for b in range(0, 1600, BATCH):
-        est.partial_fit(X[b:b + BATCH], y[b:b + BATCH])
+        est.partial_fit(X[b : b + BATCH], y[b : b + BATCH])
         kept = est._buffer
         assert kept is None if b >= 1000 else kept[0].shape[0] == b + BATCH <= 1000
         if b >= 1000:
-            ref.partial_fit(X[b:b + BATCH], y[b:b + BATCH])
+            ref.partial_fit(X[b : b + BATCH], y[b : b + BATCH])
             _assert_same_posterior(est, ref)
     # a buffer smaller than the first batch is never kept: the stream is the unbuffered one
     small = BayesianCPTensor(rank=2, warm_up_entries=BATCH - 1, random_state=0)
     plain = BayesianCPTensor(rank=2, warm_up_entries=0, random_state=0)
     for b in range(0, 1000, BATCH):
-        small.partial_fit(X[b:b + BATCH], y[b:b + BATCH])
-        plain.partial_fit(X[b:b + BATCH], y[b:b + BATCH])
+        small.partial_fit(X[b : b + BATCH], y[b : b + BATCH])
+        plain.partial_fit(X[b : b + BATCH], y[b : b + BATCH])
         assert small._buffer is None and plain._buffer is None
     np.testing.assert_array_equal(_posterior(small), _posterior(plain))
 
@@ -184,7 +184,8 @@ def test_warm_up_after_fit_weights_and_rejected_calls():
     est.partial_fit(X[:200], y[:200])
     est.partial_fit(X[200:400], y[200:400], sample_weight=w[200:])  # 400 = 2 × 200: a refit
     fit = BayesianCPTensor(rank=2, random_state=0, max_iter=20).fit(
-        X[:400], y[:400], sample_weight=np.r_[np.ones(200), w[200:]])
+        X[:400], y[:400], sample_weight=np.r_[np.ones(200), w[200:]]
+    )
     _assert_same_posterior(est, fit)
     est.partial_fit(X[400:600], y[400:600])  # absorbed: the buffer now holds 600 entries
     before, post = est._buffer, _posterior(est)

@@ -16,10 +16,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
-from sklearn.exceptions import ConvergenceWarning
 
 da = pytest.importorskip("dask.array")
 dd = pytest.importorskip("dask.dataframe")
+
+import synthetic  # noqa: E402
 
 from skcep import (  # noqa: E402
     BayesianCPTensor,
@@ -28,14 +29,12 @@ from skcep import (  # noqa: E402
     KJITMessageOperator,
     StreamingDeepTensor,
 )
-import synthetic  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
 
 def classification(n=1200, d=6, n_classes=2, seed=0):
-    return synthetic.classification(n, d, n_classes, seed, noise=1.0,
-                                    column_scales=np.linspace(0.5, 2.0, d))
+    return synthetic.classification(n, d, n_classes, seed, noise=1.0, column_scales=np.linspace(0.5, 2.0, d))
 
 
 def tensor(n=3000, shape=(30, 20, 6), seed=0):
@@ -60,8 +59,7 @@ def _fitted():
 
 
 PREDICTIONS = {
-    CEPProbitClassifier: [("predict", {}), ("predict_proba", {}), ("predict_log_proba", {}),
-                          ("decision_function", {})],
+    CEPProbitClassifier: [("predict", {}), ("predict_proba", {}), ("predict_log_proba", {}), ("decision_function", {})],
     CEPLogisticClassifier: [("predict", {}), ("predict_proba", {})],
     BayesianCPTensor: [("predict", {}), ("predict", {"return_std": True})],
     StreamingDeepTensor: [("predict", {}), ("predict", {"return_std": True})],
@@ -99,12 +97,15 @@ def test_dataframe_input_keeps_feature_names(on_cluster):
         np.testing.assert_allclose(lazy.compute(), est.predict_proba(frame), rtol=1e-12)
 
 
-@pytest.mark.parametrize("cls, method, covariance", [
-    (CEPProbitClassifier, "ep", "diagonal"),
-    (CEPProbitClassifier, "cep1", "diagonal"),
-    (CEPLogisticClassifier, "cep2", "diagonal"),
-    (CEPProbitClassifier, "ep", "full"),
-])
+@pytest.mark.parametrize(
+    "cls, method, covariance",
+    [
+        (CEPProbitClassifier, "ep", "diagonal"),
+        (CEPProbitClassifier, "cep1", "diagonal"),
+        (CEPLogisticClassifier, "cep2", "diagonal"),
+        (CEPProbitClassifier, "ep", "full"),
+    ],
+)
 def test_distributed_fit_reaches_the_numpy_posterior(on_cluster, cls, method, covariance):
     X, y = classification(n=1600, n_classes=2, seed=3)
     options = dict(method=method, covariance=covariance, tol=1e-6, max_iter=500)
@@ -119,8 +120,7 @@ def test_distributed_fit_reaches_the_numpy_posterior(on_cluster, cls, method, co
     assert spread.n_features_in_ == X.shape[1]
 
 
-def test_distributed_ep_over_relaxed_converges_where_the_plain_schedule_creeps(on_cluster,
-                                                                             monkeypatch):
+def test_distributed_ep_over_relaxed_converges_where_the_plain_schedule_creeps(on_cluster, monkeypatch):
     """Chunks refined in parallel contract slowly along one direction.  Here early reversals
     halve EP's step, and without over-relaxation the grow-then-halve cycle keeps shrinking it
     (measured: 0.001 after 150 sweeps, unconverged); over-relaxed (``PARALLEL_RELAX``, changes
@@ -171,10 +171,9 @@ def test_partial_fit_on_dask_folds_chunks_in_order(on_cluster):
         size = len(X) // 4 + 1
         local = make()
         for i, start in enumerate(range(0, len(X), size)):
-            local.partial_fit(X[start:start + size], y[start:start + size], **(first if i == 0 else {}))
+            local.partial_fit(X[start : start + size], y[start : start + size], **(first if i == 0 else {}))
         chunked_y = (size,) if y.ndim == 1 else (size, -1)
-        spread = make().partial_fit(da.from_array(X, chunks=(size, -1)),
-                                    da.from_array(y, chunks=chunked_y), **first)
+        spread = make().partial_fit(da.from_array(X, chunks=(size, -1)), da.from_array(y, chunks=chunked_y), **first)
         for a, b in zip(_predict_all(local, X), _predict_all(spread, X)):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
@@ -195,7 +194,7 @@ def test_dask_ml_incremental_drives_every_estimator(on_cluster):
         inc = Incremental(make(), shuffle_blocks=False).fit(Xd, yd, **first)
         local = make()
         for i, start in enumerate(range(0, len(X), size)):
-            local.partial_fit(X[start:start + size], y[start:start + size], **(first if i == 0 else {}))
+            local.partial_fit(X[start : start + size], y[start : start + size], **(first if i == 0 else {}))
         for a, b in zip(_predict_all(local, X), _predict_all(inc.estimator_, X)):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
@@ -236,9 +235,11 @@ def test_a_worker_killed_mid_fit_changes_nothing(covariance):
     # this Dask fit creeps towards tol 1e-6 for hundreds of sweeps): the kill comes at sweep 3
     options = dict(method="ep", covariance=covariance, tol=1e-12, max_iter=12, prior_variance=1.0)
     Xd, yd = da.from_array(X, chunks=(400, -1)), da.from_array(y, chunks=400)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, \
-            distributed.Client(cluster, set_as_default=False) as client, client.as_current():
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+        client.as_current(),
+    ):
         import dask
 
         with dask.config.set(scheduler=client.get):

@@ -62,16 +62,27 @@ def assert_same_fit(got, ref, rtol=1e-6, elbo_rtol=1e-8):
     assert [c.tolist() for c in got._n_seen] == [c.tolist() for c in ref._n_seen]
 
 
-@pytest.mark.parametrize("likelihood, method, rank, mode_bias, prior_variance", [
-    ("gaussian", "vmp", 3, False, "auto"),
-    ("gaussian", "cep", 3, True, "auto"),
-    ("probit", "cep", 3, False, "auto"),
-    ("probit", "vmp", 2, False, 1.0),  # learned priors: this zero-mean tensor falls to the zero fixed point
-])
+@pytest.mark.parametrize(
+    "likelihood, method, rank, mode_bias, prior_variance",
+    [
+        ("gaussian", "vmp", 3, False, "auto"),
+        ("gaussian", "cep", 3, True, "auto"),
+        ("probit", "cep", 3, False, "auto"),
+        ("probit", "vmp", 2, False, 1.0),  # learned priors: this zero-mean tensor falls to the zero fixed point
+    ],
+)
 def test_dask_fit_equals_in_memory_fit(on_cluster, likelihood, method, rank, mode_bias, prior_variance):
     X, y = make_entries(rank, 600, seed=0, probit=likelihood == "probit")
-    params = dict(rank=rank, likelihood=likelihood, method=method, mode_bias=mode_bias, max_iter=15, tol=0.0,
-                  prior_variance=prior_variance, random_state=1)
+    params = dict(
+        rank=rank,
+        likelihood=likelihood,
+        method=method,
+        mode_bias=mode_bias,
+        max_iter=15,
+        tol=0.0,
+        prior_variance=prior_variance,
+        random_state=1,
+    )
     ref = fit_in_memory(params, X, y)
     model = BayesianCPTensor(**params)
     with pytest.warns(ConvergenceWarning):

@@ -20,6 +20,8 @@ from threadpoolctl import threadpool_limits
 da = pytest.importorskip("dask.array")
 dd = pytest.importorskip("dask.dataframe")
 
+import synthetic  # noqa: E402
+
 from skcep import (  # noqa: E402
     BayesianCPTensor,
     CEPLogisticClassifier,
@@ -27,11 +29,12 @@ from skcep import (  # noqa: E402
     KJITMessageOperator,
     StreamingDeepTensor,
 )
-import synthetic  # noqa: E402
 
-pytestmark = [pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning"),
-              pytest.mark.filterwarnings("ignore:X has feature names:UserWarning"),
-              pytest.mark.filterwarnings("ignore:X does not have valid feature names:UserWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning"),
+    pytest.mark.filterwarnings("ignore:X has feature names:UserWarning"),
+    pytest.mark.filterwarnings("ignore:X does not have valid feature names:UserWarning"),
+]
 
 N, CHUNK = 1200, 300
 KEEP = np.zeros(N, dtype=bool)
@@ -74,11 +77,11 @@ def local_chunks(kind, keep, *arrays):
     chunks = []
     for start in range(0, N, CHUNK):
         if kind == "frame":  # the partition's own steps
-            part = frame.iloc[start:start + CHUNK]
+            part = frame.iloc[start : start + CHUNK]
             part = part[part.day >= 25]
             chunk = tuple(part[c] for c in names)
         else:
-            chunk = tuple(a[start:start + CHUNK][keep[start:start + CHUNK]] for a in arrays)
+            chunk = tuple(a[start : start + CHUNK][keep[start : start + CHUNK]] for a in arrays)
         if len(chunk[0]):
             chunks.append(chunk)
     return chunks
@@ -88,8 +91,7 @@ def unfiltered(chunks):
     """Chunks from :func:`local_chunks` as Dask collections of one partition each: the data
     ``filtered`` leaves, without an empty partition."""
     if hasattr(chunks[0][0], "iloc"):
-        return tuple(dd.concat([dd.from_pandas(c[i], npartitions=1) for c in chunks])
-                     for i in range(len(chunks[0])))
+        return tuple(dd.concat([dd.from_pandas(c[i], npartitions=1) for c in chunks]) for i in range(len(chunks[0])))
     return tuple(da.concatenate([da.from_array(c[i]) for c in chunks]) for i in range(len(chunks[0])))
 
 
@@ -110,19 +112,31 @@ def messages():
 
 
 PREDICTION_CASES = {
-    "probit-3-classes": (lambda: CEPProbitClassifier(method="ep", prior_variance=1.0),
-                         lambda: classification(3),
-                         ["predict", "predict_proba", "predict_log_proba", "decision_function", "score"]),
-    "logistic-full": (lambda: CEPLogisticClassifier(method="ep", covariance="full", prior_variance=1.0),
-                      classification,
-                      ["predict", "predict_proba", "predict_log_proba", "decision_function", "score"]),
-    "cp-probit": (lambda: BayesianCPTensor(rank=2, likelihood="probit", max_iter=5, random_state=0),
-                  lambda: tensor(binary=True),
-                  ["predict", "predict_std", "predict_proba", "decision_function", "score"]),
-    "sbdt": (lambda: StreamingDeepTensor(rank=2, hidden_layer_sizes=(6,), random_state=0), tensor,
-             ["predict", "predict_std", "score"]),
-    "kjit": (lambda: KJITMessageOperator(n_inner_features=40, n_outer_features=60, random_state=0),
-             messages, ["predict", "predict_std", "score"]),
+    "probit-3-classes": (
+        lambda: CEPProbitClassifier(method="ep", prior_variance=1.0),
+        lambda: classification(3),
+        ["predict", "predict_proba", "predict_log_proba", "decision_function", "score"],
+    ),
+    "logistic-full": (
+        lambda: CEPLogisticClassifier(method="ep", covariance="full", prior_variance=1.0),
+        classification,
+        ["predict", "predict_proba", "predict_log_proba", "decision_function", "score"],
+    ),
+    "cp-probit": (
+        lambda: BayesianCPTensor(rank=2, likelihood="probit", max_iter=5, random_state=0),
+        lambda: tensor(binary=True),
+        ["predict", "predict_std", "predict_proba", "decision_function", "score"],
+    ),
+    "sbdt": (
+        lambda: StreamingDeepTensor(rank=2, hidden_layer_sizes=(6,), random_state=0),
+        tensor,
+        ["predict", "predict_std", "score"],
+    ),
+    "kjit": (
+        lambda: KJITMessageOperator(n_inner_features=40, n_outer_features=60, random_state=0),
+        messages,
+        ["predict", "predict_std", "score"],
+    ),
 }
 
 
@@ -245,17 +259,28 @@ def _sbdt_reference(make, X, y):
 
 
 FIT_CASES = {  # make, data, comparison with the reference on the kept rows (default: numpy fit)
-    "probit-ep-weighted": (lambda: CEPProbitClassifier(method="ep", prior_variance=1.0, tol=1e-6,
-                                                       max_iter=300),
-                           lambda: (*classification(), _weights()), assert_classifier_near),
-    "probit-ep-full": (lambda: CEPProbitClassifier(method="ep", covariance="full", prior_variance=1.0,
-                                                   tol=1e-6, max_iter=300),
-                       classification, assert_classifier_near),
+    "probit-ep-weighted": (
+        lambda: CEPProbitClassifier(method="ep", prior_variance=1.0, tol=1e-6, max_iter=300),
+        lambda: (*classification(), _weights()),
+        assert_classifier_near,
+    ),
+    "probit-ep-full": (
+        lambda: CEPProbitClassifier(method="ep", covariance="full", prior_variance=1.0, tol=1e-6, max_iter=300),
+        classification,
+        assert_classifier_near,
+    ),
     "cp": (lambda: BayesianCPTensor(rank=2, max_iter=8, tol=0.0, random_state=0), tensor, assert_cp_near),
-    "kjit": (lambda: KJITMessageOperator(n_inner_features=40, n_outer_features=60, random_state=0),
-             messages, assert_predictions_near),
-    "sbdt": (lambda: StreamingDeepTensor(rank=2, hidden_layer_sizes=(6,), batch_size=64, random_state=0),
-             tensor, assert_same_stream, _sbdt_reference),
+    "kjit": (
+        lambda: KJITMessageOperator(n_inner_features=40, n_outer_features=60, random_state=0),
+        messages,
+        assert_predictions_near,
+    ),
+    "sbdt": (
+        lambda: StreamingDeepTensor(rank=2, hidden_layer_sizes=(6,), batch_size=64, random_state=0),
+        tensor,
+        assert_same_stream,
+        _sbdt_reference,
+    ),
 }
 
 
@@ -278,12 +303,14 @@ def test_fit_skips_empty_partitions(on_cluster, case, kind):
 
 PARTIAL_FIT_CASES = {
     "probit": (lambda: CEPProbitClassifier(method="ep"), lambda: classification(3), {"classes": [0, 1, 2]}),
-    "logistic-full": (lambda: CEPLogisticClassifier(method="ep", covariance="full"), classification,
-                      {"classes": [0, 1]}),
+    "logistic-full": (
+        lambda: CEPLogisticClassifier(method="ep", covariance="full"),
+        classification,
+        {"classes": [0, 1]},
+    ),
     "cp": (lambda: BayesianCPTensor(rank=2, random_state=0), tensor, {}),
     "sbdt": (lambda: StreamingDeepTensor(rank=2, hidden_layer_sizes=(6,), random_state=0), tensor, {}),
-    "kjit": (lambda: KJITMessageOperator(n_inner_features=40, n_outer_features=60, random_state=0),
-             messages, {}),
+    "kjit": (lambda: KJITMessageOperator(n_inner_features=40, n_outer_features=60, random_state=0), messages, {}),
 }
 
 
@@ -339,13 +366,13 @@ def test_a_chunk_step_rounds_alike_wherever_its_input_starts():
     message it came in); numpy's matrix products then skip BLAS and round differently.  The
     chunk task aligns what it receives, so the full-covariance step is the same bit for bit."""
     from skcep._dask import _chunk_task
-    from skcep.linear_model._dask import _full_chunk
     from skcep.engines.likelihoods import Probit
+    from skcep.linear_model._dask import _full_chunk
 
     X, y = classification()
     X = np.hstack([X, np.ones((N, 1))])[:CHUNK]
     raw = np.empty(X.nbytes + 8, dtype=np.uint8)
-    shifted = np.frombuffer(raw[1:1 + X.nbytes].data, dtype=float).reshape(X.shape)  # 1 byte off
+    shifted = np.frombuffer(raw[1 : 1 + X.nbytes].data, dtype=float).reshape(X.shape)  # 1 byte off
     shifted[...] = X
     assert not shifted.flags.aligned
     rng = np.random.default_rng(2)

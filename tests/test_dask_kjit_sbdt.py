@@ -15,9 +15,10 @@ import pytest
 da = pytest.importorskip("dask.array")
 dd = pytest.importorskip("dask.dataframe")
 
+import synthetic  # noqa: E402
+
 from skcep import KJITMessageOperator, StreamingDeepTensor  # noqa: E402
 from skcep.message_operator import LogisticFactor  # noqa: E402
-import synthetic  # noqa: E402
 
 KJIT = dict(n_inner_features=60, n_outer_features=100, random_state=0)
 SBDT = dict(rank=2, hidden_layer_sizes=(6,), batch_size=100, random_state=0)
@@ -26,8 +27,14 @@ SBDT = dict(rank=2, hidden_layer_sizes=(6,), batch_size=100, random_state=0)
 def messages(n=3000, seed=0):
     """Rows (μ, σ², α, β) of the logistic factor's incoming messages and its exact (E z, E z²)."""
     rng = np.random.default_rng(seed)
-    X = np.column_stack([rng.normal(0, 2, n), np.exp(rng.uniform(-2, 2, n)),
-                         rng.integers(1, 3, n).astype(float), rng.integers(1, 3, n).astype(float)])
+    X = np.column_stack(
+        [
+            rng.normal(0, 2, n),
+            np.exp(rng.uniform(-2, 2, n)),
+            rng.integers(1, 3, n).astype(float),
+            rng.integers(1, 3, n).astype(float),
+        ]
+    )
     return X, LogisticFactor().exact(X)[:, :2]
 
 
@@ -81,8 +88,9 @@ def test_kjit_fit_on_dask_dataframe_equals_numpy_fit(on_cluster):
     X, Y = messages(2000, seed=2)
     frame = pd.DataFrame(X, columns=["mean", "variance", "alpha", "beta"])
     local = KJITMessageOperator(**KJIT).fit(frame, Y[:, 0])
-    spread = KJITMessageOperator(**KJIT).fit(dd.from_pandas(frame, npartitions=3),
-                                             dd.from_pandas(pd.Series(Y[:, 0]), npartitions=3))
+    spread = KJITMessageOperator(**KJIT).fit(
+        dd.from_pandas(frame, npartitions=3), dd.from_pandas(pd.Series(Y[:, 0]), npartitions=3)
+    )
     np.testing.assert_array_equal(spread.feature_names_in_, local.feature_names_in_)
     assert spread.predict(frame).shape == (2000,)
     assert_same_operator(spread, local, frame)
@@ -100,10 +108,13 @@ def test_kjit_fit_skips_empty_partitions(on_cluster):
     assert_same_operator(spread, local, kept.iloc[:, :4])
 
 
-@pytest.mark.parametrize("column, value, match", [
-    (0, np.nan, "NaN"),
-    (1, -1.0, "Message 0 \\(gaussian\\) needs a positive variance"),
-])
+@pytest.mark.parametrize(
+    "column, value, match",
+    [
+        (0, np.nan, "NaN"),
+        (1, -1.0, "Message 0 \\(gaussian\\) needs a positive variance"),
+    ],
+)
 def test_kjit_bad_chunk_raises_and_leaves_the_operator_unchanged(on_cluster, column, value, match):
     X, Y = messages(2000, seed=3)
     est = KJITMessageOperator(**KJIT).fit(X[:500], Y[:500])
@@ -161,7 +172,7 @@ def streamed_chunk_by_chunk(options, X, y, size):
     checked_X, checked_y, shape = local._prepare(X, y, first_call=True)
     local._start(X.shape[1], shape)
     for start in range(0, len(X), size):
-        local._stream(checked_X[start:start + size], checked_y[start:start + size])
+        local._stream(checked_X[start : start + size], checked_y[start : start + size])
     return local
 
 
@@ -176,8 +187,9 @@ def test_sbdt_fit_with_implicit_modes_on_chunks_continues_numpy_fit_chunk_by_chu
         np.testing.assert_array_equal(spread.implicit_factors_[k], local.implicit_factors_[k])
 
 
-@pytest.mark.parametrize("likelihood, shuffle",
-                         [("gaussian", True), ("probit", True), ("ordinal", True), ("gaussian", False)])
+@pytest.mark.parametrize(
+    "likelihood, shuffle", [("gaussian", True), ("probit", True), ("ordinal", True), ("gaussian", False)]
+)
 def test_sbdt_fit_on_chunks_continues_numpy_fit_chunk_by_chunk(on_cluster, likelihood, shuffle):
     X, y = tensor(seed=1)
     if likelihood == "probit":

@@ -66,9 +66,7 @@ def test_crabs_codes():
     assert crabs.target.name == "sp"
     # the raw file lists 100 blue crabs first (50 male, 50 female), then 100 orange
     np.testing.assert_array_equal(crabs.target.to_numpy(), np.repeat([0, 1], 100))
-    np.testing.assert_array_equal(
-        crabs.data["sex_male"].to_numpy(), np.tile(np.repeat([1.0, 0.0], 50), 2)
-    )
+    np.testing.assert_array_equal(crabs.data["sex_male"].to_numpy(), np.tile(np.repeat([1.0, 0.0], 50), 2))
     np.testing.assert_allclose(crabs.data.iloc[0, :5], [8.1, 6.7, 16.1, 19.0, 7.0])
 
 
@@ -159,9 +157,7 @@ def test_generator_shapes_and_reproducibility():
 
     a = datasets.make_cep_classification(50, 3, random_state=7, return_coef=True)
     b = datasets.make_cep_classification(50, 3, random_state=7, return_coef=True)
-    c = datasets.make_cep_classification(
-        50, 3, random_state=np.random.RandomState(7), return_coef=True
-    )
+    c = datasets.make_cep_classification(50, 3, random_state=np.random.RandomState(7), return_coef=True)
     d = datasets.make_cep_classification(50, 3, random_state=8, return_coef=True)
     for left, right in zip(a, b):
         np.testing.assert_array_equal(left, right)
@@ -174,9 +170,7 @@ def test_generator_shapes_and_reproducibility():
 @pytest.mark.parametrize("features", ["gaussian", "mixture"])
 @pytest.mark.parametrize("link", ["probit", "logistic"])
 def test_generator_labels_follow_link(features, link):
-    X, y, w = datasets.make_cep_classification(
-        40000, 4, features=features, link=link, random_state=1, return_coef=True
-    )
+    X, y, w = datasets.make_cep_classification(40000, 4, features=features, link=link, random_state=1, return_coef=True)
     p = (ndtr if link == "probit" else expit)(X @ w)
     wrong = expit if link == "probit" else ndtr
     # overall rate and calibration within deciles of p: |z| < 5 under the true link
@@ -201,9 +195,7 @@ def test_generator_logistic_fit_recovers_weights():
     fit = LogisticRegression(C=1e6, fit_intercept=False).fit(X, y)
     np.testing.assert_allclose(fit.coef_.ravel(), w, atol=0.1 * max(1.0, np.abs(w).max()))
     # probit data seen through a logistic fit has weights ~1.6-1.8 times larger
-    X, y, w = datasets.make_cep_classification(
-        20000, 4, link="probit", random_state=3, return_coef=True
-    )
+    X, y, w = datasets.make_cep_classification(20000, 4, link="probit", random_state=3, return_coef=True)
     coef = LogisticRegression(C=1e6, fit_intercept=False).fit(X, y).coef_.ravel()
     ratio = (coef @ w) / (w @ w)
     assert 1.5 < ratio < 1.95
@@ -222,9 +214,7 @@ def test_generator_feature_distributions():
 
 
 def test_generator_prior_variance():
-    _, _, w = datasets.make_cep_classification(
-        5, 4000, prior_variance=4.0, random_state=0, return_coef=True
-    )
+    _, _, w = datasets.make_cep_classification(5, 4000, prior_variance=4.0, random_state=0, return_coef=True)
     assert abs(w.var() - 4.0) < 0.4
 
 

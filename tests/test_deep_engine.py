@@ -30,12 +30,21 @@ from skcep.engines.likelihoods import Gaussian
 from skcep.engines.likelihoods import mills_ratio as library_mills_ratio
 
 
-def small_posterior(activation, ranks=(2, 3), hidden=(5, 4), shape=(6, 5), seed=0, likelihood="gaussian",
-                    intercept_variance=0.0):
+def small_posterior(
+    activation, ranks=(2, 3), hidden=(5, 4), shape=(6, 5), seed=0, likelihood="gaussian", intercept_variance=0.0
+):
     rng = np.random.default_rng(seed)
-    return deep.init_posterior(shape, ranks, hidden, activation, spike_prob=0.5, slab_variance=1.0,
-                               noise_prior=(2.0, 1.5) if likelihood == "gaussian" else None, rng=rng,
-                               intercept_variance=intercept_variance)
+    return deep.init_posterior(
+        shape,
+        ranks,
+        hidden,
+        activation,
+        spike_prob=0.5,
+        slab_variance=1.0,
+        noise_prior=(2.0, 1.5) if likelihood == "gaussian" else None,
+        rng=rng,
+        intercept_variance=intercept_variance,
+    )
 
 
 def reference_forward_backward(weights, x, activation):
@@ -64,7 +73,7 @@ def reference_output(weights, x, activation):
 def unflatten(theta, shapes):
     out, start = [], 0
     for r, c in shapes:
-        out.append(theta[start:start + r * c].reshape(r, c))
+        out.append(theta[start : start + r * c].reshape(r, c))
         start += r * c
     return out
 
@@ -120,12 +129,13 @@ def test_forward_backward_matches_the_reference(activation):
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
 def test_vectorized_delta_moments_match_the_per_entry_delta_method(activation):
     post = small_posterior(activation, ranks=(2, 3), hidden=(5, 4), intercept_variance=0.3)
-    post.theta[1, :post.n_weights] = np.random.default_rng(3).uniform(0.01, 1.0, post.n_weights)
+    post.theta[1, : post.n_weights] = np.random.default_rng(3).uniform(0.01, 1.0, post.n_weights)
     post.theta[0, -1] = 0.4
     rng = np.random.default_rng(4)
     x_mean, x_var = rng.standard_normal((6, 5)), rng.uniform(0.1, 1.0, (6, 5))
-    alpha, beta = deep.delta_moments(post.weight_mean, post.weight_var, x_mean, x_var, activation,
-                                     intercept=post.intercept)
+    alpha, beta = deep.delta_moments(
+        post.weight_mean, post.weight_var, x_mean, x_var, activation, intercept=post.intercept
+    )
     ws = deep.Workspace(post)
     for i in range(6):
         ws.x_both[0], ws.x_both[1] = x_mean[i], x_var[i]
@@ -155,8 +165,9 @@ def test_delta_method_moments_against_monte_carlo(activation):
     w_var, x_var = np.full(P, v), np.full(4, v)
     shapes = post.shapes
 
-    alpha, beta = deep.delta_moments(unflatten(w_mean, shapes), unflatten(w_var, shapes), x_mean[None],
-                                     x_var[None], activation)
+    alpha, beta = deep.delta_moments(
+        unflatten(w_mean, shapes), unflatten(w_var, shapes), x_mean[None], x_var[None], activation
+    )
     alpha, beta = alpha[0], beta[0]
     post.theta[1, :P] = v
     ws = deep.Workspace(post)
@@ -177,7 +188,7 @@ def test_delta_method_moments_against_monte_carlo(activation):
     # batched forward pass over the samples
     h = Xs
     for m, (r, c) in enumerate(shapes):
-        Wm = W[:, sum(a * b for a, b in shapes[:m]):][:, :r * c].reshape(n, r, c)
+        Wm = W[:, sum(a * b for a, b in shapes[:m]) :][:, : r * c].reshape(n, r, c)
         a = (np.einsum("nrc,nc->nr", Wm[:, :, :-1], h) + Wm[:, :, -1]) / math.sqrt(c)
         h = (np.maximum(a, 0) if activation == "relu" else np.tanh(a)) if m < len(shapes) - 1 else a
     f = h[:, 0]
@@ -187,9 +198,15 @@ def test_delta_method_moments_against_monte_carlo(activation):
     theta = np.concatenate([w_mean, x_mean])
     step = 1e-3
     f0 = reference_output(unflatten(theta[:P], shapes), theta[P:], activation)
-    second = [(reference_output(unflatten(t[:P], shapes), t[P:], activation) - 2 * f0
-               + reference_output(unflatten(s[:P], shapes), s[P:], activation)) / step**2
-              for t, s in ((theta + step * e, theta - step * e) for e in np.eye(theta.size))]
+    second = [
+        (
+            reference_output(unflatten(t[:P], shapes), t[P:], activation)
+            - 2 * f0
+            + reference_output(unflatten(s[:P], shapes), s[P:], activation)
+        )
+        / step**2
+        for t, s in ((theta + step * e, theta - step * e) for e in np.eye(theta.size))
+    ]
     bias = 0.5 * v * np.sum(second)
     assert abs(f.mean() - alpha) <= 4 * se_mean + 2 * abs(bias) + 1e-12, (f.mean(), alpha, se_mean, bias)
     assert abs(f.var() - beta) <= 4 * se_var + 0.05 * beta, (f.var(), beta, se_var)
@@ -212,8 +229,9 @@ def reference_log_z(likelihood, y, alpha, beta, noise=None):
 def check_evidence_derivatives(likelihood, y, alpha, beta, noise=None, h_alpha=1e-6, h_beta=1e-6):
     """∂log Z/∂α, and ∂log Z/∂β = ½(∂log Z/∂α)² − ½κ, against central differences; κ against
     the second difference in α; the vectorised log Z against scipy."""
-    d_alpha, kappa = deep.evidence_derivatives(likelihood == "gaussian", y, alpha, beta,
-                                               1.0 if noise is None else noise)
+    d_alpha, kappa = deep.evidence_derivatives(
+        likelihood == "gaussian", y, alpha, beta, 1.0 if noise is None else noise
+    )
     assert isinstance(d_alpha, float) and isinstance(kappa, float)
     lz = lambda a, b: reference_log_z(likelihood, y, a, b, noise)  # noqa: E731
     fd_alpha = (lz(alpha + h_alpha, beta) - lz(alpha - h_alpha, beta)) / (2 * h_alpha)
@@ -224,8 +242,13 @@ def check_evidence_derivatives(likelihood, y, alpha, beta, noise=None, h_alpha=1
     fd_second = (lz(alpha + h2, beta) - 2 * lz(alpha, beta) + lz(alpha - h2, beta)) / h2**2
     assert kappa == pytest.approx(-fd_second, rel=1e-3, abs=1e-6)
     assert kappa > 0
-    log_z = deep.log_evidence(likelihood, np.array([y, y]), np.array([alpha, alpha]), np.array([beta, beta]),
-                              None if noise is None else np.array([noise, noise]))
+    log_z = deep.log_evidence(
+        likelihood,
+        np.array([y, y]),
+        np.array([alpha, alpha]),
+        np.array([beta, beta]),
+        None if noise is None else np.array([noise, noise]),
+    )
     np.testing.assert_allclose(log_z, lz(alpha, beta), rtol=1e-12)
 
 
@@ -236,8 +259,9 @@ def test_probit_evidence_derivatives(y, alpha, beta):
 
 @pytest.mark.parametrize("y, alpha, beta, noise", [(1.3, 0.2, 0.4, 0.5), (-2.0, 1.0, 3.0, 0.01), (1e6, 0.0, 1.0, 1.0)])
 def test_gaussian_evidence_derivatives(y, alpha, beta, noise):
-    check_evidence_derivatives("gaussian", y, alpha, beta, noise, h_alpha=1e-6 * max(1.0, abs(alpha)),
-                               h_beta=1e-6 * beta)
+    check_evidence_derivatives(
+        "gaussian", y, alpha, beta, noise, h_alpha=1e-6 * max(1.0, abs(alpha)), h_beta=1e-6 * beta
+    )
 
 
 def grid_moments(log_density, center, scale, n=200_001, width=12.0):
@@ -249,12 +273,15 @@ def grid_moments(log_density, center, scale, n=200_001, width=12.0):
     return m, np.trapezoid((w - m) ** 2 * p, w) / z
 
 
-@pytest.mark.parametrize("likelihood, y, g, mu, v", [
-    ("probit", 1.0, 1.7, 0.3, 0.8),
-    ("probit", -1.0, 0.6, 2.5, 2.0),  # a surprising label
-    ("gaussian", 1.4, 1.2, -0.5, 0.7),
-    ("gaussian", -3.0, 0.4, 1.0, 4.0),
-])
+@pytest.mark.parametrize(
+    "likelihood, y, g, mu, v",
+    [
+        ("probit", 1.0, 1.7, 0.3, 0.8),
+        ("probit", -1.0, 0.6, 2.5, 2.0),  # a surprising label
+        ("gaussian", 1.4, 1.2, -0.5, 0.7),
+        ("gaussian", -3.0, 0.4, 1.0, 4.0),
+    ],
+)
 def test_moment_update_matches_tilted_moments_on_a_grid(likelihood, y, g, mu, v):
     """A single parameter θ ~ N(μ, v) entering f linearly, f = α0 + g (θ − μ): the delta
     method is exact, Z = ∫ N(θ | μ, v) lik(y | f(θ)) dθ has the closed forms of eqs. 10/12 and
@@ -327,10 +354,10 @@ def test_noise_update_is_the_closed_form():
     y = np.array([0.7, -1.2, 3.0])
     a, b = post.noise
     for i in range(3):
-        alpha, beta = deep.predict_moments(post, X[i:i + 1])
+        alpha, beta = deep.predict_moments(post, X[i : i + 1])
         ef, ef2 = alpha[0], alpha[0] ** 2 + beta[0]
         expected_b = b + 0.5 * (y[i] ** 2 - 2 * y[i] * ef + ef2)
-        deep.adf_pass(post, X[i:i + 1], y[i:i + 1], "gaussian")
+        deep.adf_pass(post, X[i : i + 1], y[i : i + 1], "gaussian")
         a, b = a + 0.5, expected_b
         assert post.noise[0] == pytest.approx(a, rel=1e-14)
         assert post.noise[1] == pytest.approx(b, rel=1e-12)
@@ -344,7 +371,7 @@ def store_entry_moments(post, row, P, mean, var):
     start = P
     for k, i in enumerate(row):
         r = post.ranks[k]
-        post.emb[k][0, i], post.emb[k][1, i] = mean[start:start + r], var[start:start + r]
+        post.emb[k][0, i], post.emb[k][1, i] = mean[start : start + r], var[start : start + r]
         start += r
 
 
@@ -401,7 +428,7 @@ def test_adf_pass_matches_step_by_step_reference(activation, likelihood):
     ref = post.copy()
     deep.adf_pass(post, X, y, likelihood)
     log_z = sum(reference_adf_step(ref, row, yn, likelihood) for row, yn in zip(X, y))
-    np.testing.assert_allclose(post.theta[:, :post.n_weights], ref.theta[:, :ref.n_weights], rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(post.theta[:, : post.n_weights], ref.theta[:, : ref.n_weights], rtol=1e-9, atol=1e-13)
     np.testing.assert_allclose(post.theta[:, -1], ref.theta[:, -1], rtol=1e-9)
     for a, b in zip(post.emb, ref.emb):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-13)
@@ -437,7 +464,7 @@ class NumpyWorkspace:
         self.gW = post.layer_views(self.grad)
         self.gW_last = self.gW[L - 1][0]
         self.W_last = self.W[L - 1][0]
-        self.gx = self.grad[P:P + sizes[0]]
+        self.gx = self.grad[P : P + sizes[0]]
         self.grad[-1] = 1.0
         self.vg = np.empty(self.grad.size)
         self.tmp = np.empty(self.grad.size)
@@ -457,15 +484,27 @@ class NumpyWorkspace:
         self.delta_col = [d[:, None] for d in self.delta]
         self.back = [np.empty(sizes[m] + 1) for m in range(L - 1)]
         self.back_head = [b[:-1] for b in self.back]
-        self.x_mean = post.mean[P:P + sizes[0]]
-        self.x_both = post.theta[:, P:P + sizes[0]]
+        self.x_mean = post.mean[P : P + sizes[0]]
+        self.x_both = post.theta[:, P : P + sizes[0]]
         offsets = np.cumsum((0,) + post.ranks)
-        self.slots = [self.x_both[:, int(offsets[k]):int(offsets[k + 1])] for k in range(len(post.ranks))]
-        self.hidden = [(self.W[m], self.hs[m], self.a[m], self.h[m + 1], self.deriv[m], self.zero[m],
-                        self.scale[m + 1]) for m in range(L - 1)]
-        self.backward = [((self.back_head[m + 1] if m + 1 < L - 1 else self.W_last[:-1]), self.deriv[m],
-                          self.delta[m], self.delta_col[m], self.hs_col[m], self.gW[m], self.W[m], self.back[m])
-                         for m in range(L - 2, -1, -1)]
+        self.slots = [self.x_both[:, int(offsets[k]) : int(offsets[k + 1])] for k in range(len(post.ranks))]
+        self.hidden = [
+            (self.W[m], self.hs[m], self.a[m], self.h[m + 1], self.deriv[m], self.zero[m], self.scale[m + 1])
+            for m in range(L - 1)
+        ]
+        self.backward = [
+            (
+                (self.back_head[m + 1] if m + 1 < L - 1 else self.W_last[:-1]),
+                self.deriv[m],
+                self.delta[m],
+                self.delta_col[m],
+                self.hs_col[m],
+                self.gW[m],
+                self.W[m],
+                self.back[m],
+            )
+            for m in range(L - 2, -1, -1)
+        ]
         self.input_grad_source = self.back_head[0] if L > 1 else self.W_last[:-1]
 
     def forward_backward(self):
@@ -556,8 +595,9 @@ def numpy_adf_pass(post, X, y, likelihood):
         post.noise = (a_tau, b_tau)
     if rows:
         alphas, betas = np.array(moments).T
-        log_z = deep.log_evidence(likelihood, np.asarray(values), alphas, betas,
-                                  np.asarray(noise_variances) if gaussian else None)
+        log_z = deep.log_evidence(
+            likelihood, np.asarray(values), alphas, betas, np.asarray(noise_variances) if gaussian else None
+        )
         post.log_evidence += float(np.sum(log_z))
     post.n_seen += len(rows)
     return post
@@ -572,21 +612,33 @@ def assert_close(actual, reference, tol=1e-10):
 
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
 @pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
-@pytest.mark.parametrize("ranks, hidden, shape, intercept_variance, n_batches, batch", [
-    ((2, 3), (5, 4), (6, 5), 4.0, 6, 40),  # two modes of different ranks, two hidden layers, an offset
-    ((3,), (), (7,), 0.0, 4, 30),  # one mode, no hidden layer (a linear model), no offset
-    ((2, 1, 3), (6, 5, 4), (4, 5, 3), 1.0, 4, 30),  # three modes, three hidden layers
-    ((8, 8, 8), (50, 50), (30, 20, 10), 100.0, 2, 256),  # the default network at rank 8
-])
-def test_compiled_loop_matches_the_numpy_implementation(activation, likelihood, ranks, hidden, shape,
-                                                        intercept_variance, n_batches, batch):
+@pytest.mark.parametrize(
+    "ranks, hidden, shape, intercept_variance, n_batches, batch",
+    [
+        ((2, 3), (5, 4), (6, 5), 4.0, 6, 40),  # two modes of different ranks, two hidden layers, an offset
+        ((3,), (), (7,), 0.0, 4, 30),  # one mode, no hidden layer (a linear model), no offset
+        ((2, 1, 3), (6, 5, 4), (4, 5, 3), 1.0, 4, 30),  # three modes, three hidden layers
+        ((8, 8, 8), (50, 50), (30, 20, 10), 100.0, 2, 256),  # the default network at rank 8
+    ],
+)
+def test_compiled_loop_matches_the_numpy_implementation(
+    activation, likelihood, ranks, hidden, shape, intercept_variance, n_batches, batch
+):
     """The same stream folded by the engine (compiled loop) and by the former numpy loop, both
     followed by the same spike-and-slab step after every batch: posterior, running evidence and
     predictions agree to 1e-10 (the two differ only in the order of summation)."""
     rng = np.random.default_rng(21)
-    post = deep.init_posterior(shape, ranks, hidden, activation, spike_prob=0.5, slab_variance=1.0,
-                               noise_prior=(2.0, 1.5) if likelihood == "gaussian" else None, rng=rng,
-                               intercept_variance=intercept_variance)
+    post = deep.init_posterior(
+        shape,
+        ranks,
+        hidden,
+        activation,
+        spike_prob=0.5,
+        slab_variance=1.0,
+        noise_prior=(2.0, 1.5) if likelihood == "gaussian" else None,
+        rng=rng,
+        intercept_variance=intercept_variance,
+    )
     ref = post.copy()
     for _ in range(n_batches):
         X = np.column_stack([rng.integers(0, d, batch) for d in shape])
@@ -610,9 +662,20 @@ def test_compiled_loop_matches_the_numpy_implementation(activation, likelihood, 
     X_new = np.column_stack([rng.integers(0, d + 2, 50) for d in shape])  # some objects unseen
     for a, b in zip(deep.predict_moments(post, X_new), deep.predict_moments(ref, X_new)):
         assert_close(a, b)
-    assert not np.array_equal(post.theta, deep.init_posterior(
-        shape, ranks, hidden, activation, spike_prob=0.5, slab_variance=1.0, noise_prior=None,
-        rng=np.random.default_rng(21), intercept_variance=intercept_variance).theta)  # it did learn
+    assert not np.array_equal(
+        post.theta,
+        deep.init_posterior(
+            shape,
+            ranks,
+            hidden,
+            activation,
+            spike_prob=0.5,
+            slab_variance=1.0,
+            noise_prior=None,
+            rng=np.random.default_rng(21),
+            intercept_variance=intercept_variance,
+        ).theta,
+    )  # it did learn
 
 
 def test_compiled_mills_ratio_matches_the_library():
@@ -651,13 +714,16 @@ def spike_slab_on_grid(mu_c, v_c, rho0, s0):
     return z1 / (z0 + z1), m, second - m * m
 
 
-@pytest.mark.parametrize("mu_c, v_c, rho0, s0", [
-    (0.8, 0.3, 0.5, 1.0),
-    (0.05, 0.01, 0.5, 1.0),  # near zero, precise: the spike wins
-    (-2.0, 0.5, 0.2, 1.0),
-    (0.4, 5.0, 0.7, 2.0),  # weakly informed
-    (1.5, 0.2, 0.1, 0.5),
-])
+@pytest.mark.parametrize(
+    "mu_c, v_c, rho0, s0",
+    [
+        (0.8, 0.3, 0.5, 1.0),
+        (0.05, 0.01, 0.5, 1.0),  # near zero, precise: the spike wins
+        (-2.0, 0.5, 0.2, 1.0),
+        (0.4, 5.0, 0.7, 2.0),  # weakly informed
+        (1.5, 0.2, 0.1, 0.5),
+    ],
+)
 def test_spike_slab_tilted_moments_match_the_grid(mu_c, v_c, rho0, s0):
     rho_star, mean, var = deep.spike_slab_tilted(1 / v_c, mu_c / v_c, math.log(rho0 / (1 - rho0)), s0)
     p1, m, v = spike_slab_on_grid(mu_c, v_c, rho0, s0)
@@ -702,8 +768,9 @@ def test_refine_spike_slab_is_an_ep_step(damping):
             assert expit(post.inclusion_logit[j]) == pytest.approx(p1, rel=1e-6)
     else:  # natural parameters move a fraction ε of the way
         new_site = 1 / v - cav_lam
-        np.testing.assert_allclose(post.site_precision, damping * new_site + (1 - damping) * old.site_precision,
-                                   rtol=1e-9)
+        np.testing.assert_allclose(
+            post.site_precision, damping * new_site + (1 - damping) * old.site_precision, rtol=1e-9
+        )
         np.testing.assert_allclose(post.site_logit, damping * rho + (1 - damping) * old.site_logit, rtol=1e-12)
     assert np.all(post.var[:P] > 0)
     # a second step at once changes nothing more (EP fixed point for this cavity) when undamped
@@ -764,9 +831,13 @@ def test_fold_summary():
     deep.fold_batch(post, X, y, "gaussian", 0.5)
     change, mean_log_z = deep.fold_summary(before, post)
     P = post.n_weights
-    expected = max([np.max(np.abs(post.mean[:P] - before.mean[:P]) / np.sqrt(post.var[:P])),
-                    abs(post.theta[0, -1] - before.theta[0, -1]) / math.sqrt(post.theta[1, -1])]
-                   + [np.max(np.abs(a[0] - b[0]) / np.sqrt(a[1])) for a, b in zip(post.emb, before.emb)])
+    expected = max(
+        [
+            np.max(np.abs(post.mean[:P] - before.mean[:P]) / np.sqrt(post.var[:P])),
+            abs(post.theta[0, -1] - before.theta[0, -1]) / math.sqrt(post.theta[1, -1]),
+        ]
+        + [np.max(np.abs(a[0] - b[0]) / np.sqrt(a[1])) for a, b in zip(post.emb, before.emb)]
+    )
     assert change == pytest.approx(expected, rel=1e-12) and change > 0
     assert mean_log_z == pytest.approx(post.log_evidence / 20, rel=1e-12) and mean_log_z < 0
 
@@ -788,9 +859,9 @@ def test_long_stream_of_extreme_values_stays_finite(activation, likelihood):
         batches = [(one, np.ones(600)), (mixed, np.sign(rng.standard_normal(600))), (one, -np.ones(600))]
     for X, y in batches:
         for start in range(0, 600, 100):
-            deep.fold_batch(post, X[start:start + 100], y[start:start + 100], likelihood, 0.5)
+            deep.fold_batch(post, X[start : start + 100], y[start : start + 100], likelihood, 0.5)
             assert np.all(np.isfinite(post.theta)), "NaN/inf in the weights"
-            assert np.all(post.theta[1] >= 0) and np.all(post.var[:post.n_weights] > 0)
+            assert np.all(post.theta[1] >= 0) and np.all(post.var[: post.n_weights] > 0)
             assert all(np.all(np.isfinite(e)) and np.all(e[1] > 0) for e in post.emb)
     if likelihood == "gaussian":
         assert np.all(np.isfinite(post.noise)) and post.noise[1] > 0
@@ -806,14 +877,14 @@ def test_predict_moments_use_the_prior_for_unseen_indices():
     X = np.array([[1, 7], [9, 2]])  # mode-1 object 7 and mode-0 object 9 are beyond the shape
     alpha, beta = deep.predict_moments(post, X)
     for i, (a, b) in enumerate(X):
-        x_mean = np.concatenate([post.emb[0][0, a] if a < 6 else np.zeros(2),
-                                 post.emb[1][0, b] if b < 5 else np.zeros(3)])
-        x_var = np.concatenate([post.emb[0][1, a] if a < 6 else np.ones(2),
-                                post.emb[1][1, b] if b < 5 else np.ones(3)])
+        x_mean = np.concatenate(
+            [post.emb[0][0, a] if a < 6 else np.zeros(2), post.emb[1][0, b] if b < 5 else np.zeros(3)]
+        )
+        x_var = np.concatenate([post.emb[0][1, a] if a < 6 else np.ones(2), post.emb[1][1, b] if b < 5 else np.ones(3)])
         f, gW, gx = reference_forward_backward(post.weight_mean, x_mean, "tanh")
         g = np.concatenate([w.ravel() for w in gW])
         assert alpha[i] == pytest.approx(f + 0.25, rel=1e-12)
-        assert beta[i] == pytest.approx(g**2 @ post.var[:post.n_weights] + gx**2 @ x_var + 0.5, rel=1e-12)
+        assert beta[i] == pytest.approx(g**2 @ post.var[: post.n_weights] + gx**2 @ x_var + 0.5, rel=1e-12)
 
 
 def test_probit_evidence_stays_finite_far_in_the_tail():

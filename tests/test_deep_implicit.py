@@ -18,8 +18,8 @@ import pickle
 import numpy as np
 import pytest
 
-from skcep.tensor import StreamingDeepTensor
 from skcep.engines import deep
+from skcep.tensor import StreamingDeepTensor
 
 SMALL = dict(rank=2, hidden_layer_sizes=(8,), batch_size=32)
 
@@ -33,8 +33,11 @@ def entries(shape=(12, 9, 4), n=400, seed=0):
 
 def assert_same_posterior(a, b, rtol=0.0):
     """Equal posteriors (``rtol`` 0: bit for bit), N(s) in the same order."""
-    close = np.testing.assert_array_equal if rtol == 0 else (
-        lambda u, v: np.testing.assert_allclose(u, v, rtol=rtol, atol=rtol * 1e-3))
+    close = (
+        np.testing.assert_array_equal
+        if rtol == 0
+        else (lambda u, v: np.testing.assert_allclose(u, v, rtol=rtol, atol=rtol * 1e-3))
+    )
     close(a.theta, b.theta)
     for u, v in zip(a.emb, b.emb):
         close(u, v)
@@ -59,8 +62,18 @@ def test_one_entry_update_is_exact_gaussian_conditioning():
     its exact conditioning on y = f + ε, ε ~ N(0, b_τ/a_τ)."""
     rng = np.random.default_rng(3)
     shape, ranks = (7, 6), (2, 3)
-    post = deep.init_posterior(shape, ranks, (), "relu", spike_prob=0.5, slab_variance=1.0, noise_prior=(3.0, 2.0),
-                               rng=rng, intercept_variance=2.0, implicit_modes={0: 1, 1: 0})
+    post = deep.init_posterior(
+        shape,
+        ranks,
+        (),
+        "relu",
+        spike_prob=0.5,
+        slab_variance=1.0,
+        noise_prior=(3.0, 2.0),
+        rng=rng,
+        intercept_variance=2.0,
+        implicit_modes={0: 1, 1: 0},
+    )
     X = np.column_stack([rng.integers(0, 7, 40), rng.integers(0, 6, 40)])
     deep.adf_pass(post, X, rng.standard_normal(40), "gaussian")  # N(s) of several members
     imp = post.implicit
@@ -92,12 +105,18 @@ def test_one_entry_update_is_exact_gaussian_conditioning():
     before = post.copy()
     _, alpha, beta = deep.adf_pass(post, entry, [value], "gaussian", return_moments=True)
     assert alpha[0] == pytest.approx(f_mean, rel=1e-12) and beta[0] == pytest.approx(a @ (v * a), rel=1e-12)
-    got_mu = np.concatenate([q[0, j] for q, j, _, _ in [(post.emb[0], s, 0, 0), (post.emb[1], m, 0, 0)]]
-                            + [imp.factors(0)[0, j] for j in N_s] + [imp.factors(1)[0, j] for j in N_m]
-                            + [[post.theta[0, -1]]])
-    got_v = np.concatenate([q[1, j] for q, j, _, _ in [(post.emb[0], s, 0, 0), (post.emb[1], m, 0, 0)]]
-                           + [imp.factors(0)[1, j] for j in N_s] + [imp.factors(1)[1, j] for j in N_m]
-                           + [[post.theta[1, -1]]])
+    got_mu = np.concatenate(
+        [q[0, j] for q, j, _, _ in [(post.emb[0], s, 0, 0), (post.emb[1], m, 0, 0)]]
+        + [imp.factors(0)[0, j] for j in N_s]
+        + [imp.factors(1)[0, j] for j in N_m]
+        + [[post.theta[0, -1]]]
+    )
+    got_v = np.concatenate(
+        [q[1, j] for q, j, _, _ in [(post.emb[0], s, 0, 0), (post.emb[1], m, 0, 0)]]
+        + [imp.factors(0)[1, j] for j in N_s]
+        + [imp.factors(1)[1, j] for j in N_m]
+        + [[post.theta[1, -1]]]
+    )
     np.testing.assert_allclose(got_mu, mu_ref, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(got_v, np.diag(cov), rtol=1e-12, atol=1e-13)
     np.testing.assert_array_equal(post.theta[0, :P], before.theta[0, :P])
@@ -116,14 +135,25 @@ def test_an_entry_is_absorbed_with_its_own_pair_and_predictions_read_the_sets(ac
     hold the entry's pairs (the entry passed first with weight 0, which adds the pairs and moves
     nothing)."""
     rng = np.random.default_rng(4)
-    post = deep.init_posterior((6, 5, 3), (2, 2, 1), (5,), activation, spike_prob=0.5, slab_variance=1.0,
-                               noise_prior=(2.0, 1.0) if likelihood == "gaussian" else None, rng=rng,
-                               implicit_modes={0: 1, 2: 0})
+    post = deep.init_posterior(
+        (6, 5, 3),
+        (2, 2, 1),
+        (5,),
+        activation,
+        spike_prob=0.5,
+        slab_variance=1.0,
+        noise_prior=(2.0, 1.0) if likelihood == "gaussian" else None,
+        rng=rng,
+        implicit_modes={0: 1, 2: 0},
+    )
     if likelihood == "ordinal":
         post.thresholds = np.array([-0.5, 0.5])
     X = np.column_stack([rng.integers(0, d, 60) for d in (6, 5, 3)])
-    y = {"gaussian": rng.standard_normal(60), "probit": np.sign(rng.standard_normal(60)),
-         "ordinal": rng.integers(0, 3, 60).astype(float)}[likelihood]
+    y = {
+        "gaussian": rng.standard_normal(60),
+        "probit": np.sign(rng.standard_normal(60)),
+        "ordinal": rng.integers(0, 3, 60).astype(float),
+    }[likelihood]
     for x, value in zip(X, y):
         primed = post.copy()
         deep.adf_pass(primed, x[None], [value], likelihood, weight=np.zeros(1))
@@ -140,8 +170,17 @@ def test_sets_grow_across_batches_and_with_the_shape():
     """N(s) keeps its members across batches in the order they joined; new rows and objects of
     a grown tensor start empty and at the prior."""
     rng = np.random.default_rng(5)
-    post = deep.init_posterior((4, 3), (2, 2), (), "relu", spike_prob=0.5, slab_variance=1.0,
-                               noise_prior=(1.0, 1.0), rng=rng, implicit_modes={0: 1})
+    post = deep.init_posterior(
+        (4, 3),
+        (2, 2),
+        (),
+        "relu",
+        spike_prob=0.5,
+        slab_variance=1.0,
+        noise_prior=(1.0, 1.0),
+        rng=rng,
+        implicit_modes={0: 1},
+    )
     first = np.array([[0, 2], [0, 1], [1, 1], [0, 2]])
     deep.adf_pass(post, first, np.zeros(4), "gaussian")
     assert list(post.implicit.neighbours(0, 0)) == [2, 1]
@@ -185,8 +224,7 @@ def test_implicit_feedback_learns_rows_known_only_through_their_objects():
     X, y, X_test, y_test = planted()
     rmse = {}
     for modes in (None, {0: 1}):
-        est = StreamingDeepTensor(rank=2, hidden_layer_sizes=(20,), batch_size=64, implicit_modes=modes,
-                                  random_state=0)
+        est = StreamingDeepTensor(rank=2, hidden_layer_sizes=(20,), batch_size=64, implicit_modes=modes, random_state=0)
         order = np.random.default_rng(1)
         for _ in range(3):  # three passes, each in a new random order
             for batch in np.array_split(order.permutation(len(X)), len(X) // 64):
@@ -202,12 +240,13 @@ def test_partial_fit_continues_the_stream_and_fit_starts_afresh(likelihood):
         y = (y > np.median(y)).astype(int)
     if likelihood == "ordinal":
         y = np.digitize(y, np.quantile(y, [0.25, 0.5, 0.75])) / 2.0
-    options = dict(SMALL, likelihood=likelihood, implicit_modes={0: 1, 1: 0}, random_state=0, shuffle=False,
-                   normalize_y=False)  # (the default standardizes a stream by its first batch)
+    options = dict(
+        SMALL, likelihood=likelihood, implicit_modes={0: 1, 1: 0}, random_state=0, shuffle=False, normalize_y=False
+    )  # (the default standardizes a stream by its first batch)
     fitted = StreamingDeepTensor(**options).fit(X, y)
     stream = StreamingDeepTensor(**options)
     for start in range(0, len(X), 32):
-        stream.partial_fit(X[start:start + 32], y[start:start + 32], classes=np.unique(y) if start == 0 else None)
+        stream.partial_fit(X[start : start + 32], y[start : start + 32], classes=np.unique(y) if start == 0 else None)
     assert_same_posterior(fitted._posterior, stream._posterior, rtol=1e-12)
     again = copy.deepcopy(fitted).fit(X, y)  # fit starts afresh: N(s) too
     assert_same_posterior(fitted._posterior, again._posterior)
@@ -235,13 +274,16 @@ def test_partial_fit_grows_the_sets_with_new_objects():
     assert list(est._posterior.implicit.neighbours(0, 15)) == [6]
 
 
-@pytest.mark.parametrize("modes, match", [
-    ({0: 0}, "implicit_modes maps a mode to another mode"),
-    ({0: 3}, "implicit_modes maps a mode to another mode of X"),
-    ({-1: 0}, "implicit_modes maps"),
-    ({0: 1.0}, "implicit_modes maps"),
-    ({"user": 1}, "implicit_modes maps"),
-])
+@pytest.mark.parametrize(
+    "modes, match",
+    [
+        ({0: 0}, "implicit_modes maps a mode to another mode"),
+        ({0: 3}, "implicit_modes maps a mode to another mode of X"),
+        ({-1: 0}, "implicit_modes maps"),
+        ({0: 1.0}, "implicit_modes maps"),
+        ({"user": 1}, "implicit_modes maps"),
+    ],
+)
 def test_invalid_implicit_modes(modes, match):
     X, y = entries()
     est = StreamingDeepTensor(**SMALL, implicit_modes=modes)

@@ -23,13 +23,13 @@ from scipy.optimize import minimize
 from scipy.special import ndtr
 from scipy.stats import norm
 from sklearn.base import clone, is_classifier, is_regressor
+from test_deep_engine import grid_moments, power_site_step, reference_entry, small_posterior, store_entry_moments
+from test_deep_tensor import assert_same
 
-from skcep.tensor import StreamingDeepTensor
 from skcep.engines import deep
 from skcep.engines._deep_kernel import ORDINAL, evidence_derivatives, ordinal_derivatives
 from skcep.engines.ordinal import OrderedProbit, log_interval_prob
-from test_deep_engine import grid_moments, power_site_step, reference_entry, small_posterior, store_entry_moments
-from test_deep_tensor import assert_same
+from skcep.tensor import StreamingDeepTensor
 
 ORDERED_PROBIT = OrderedProbit()
 SMALL = dict(rank=2, hidden_layer_sizes=(8,), batch_size=40, random_state=0)
@@ -87,18 +87,22 @@ def test_compiled_ordinal_derivatives_match_ordinal_py(theta):
     assert worst < 1e-10
 
 
-@pytest.mark.parametrize("theta, y, alpha, beta", [
-    ([-1.0, 0.5, 2.0], 0, 0.3, 0.5),
-    ([-1.0, 0.5, 2.0], 1, -2.0, 2.0),
-    ([-1.0, 0.5, 2.0], 2, 1.5, 0.1),
-    ([-1.0, 0.5, 2.0], 3, -3.0, 1.0),  # a surprising top level
-    ([-0.05, 0.05], 1, 1.0, 0.4),  # a narrow level
-])
+@pytest.mark.parametrize(
+    "theta, y, alpha, beta",
+    [
+        ([-1.0, 0.5, 2.0], 0, 0.3, 0.5),
+        ([-1.0, 0.5, 2.0], 1, -2.0, 2.0),
+        ([-1.0, 0.5, 2.0], 2, 1.5, 0.1),
+        ([-1.0, 0.5, 2.0], 3, -3.0, 1.0),  # a surprising top level
+        ([-0.05, 0.05], 1, 1.0, 0.4),  # a narrow level
+    ],
+)
 def test_compiled_ordinal_derivatives_match_quadrature(theta, y, alpha, beta):
     """Z(α, β) = ∫ N(f | α, β) P(y | f) df: the tilted mean and variance of f on a grid give
     ∂log Z/∂α = (E[f] − α)/β and κ = (β − Var f)/β² (f = α + β ∂log Z/∂α, eq. 7 in f)."""
-    mean, var = grid_moments(lambda f: norm.logpdf(f, alpha, math.sqrt(beta)) + log_lik(y, f, theta), alpha,
-                             math.sqrt(beta))
+    mean, var = grid_moments(
+        lambda f: norm.logpdf(f, alpha, math.sqrt(beta)) + log_lik(y, f, theta), alpha, math.sqrt(beta)
+    )
     d_alpha, kappa = evidence_derivatives(ORDINAL, float(y), alpha, beta, 1.0, cut_points(theta))
     assert d_alpha == pytest.approx((mean - alpha) / beta, rel=1e-7, abs=1e-9)
     assert kappa == pytest.approx((beta - var) / beta**2, rel=1e-6)
@@ -201,8 +205,7 @@ def test_adf_pass_matches_step_by_step_reference(activation, weighted):
     y = rng.integers(0, 5, 14)
     w = rng.uniform(0.2, 4.0, 14) if weighted else np.ones(14)
     ref = post.copy()
-    _, alpha, beta = deep.adf_pass(post, X, y.astype(float), "ordinal", w if weighted else None,
-                                   return_moments=True)
+    _, alpha, beta = deep.adf_pass(post, X, y.astype(float), "ordinal", w if weighted else None, return_moments=True)
     steps = np.array([reference_ordinal_step(ref, row, yn, wn) for row, yn, wn in zip(X, y, w)])
     P = post.n_weights
     np.testing.assert_allclose(post.theta[:, :P], ref.theta[:, :P], rtol=1e-9, atol=1e-13)
@@ -223,8 +226,9 @@ def test_integer_weight_is_close_to_the_entry_fed_w_times(w):
     (10 entries): measured 0.014 (w = 2) and 0.029 (w = 3); the tolerances are about 1.5 times
     that."""
     rng = np.random.default_rng(5)
-    post = deep.init_posterior((15, 12), (2, 3), (8,), "tanh", spike_prob=0.5, slab_variance=1.0, noise_prior=None,
-                               rng=rng)
+    post = deep.init_posterior(
+        (15, 12), (2, 3), (8,), "tanh", spike_prob=0.5, slab_variance=1.0, noise_prior=None, rng=rng
+    )
     post.thresholds = np.array([-1.0, -0.2, 0.6])
     X = np.column_stack([rng.integers(0, 15, 210), rng.integers(0, 12, 210)])
     f = np.sin(X[:, 0]) + 0.3 * X[:, 1] - 1.5
@@ -233,8 +237,8 @@ def test_integer_weight_is_close_to_the_entry_fed_w_times(w):
     worst = 0.0
     for i in range(200, 210):
         one, many = post.copy(), post.copy()
-        deep.adf_pass(one, X[i:i + 1], y[i:i + 1], "ordinal", np.array([float(w)]))
-        deep.adf_pass(many, np.repeat(X[i:i + 1], w, axis=0), np.repeat(y[i:i + 1], w), "ordinal")
+        deep.adf_pass(one, X[i : i + 1], y[i : i + 1], "ordinal", np.array([float(w)]))
+        deep.adf_pass(many, np.repeat(X[i : i + 1], w, axis=0), np.repeat(y[i : i + 1], w), "ordinal")
         P = post.n_weights  # (no offset: its variance is 0)
         worst = max(worst, float(np.max(np.abs(one.mean[:P] - many.mean[:P]) / np.sqrt(many.var[:P]))))
         for a, b in zip(one.emb, many.emb):
@@ -335,8 +339,8 @@ def test_long_stream_of_extreme_levels_stays_finite():
     batches = [(one, np.full(600, 3.0)), (mixed, rng.integers(0, 4, 600).astype(float)), (one, np.zeros(600))]
     for X, y in batches:
         for start in range(0, 600, 100):
-            deep.fold_batch(post, X[start:start + 100], y[start:start + 100], "ordinal", 0.5)
-            assert np.all(np.isfinite(post.theta)) and np.all(post.var[:post.n_weights] > 0)
+            deep.fold_batch(post, X[start : start + 100], y[start : start + 100], "ordinal", 0.5)
+            assert np.all(np.isfinite(post.theta)) and np.all(post.var[: post.n_weights] > 0)
             assert all(np.all(np.isfinite(e)) and np.all(e[1] > 0) for e in post.emb)
             assert np.all(np.isfinite(post.thresholds)) and np.all(np.diff(post.thresholds) > 0)
     assert np.isfinite(post.log_evidence) and post.n_seen == 1800
@@ -407,7 +411,7 @@ def test_partial_fit_over_batches_equals_fit():
     batch = StreamingDeepTensor(**kw).fit(X, y)
     stream = StreamingDeepTensor(**kw)
     for start in range(0, 300, 64):
-        stream.partial_fit(X[start:start + 64], y[start:start + 64], classes=np.unique(y))
+        stream.partial_fit(X[start : start + 64], y[start : start + 64], classes=np.unique(y))
     np.testing.assert_allclose(stream.thresholds_, batch.thresholds_, rtol=1e-12)
     for name in ("embeddings_", "embedding_variances_", "weights_", "weight_variances_"):
         for a, b in zip(getattr(stream, name), getattr(batch, name)):
@@ -439,12 +443,15 @@ def test_partial_fit_with_classes_keeps_every_level():
 
 
 @pytest.mark.parametrize("method", ["fit", "partial_fit"])
-@pytest.mark.parametrize("y, match", [
-    ([1.0, np.nan, 2.0, 1.0], "NaN"),
-    (["a", "b", "a", "b"], "could not convert|numeric|dtype"),
-    ([1.0, 7.0, 2.0, 1.0], "not in classes_"),
-    ([1.0, 1.0, 1.0, 1.0], "at least two levels|not in classes_"),
-])
+@pytest.mark.parametrize(
+    "y, match",
+    [
+        ([1.0, np.nan, 2.0, 1.0], "NaN"),
+        (["a", "b", "a", "b"], "could not convert|numeric|dtype"),
+        ([1.0, 7.0, 2.0, 1.0], "not in classes_"),
+        ([1.0, 1.0, 1.0, 1.0], "at least two levels|not in classes_"),
+    ],
+)
 def test_bad_levels_leave_the_model_unchanged(method, y, match):
     X, levels = planted_levels(n=120, seed=6, levels=(1.0, 2.0, 3.0, 4.0, 5.0))
     est = StreamingDeepTensor(likelihood="ordinal", **SMALL).fit(X[:100], levels[:100])

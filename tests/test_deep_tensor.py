@@ -43,8 +43,12 @@ def binary_tensor(shape=(12, 10, 5), n=600, seed=1):
 # check_estimator at the default parameters; the checks that cannot hold, each with its reason,
 # are the estimator's own (StreamingDeepTensor._expected_failed_checks).
 @parametrize_with_checks(
-    [StreamingDeepTensor(), StreamingDeepTensor(likelihood="probit"), StreamingDeepTensor(likelihood="ordinal"),
-     StreamingDeepTensor(implicit_modes={0: 1, 1: 0})],
+    [
+        StreamingDeepTensor(),
+        StreamingDeepTensor(likelihood="probit"),
+        StreamingDeepTensor(likelihood="ordinal"),
+        StreamingDeepTensor(implicit_modes={0: 1, 1: 0}),
+    ],
     expected_failed_checks=lambda est: est._expected_failed_checks(),
     xfail_strict=True,
 )
@@ -69,8 +73,9 @@ def test_fitted_attributes(likelihood):
     X, y, f = additive_tensor(n=400)
     if likelihood == "probit":
         y = np.where(f > 0, "yes", "no")
-    est = StreamingDeepTensor(rank=(3, 2, 4), hidden_layer_sizes=(6, 5), likelihood=likelihood,
-                              batch_size=100, random_state=0).fit(X, y)
+    est = StreamingDeepTensor(
+        rank=(3, 2, 4), hidden_layer_sizes=(6, 5), likelihood=likelihood, batch_size=100, random_state=0
+    ).fit(X, y)
     assert est.shape_ == (40, 30, 6) and est.n_features_in_ == 3 and est.n_seen_ == 400
     assert [e.shape for e in est.embeddings_] == [(40, 3), (30, 2), (6, 4)]
     assert [e.shape for e in est.embedding_variances_] == [(40, 3), (30, 2), (6, 4)]
@@ -88,9 +93,12 @@ def test_fitted_attributes(likelihood):
         np.testing.assert_array_equal(est.classes_, ["no", "yes"])
     # the attributes are the engine's posterior
     post = est._posterior
-    np.testing.assert_array_equal(np.concatenate([w.ravel() for w in est.weights_]), post.mean[:post.n_weights])
-    np.testing.assert_allclose(np.concatenate([p.ravel() for p in est.inclusion_prob_]),
-                               1 / (1 + np.exp(-(post.prior_logit + post.site_logit))), rtol=1e-12)
+    np.testing.assert_array_equal(np.concatenate([w.ravel() for w in est.weights_]), post.mean[: post.n_weights])
+    np.testing.assert_allclose(
+        np.concatenate([p.ravel() for p in est.inclusion_prob_]),
+        1 / (1 + np.exp(-(post.prior_logit + post.site_logit))),
+        rtol=1e-12,
+    )
 
 
 def test_gaussian_prediction_api():
@@ -99,7 +107,7 @@ def test_gaussian_prediction_api():
     mean, std = est.predict(X[1000:], return_std=True)
     alpha, beta = deep.predict_moments(est._posterior, X[1000:])  # of the standardized targets
     np.testing.assert_allclose(mean, est.y_offset_ + est.y_scale_ * alpha, rtol=1e-12)
-    np.testing.assert_allclose(std, np.sqrt(est.y_scale_ ** 2 * beta + 1 / est.noise_precision_), rtol=1e-12)
+    np.testing.assert_allclose(std, np.sqrt(est.y_scale_**2 * beta + 1 / est.noise_precision_), rtol=1e-12)
     np.testing.assert_array_equal(est.predict(X[1000:]), mean)
     assert est.score(X[1000:], y[1000:]) == pytest.approx(r2_score(y[1000:], mean), rel=1e-12)
     w = np.linspace(0.5, 2, 200)
@@ -131,14 +139,16 @@ def test_unseen_objects_are_predicted_from_the_prior():
     assert est.shape_ == (40, 30, 6)  # prediction does not grow the model
     post = est._posterior
     for i, row in enumerate(unseen):
-        parts = [(post.emb[k][0, j], post.emb[k][1, j]) if j < post.emb[k].shape[1] else (np.zeros(2), np.ones(2))
-                 for k, j in enumerate(row)]
+        parts = [
+            (post.emb[k][0, j], post.emb[k][1, j]) if j < post.emb[k].shape[1] else (np.zeros(2), np.ones(2))
+            for k, j in enumerate(row)
+        ]
         ws = deep.Workspace(post.copy())  # the per-entry delta method of the ADF loop
         ws.x_both[0] = np.concatenate([p[0] for p in parts])
         ws.x_both[1] = np.concatenate([p[1] for p in parts])
         alpha, beta = ws.delta_method()  # of the standardized targets
         assert mean[i] == pytest.approx(est.y_offset_ + est.y_scale_ * alpha, rel=1e-12)
-        assert std[i] == pytest.approx(np.sqrt(est.y_scale_ ** 2 * beta + 1 / est.noise_precision_), rel=1e-12)
+        assert std[i] == pytest.approx(np.sqrt(est.y_scale_**2 * beta + 1 / est.noise_precision_), rel=1e-12)
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,12 +163,19 @@ def test_partial_fit_over_batches_equals_fit(likelihood):
     classes = None
     if likelihood == "probit":
         y, classes = (f > 0).astype(int), [0, 1]
-    kw = dict(rank=2, hidden_layer_sizes=(6, 4), likelihood=likelihood, batch_size=64, shuffle=False, random_state=3,
-              normalize_y=False)
+    kw = dict(
+        rank=2,
+        hidden_layer_sizes=(6, 4),
+        likelihood=likelihood,
+        batch_size=64,
+        shuffle=False,
+        random_state=3,
+        normalize_y=False,
+    )
     batch = StreamingDeepTensor(**kw).fit(X, y)
     stream = StreamingDeepTensor(**kw)
     for start in range(0, 250, 64):
-        stream.partial_fit(X[start:start + 64], y[start:start + 64], classes=classes)
+        stream.partial_fit(X[start : start + 64], y[start : start + 64], classes=classes)
     assert stream.shape_ == batch.shape_ and stream.n_seen_ == batch.n_seen_ == 250
     for name in ("embeddings_", "embedding_variances_", "weights_", "weight_variances_", "inclusion_prob_"):
         for a, b in zip(getattr(stream, name), getattr(batch, name)):
@@ -200,7 +217,7 @@ def test_one_pass_stream_learns_the_tensor(likelihood):
         y = (f > np.median(f)).astype(int)
     est = StreamingDeepTensor(likelihood=likelihood, random_state=0)
     for start in range(0, 5000, 256):
-        est.partial_fit(X[start:start + 256], y[start:start + 256])
+        est.partial_fit(X[start : start + 256], y[start : start + 256])
     if likelihood == "gaussian":
         assert est.score(X[5000:], y[5000:]) > 0.9
     else:
@@ -219,7 +236,7 @@ def test_undamped_spike_and_slab_refinement_collapses_a_relu_network():
     def one_pass(**kw):
         est = StreamingDeepTensor(**kw)
         for start in range(0, 5000, 256):
-            est.partial_fit(X[start:start + 256], y[start:start + 256])
+            est.partial_fit(X[start : start + 256], y[start : start + 256])
         return est.score(X[5000:], y[5000:])
 
     undamped = [one_pass(damping=1.0, random_state=seed) for seed in range(6)]
@@ -288,8 +305,13 @@ def fitted(likelihood="gaussian", **kw):
 
 X_OK = np.array([[0, 1, 2], [1, 0, 1]])
 BAD_INPUTS = [
-    ("negative", np.array([[0, -1, 2], [1, 0, 1]]), [1.0, 2.0], ValueError,
-     "Negative values in data passed to StreamingDeepTensor"),
+    (
+        "negative",
+        np.array([[0, -1, 2], [1, 0, 1]]),
+        [1.0, 2.0],
+        ValueError,
+        "Negative values in data passed to StreamingDeepTensor",
+    ),
     ("non-integer", np.array([[0, 1.5, 2], [1, 0, 1]]), [1.0, 2.0], ValueError, "integers"),
     ("nan-X", np.array([[0, np.nan, 2], [1, 0, 1]]), [1.0, 2.0], ValueError, "NaN"),
     ("nan-y", X_OK, [1.0, np.nan], ValueError, "NaN"),
@@ -349,11 +371,14 @@ def test_rejected_first_call_leaves_estimator_unfitted():
             assert not hasattr(est, name), name
 
 
-@pytest.mark.parametrize("X, match", [
-    (np.array([[0, 1]]), "expecting 3 features"),
-    (np.array([[0, -1, 0]]), "non-negative"),
-    (np.array([[0, 0.5, 0]]), "integers"),
-])
+@pytest.mark.parametrize(
+    "X, match",
+    [
+        (np.array([[0, 1]]), "expecting 3 features"),
+        (np.array([[0, -1, 0]]), "non-negative"),
+        (np.array([[0, 0.5, 0]]), "integers"),
+    ],
+)
 def test_bad_input_in_predict(X, match):
     est, _, _ = fitted()
     before = copy.deepcopy(est.__dict__)
@@ -370,20 +395,23 @@ def test_probit_first_batch_with_one_class_needs_classes():
     np.testing.assert_array_equal(est.classes_, [0, 1])
 
 
-@pytest.mark.parametrize("params, match", [
-    ({"rank": 0}, "'rank' parameter"),
-    ({"rank": (2, 2)}, "rank has 2 entries but X has 3 modes"),
-    ({"rank": (2, 0, 1)}, "rank must be a sequence of positive integers"),
-    ({"hidden_layer_sizes": (5, 0)}, "hidden_layer_sizes must be a sequence of positive integers"),
-    ({"activation": "sigmoid"}, "'activation' parameter"),
-    ({"spike_prob": 1.0}, "'spike_prob' parameter"),
-    ({"slab_variance": 0.0}, "'slab_variance' parameter"),
-    ({"damping": 0.0}, "'damping' parameter"),
-    ({"noise_prior": (0.0, 1.0)}, "noise_prior must be a pair"),
-    ({"batch_size": 0}, "'batch_size' parameter"),
-    ({"shape": (5, 0, 3)}, "positive integers"),
-    ({"shape": (5, 4)}, "shape has 2 modes but X has 3 columns"),
-])
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"rank": 0}, "'rank' parameter"),
+        ({"rank": (2, 2)}, "rank has 2 entries but X has 3 modes"),
+        ({"rank": (2, 0, 1)}, "rank must be a sequence of positive integers"),
+        ({"hidden_layer_sizes": (5, 0)}, "hidden_layer_sizes must be a sequence of positive integers"),
+        ({"activation": "sigmoid"}, "'activation' parameter"),
+        ({"spike_prob": 1.0}, "'spike_prob' parameter"),
+        ({"slab_variance": 0.0}, "'slab_variance' parameter"),
+        ({"damping": 0.0}, "'damping' parameter"),
+        ({"noise_prior": (0.0, 1.0)}, "noise_prior must be a pair"),
+        ({"batch_size": 0}, "'batch_size' parameter"),
+        ({"shape": (5, 0, 3)}, "positive integers"),
+        ({"shape": (5, 4)}, "shape has 2 modes but X has 3 columns"),
+    ],
+)
 def test_invalid_parameters(params, match):
     X, y, _ = additive_tensor(shape=(5, 4, 3), n=30, seed=10)
     est = StreamingDeepTensor(**params)
@@ -392,17 +420,20 @@ def test_invalid_parameters(params, match):
     assert not hasattr(est, "_posterior")
 
 
-@pytest.mark.parametrize("name, value", [
-    ("rank", 3),
-    ("rank", (2, 2, 3)),
-    ("hidden_layer_sizes", (9,)),
-    ("hidden_layer_sizes", (8, 8)),
-    ("activation", "tanh"),
-    ("likelihood", "probit"),
-    ("fit_intercept", False),
-    ("shape", (9, 9, 9)),
-    ("implicit_modes", {0: 1}),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("rank", 3),
+        ("rank", (2, 2, 3)),
+        ("hidden_layer_sizes", (9,)),
+        ("hidden_layer_sizes", (8, 8)),
+        ("activation", "tanh"),
+        ("likelihood", "probit"),
+        ("fit_intercept", False),
+        ("shape", (9, 9, 9)),
+        ("implicit_modes", {0: 1}),
+    ],
+)
 def test_changing_a_structural_parameter_between_partial_fit_calls_is_an_error(name, value):
     est, X, y = fitted()
     before = copy.deepcopy(est.__dict__)

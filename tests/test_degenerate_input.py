@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from skcep import (BayesianCPTensor, CEPLogisticClassifier, CEPProbitClassifier,
-                   KJITMessageOperator, StreamingDeepTensor)
+from skcep import BayesianCPTensor, CEPLogisticClassifier, CEPProbitClassifier, KJITMessageOperator, StreamingDeepTensor
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
@@ -34,8 +33,13 @@ def test_csr_with_a_column_beyond_its_shape_is_refused_and_the_model_unchanged(c
     clf = cls(method=method, prior_variance=1.0).fit(sp.csr_matrix(X), y)
     before = pickle.dumps(clf)
     bad = _beyond_shape(8, X.shape[1])
-    for call in (clf.predict_proba, clf.predict, clf.decision_function,
-                 lambda Z: clf.partial_fit(Z, y[:8]), lambda Z: cls().fit(Z, y[:8])):
+    for call in (
+        clf.predict_proba,
+        clf.predict,
+        clf.decision_function,
+        lambda Z: clf.partial_fit(Z, y[:8]),
+        lambda Z: cls().fit(Z, y[:8]),
+    ):
         with pytest.raises(ValueError, match=r"column index 9 outside that shape"):
             call(bad)
     assert pickle.dumps(clf) == before
@@ -70,8 +74,7 @@ STALE = [
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
-@pytest.mark.parametrize("kind, make, name, value", STALE,
-                         ids=[f"{k}-{n}" for k, _, n, _ in STALE])
+@pytest.mark.parametrize("kind, make, name, value", STALE, ids=[f"{k}-{n}" for k, _, n, _ in STALE])
 def test_structural_set_params_makes_predictions_refuse_until_fit(kind, make, name, value):
     X, y = _binary() if kind == "classifier" else _tensor_data("gaussian")
     est = make().fit(X, y)
@@ -96,19 +99,21 @@ def test_non_structural_set_params_keeps_the_fitted_model_usable():
 
 def test_kjit_structural_change_makes_predict_refuse():
     rng = np.random.default_rng(0)
-    X = np.column_stack([rng.normal(0, 1, 80), rng.uniform(0.5, 2, 80), rng.uniform(1, 3, 80),
-                         rng.uniform(1, 3, 80)])
-    op = KJITMessageOperator(n_inner_features=10, n_outer_features=20, random_state=0).fit(
-        X, X[:, :2])
+    X = np.column_stack([rng.normal(0, 1, 80), rng.uniform(0.5, 2, 80), rng.uniform(1, 3, 80), rng.uniform(1, 3, 80)])
+    op = KJITMessageOperator(n_inner_features=10, n_outer_features=20, random_state=0).fit(X, X[:, :2])
     op.set_params(n_outer_features=30)
     with pytest.raises(ValueError, match="n_outer_features changed.*Call fit"):
         op.predict(X)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: BayesianCPTensor(rank=2, likelihood="probit", max_iter=5, random_state=0),
-    lambda: StreamingDeepTensor(rank=2, hidden_layer_sizes=(4,), likelihood="probit", random_state=0),
-], ids=["cp", "sbdt"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: BayesianCPTensor(rank=2, likelihood="probit", max_iter=5, random_state=0),
+        lambda: StreamingDeepTensor(rank=2, hidden_layer_sizes=(4,), likelihood="probit", random_state=0),
+    ],
+    ids=["cp", "sbdt"],
+)
 def test_conflicting_classes_in_partial_fit_are_refused_and_the_model_unchanged(make):
     X, y = _tensor_data("probit")
     est = make().partial_fit(X, y, classes=[0, 1])

@@ -76,8 +76,12 @@ def markdown_examples(text):
         i += 1
         while i < len(lines):
             closing = _FENCE.match(lines[i])
-            if (closing and closing["fence"][0] == fence[0]
-                    and len(closing["fence"]) >= len(fence) and not closing["info"].strip()):
+            if (
+                closing
+                and closing["fence"][0] == fence[0]
+                and len(closing["fence"]) >= len(fence)
+                and not closing["info"].strip()
+            ):
                 break
             body.append(lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i])
             i += 1
@@ -128,33 +132,37 @@ def test_documentation_page_examples(page, monkeypatch):
 
 def test_markdown_example_extraction():
     """The convention above, on a page written for the purpose."""
-    page = "\n".join([
-        "Text.",
-        "```python",
-        "a = 1",
-        "```",
-        "<!-- doctest: skip (needs a data stream) -->",
-        "```python",
-        "for batch in stream:",
-        "    pass",
-        "```",
-        "```text",
-        "not code",
-        "```",
-        "- item",
-        "  ```pycon",
-        "  >>> a + 1",
-        "  2",
-        "  ```",
-        "````markdown",
-        "```python",
-        "nested = 'shown, not run'",
-        "```",
-        "````",
-    ])
+    page = "\n".join(
+        [
+            "Text.",
+            "```python",
+            "a = 1",
+            "```",
+            "<!-- doctest: skip (needs a data stream) -->",
+            "```python",
+            "for batch in stream:",
+            "    pass",
+            "```",
+            "```text",
+            "not code",
+            "```",
+            "- item",
+            "  ```pycon",
+            "  >>> a + 1",
+            "  2",
+            "  ```",
+            "````markdown",
+            "```python",
+            "nested = 'shown, not run'",
+            "```",
+            "````",
+        ]
+    )
     blocks = markdown_examples(page)
     assert [(line, kind) for line, kind, _, _ in blocks] == [
-        (2, "script"), (6, "script"), (14, "doctest"),
+        (2, "script"),
+        (6, "script"),
+        (14, "doctest"),
     ]
     assert blocks[0][2] == "a = 1\n" and blocks[0][3] is None
     assert blocks[1][3] == "<!-- doctest: skip (needs a data stream) -->"
@@ -171,7 +179,6 @@ def test_dask_page_example_runs_as_a_saved_file(tmp_path):
     assert 'if __name__ == "__main__":' in code
     script = tmp_path / "fit_on_dask.py"
     script.write_text(code, encoding="utf-8")
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "largest gap to the numpy fit" in result.stdout

@@ -17,6 +17,9 @@ import pytest
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import GridSearchCV
+from synthetic import classification as _classification
+from synthetic import messages as _messages
+from synthetic import tensor as _tensor
 
 from skcep import (
     BayesianCPTensor,
@@ -25,26 +28,27 @@ from skcep import (
     KJITMessageOperator,
     StreamingDeepTensor,
 )
-from synthetic import classification as _classification
-from synthetic import messages as _messages
-from synthetic import tensor as _tensor
-
 
 # name -> (estimator factory, training data, structural parameter and a new value)
 CASES = {
     "probit-cep1": (lambda **kw: CEPProbitClassifier(**kw), _classification, ("covariance", "full")),
-    "probit-ep-full": (lambda **kw: CEPProbitClassifier(method="ep", covariance="full", **kw),
-                       _classification, ("covariance", "diagonal")),
-    "logistic-cep2": (lambda **kw: CEPLogisticClassifier(method="cep2", **kw), _classification,
-                      ("method", "ep")),
-    "cp-tensor": (lambda **kw: BayesianCPTensor(rank=2, max_iter=15, random_state=0, **kw), _tensor,
-                  ("rank", 3)),
-    "deep-tensor": (lambda **kw: StreamingDeepTensor(rank=2, hidden_layer_sizes=(8,),
-                                                     random_state=0, **kw), _tensor,
-                    ("hidden_layer_sizes", (6,))),
-    "kjit": (lambda **kw: KJITMessageOperator(n_inner_features=50, n_outer_features=80,
-                                              random_state=0, **kw), _messages,
-             ("n_outer_features", 60)),
+    "probit-ep-full": (
+        lambda **kw: CEPProbitClassifier(method="ep", covariance="full", **kw),
+        _classification,
+        ("covariance", "diagonal"),
+    ),
+    "logistic-cep2": (lambda **kw: CEPLogisticClassifier(method="cep2", **kw), _classification, ("method", "ep")),
+    "cp-tensor": (lambda **kw: BayesianCPTensor(rank=2, max_iter=15, random_state=0, **kw), _tensor, ("rank", 3)),
+    "deep-tensor": (
+        lambda **kw: StreamingDeepTensor(rank=2, hidden_layer_sizes=(8,), random_state=0, **kw),
+        _tensor,
+        ("hidden_layer_sizes", (6,)),
+    ),
+    "kjit": (
+        lambda **kw: KJITMessageOperator(n_inner_features=50, n_outer_features=80, random_state=0, **kw),
+        _messages,
+        ("n_outer_features", 60),
+    ),
 }
 
 
@@ -118,8 +122,7 @@ def test_n_jobs_gives_bit_identical_fits(name):
 
 def test_grid_search_with_parallel_estimators_finishes():
     X, y = _classification(n=240)
-    search = GridSearchCV(CEPProbitClassifier(n_jobs=2), {"prior_variance": [0.1, 1.0]}, cv=2,
-                          n_jobs=2)
+    search = GridSearchCV(CEPProbitClassifier(n_jobs=2), {"prior_variance": [0.1, 1.0]}, cv=2, n_jobs=2)
     search.fit(X, y)
     assert search.best_estimator_.coef_.shape == (3, X.shape[1])
 
@@ -136,8 +139,7 @@ def test_verbose_prints_one_line_per_sweep_and_silent_by_default(name, capsys):
         sweeps = [line for line in lines if "] sweep " in line]
         assert len(sweeps) == int(np.sum(est.n_iter_))
         # and a line per model with its objective, the EP evidence at the chosen prior
-        assert sum("log evidence" in line and "at prior variance" in line
-                   for line in lines) == len(est.n_iter_)
+        assert sum("log evidence" in line and "at prior variance" in line for line in lines) == len(est.n_iter_)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -23,22 +23,22 @@ from skcep import CEPLogisticClassifier, CEPProbitClassifier
 from skcep.engines.evidence import (
     LOG_VARIANCE_BOUNDS,
     SEARCH_GAIN_TOL,
+    STREAM_GRID,
     EvidenceRisingWarning,
+    _separable_form,
+    _shifted_log_normalizer,
     evidence_of,
+    fit_glm,
     fixed_site_argmax,
     fixed_site_evidence,
-    fit_glm,
     maximize_evidence,
     natural_totals,
     prior_variance_gradient,
     separable,
     site_totals,
-    STREAM_GRID,
     stream_batch,
     stream_candidates,
     with_prior_variance,
-    _separable_form,
-    _shifted_log_normalizer,
 )
 from skcep.engines.glm import fit_factorized, fit_full, full_site_totals
 from skcep.engines.likelihoods import Gaussian, Probit
@@ -99,8 +99,7 @@ def test_full_evidence_is_exact_for_a_gaussian_likelihood():
     # the sites of a Gaussian likelihood do not depend on λ: the fixed-site maximiser is the
     # exact type-II maximum likelihood
     totals = full_site_totals(X, *post.sites)
-    lam = np.exp(fixed_site_argmax(fixed_site_evidence(totals, np.zeros(d), prior_cov, d),
-                                   (-5.0, 5.0)))
+    lam = np.exp(fixed_site_argmax(fixed_site_evidence(totals, np.zeros(d), prior_cov, d), (-5.0, 5.0)))
     grid = np.exp(np.linspace(np.log(lam) - 0.05, np.log(lam) + 0.05, 11))
     exact = [multivariate_normal(np.zeros(n), v * X @ X.T + 0.49 * np.eye(n)).logpdf(y) for v in grid]
     assert np.argmax(exact) == 5
@@ -124,7 +123,8 @@ def test_shifted_log_normalizer_equals_the_direct_formula(n_weights):
     c = rng.normal(size=d)
     value = _shifted_log_normalizer([_separable_form(P, b, e, n_weights)], [1.0])
     difference = _shifted_log_normalizer(
-        [_separable_form(P, b, e, n_weights), _separable_form(Q, c, e, n_weights)], [1.0, -1.0])
+        [_separable_form(P, b, e, n_weights), _separable_form(Q, c, e, n_weights)], [1.0, -1.0]
+    )
     shift = np.zeros(d)
     shift[:n_weights] = 1.0
 
@@ -186,8 +186,7 @@ def test_evidence_against_a_grid_integral(link, rho):
     X, y = _two_features(link, rho)
     exact = _grid_log_evidence(X, y, link, 1.0)
     cls = CLASSES[link]
-    full = cls(method="ep", covariance="full", fit_intercept=False, prior_variance=1.0,
-               **TIGHT).fit(X, y)
+    full = cls(method="ep", covariance="full", fit_intercept=False, prior_variance=1.0, **TIGHT).fit(X, y)
     assert abs(full.log_evidence_[0] - exact) < 0.05
     assert abs(full.log_evidence_[0] - exact) < 0.005  # the measured accuracy, with margin
     cov = full.coef_cov_[0]
@@ -196,8 +195,9 @@ def test_evidence_against_a_grid_integral(link, rho):
     assert information > 0.02  # there is a correlation to miss, even for ρ = 0
     for method in FACTORIZED:
         # tol 1e-6: the shortfall is checked to 0.01 nats (1e-8 costs 260-390 sweeps here)
-        est = cls(method=method, covariance="diagonal", fit_intercept=False, prior_variance=1.0,
-                  tol=1e-6, max_iter=2000).fit(X, y)
+        est = cls(
+            method=method, covariance="diagonal", fit_intercept=False, prior_variance=1.0, tol=1e-6, max_iter=2000
+        ).fit(X, y)
         shortfall = exact - est.log_evidence_[0]
         assert abs(shortfall - information) < 0.01, (method, shortfall, information)
 
@@ -241,16 +241,18 @@ GRID = 2.0 ** np.arange(-6.0, 6.5, 0.5)
 def _evidence_grid(cls, X, y, log_grid, **options):
     """``log_evidence_`` of fits at fixed λ = e^θ over ``log_grid``, each to tol 1e-6 (and
     checked converged): the reference the search is judged by."""
-    fits = [cls(**options, prior_variance=float(np.exp(t)), tol=1e-6, max_iter=5000).fit(X, y)
-            for t in log_grid]
+    fits = [cls(**options, prior_variance=float(np.exp(t)), tol=1e-6, max_iter=5000).fit(X, y) for t in log_grid]
     assert all(f.converged_.all() for f in fits)
     return np.array([f.log_evidence_[0] for f in fits])
 
 
 def _ep_evidence_at(cls, X, y, lam, **options):
     """EP's evidence at the fixed point for λ (what the search maximises, whatever method)."""
-    return cls(**{**options, "method": "ep"}, prior_variance=float(lam), tol=1e-6,
-               max_iter=5000).fit(X, y).log_evidence_[0]
+    return (
+        cls(**{**options, "method": "ep"}, prior_variance=float(lam), tol=1e-6, max_iter=5000)
+        .fit(X, y)
+        .log_evidence_[0]
+    )
 
 
 @pytest.mark.parametrize("link", ["probit", "logistic"])
@@ -276,8 +278,7 @@ def test_auto_prior_variance_is_at_the_maximum_of_the_evidence_over_a_grid(link,
     assert_allclose(again.log_evidence_, auto.log_evidence_, atol=1e-3)
 
 
-@pytest.mark.parametrize("link, covariance", [("probit", "diagonal"), ("probit", "full"),
-                                              ("logistic", "full")])
+@pytest.mark.parametrize("link, covariance", [("probit", "diagonal"), ("probit", "full"), ("logistic", "full")])
 def test_auto_on_the_separable_crabs_data_is_at_the_evidence_maximum(link, covariance):
     """The CEP paper's crabs, split 1 (separable: the evidence peaks at λ ≈ e^5.5 for
     factorized EP, e^8 for full EP).  Measured before: the search's sweep budget stopped it at
@@ -328,16 +329,25 @@ def test_search_reports_an_evidence_that_keeps_rising_on_separable_data(covarian
     rng = np.random.default_rng(6)
     X = rng.normal(size=(60, 2))
     y = (X[:, 0] > 0).astype(int)
-    evidence = _evidence_grid(CEPProbitClassifier, X, y, [0.0, 4.0, 8.0, 12.0], method="ep",
-                              covariance=covariance)
+    evidence = _evidence_grid(CEPProbitClassifier, X, y, [0.0, 4.0, 8.0, 12.0], method="ep", covariance=covariance)
     assert np.all(np.diff(evidence) > 0)
     A, s = np.hstack([X, np.ones((60, 1))]), 2.0 * y - 1.0
     assert separable(A, s)
     prior = np.array([1.0, 1.0, 100.0])
     with pytest.warns(EvidenceRisingWarning, match="keeps rising as λ grows") as caught:
-        post = fit_glm(A, s, Probit(), np.zeros(3), prior, full=covariance == "full",
-                       evidence_likelihood=Probit(), tune_weights=2, method="ep", tol=1e-3,
-                       max_iter=300)
+        post = fit_glm(
+            A,
+            s,
+            Probit(),
+            np.zeros(3),
+            prior,
+            full=covariance == "full",
+            evidence_likelihood=Probit(),
+            tune_weights=2,
+            method="ep",
+            tol=1e-3,
+            max_iter=300,
+        )
     assert len([w for w in caught if w.category is EvidenceRisingWarning]) == 1
     assert post.evidence_rising > 0 and post.prior_variance == pytest.approx(1e6)
     assert post.log_evidence >= evidence.max() - 0.5
@@ -379,9 +389,20 @@ def test_search_prints_a_line_before_and_after_each_trial_and_names_the_chosen_v
     X, y = _intercept_data(seed=2)
     A, s = np.hstack([X, np.ones((len(y), 1))]), 2.0 * y - 1.0
     progress = _Progress()
-    post = fit_glm(A, s, Probit(), np.zeros(5), np.r_[np.ones(4), 100.0], full=False,
-                   evidence_likelihood=Probit(), tune_weights=4, method="ep", tol=1e-3,
-                   max_iter=300, callback=progress)
+    post = fit_glm(
+        A,
+        s,
+        Probit(),
+        np.zeros(5),
+        np.r_[np.ones(4), 100.0],
+        full=False,
+        evidence_likelihood=Probit(),
+        tune_weights=4,
+        method="ep",
+        tol=1e-3,
+        max_iter=300,
+        callback=progress,
+    )
     lines = progress.lines
     assert lines[0] == "λ search, trial 1: λ = 1"
     assert lines[1].startswith("λ search, trial 1: log evidence -")
@@ -391,9 +412,20 @@ def test_search_prints_a_line_before_and_after_each_trial_and_names_the_chosen_v
         assert sum(line.startswith(f"λ search, trial {k}: ") for line in trials) == 2
     assert lines[-1].startswith(f"λ search: λ = {post.prior_variance:.4g} chosen")
     # without ``section`` (a plain callable, or None) the search prints nothing and fits alike
-    plain = fit_glm(A, s, Probit(), np.zeros(5), np.r_[np.ones(4), 100.0], full=False,
-                    evidence_likelihood=Probit(), tune_weights=4, method="ep", tol=1e-3,
-                    max_iter=300, callback=lambda *args: None)
+    plain = fit_glm(
+        A,
+        s,
+        Probit(),
+        np.zeros(5),
+        np.r_[np.ones(4), 100.0],
+        full=False,
+        evidence_likelihood=Probit(),
+        tune_weights=4,
+        method="ep",
+        tol=1e-3,
+        max_iter=300,
+        callback=lambda *args: None,
+    )
     assert plain.prior_variance == post.prior_variance
 
 
@@ -408,8 +440,7 @@ def test_auto_reaches_an_evidence_peak_decades_from_the_start(covariance):
     y = (X @ (0.1 * rng.normal(size=20)) + rng.normal(size=20_000) > 0).astype(int)
     opts = dict(method="ep", covariance=covariance, fit_intercept=False)
     grid = 2.0 ** np.arange(-10.0, -3.5, 0.5)
-    evidence = [CEPProbitClassifier(**opts, prior_variance=lam).fit(X, y).log_evidence_[0]
-                for lam in grid]
+    evidence = [CEPProbitClassifier(**opts, prior_variance=lam).fit(X, y).log_evidence_[0] for lam in grid]
     assert 0 < np.argmax(evidence) < len(grid) - 1  # an interior maximum
     auto = CEPProbitClassifier(**opts).fit(X, y)
     assert auto.log_evidence_[0] >= max(evidence) - 0.25, (auto.prior_variance_, grid[np.argmax(evidence)])
@@ -437,8 +468,7 @@ def test_fixed_site_maximiser_returns_the_auto_value():
     # the sites' totals recovered from the fitted posterior: P − P0 and P μ
     precision = np.linalg.inv(est._posterior["cov"][0])
     totals = (precision - np.linalg.inv(prior), precision @ est._posterior["mean"][0])
-    theta = fixed_site_argmax(fixed_site_evidence(totals, np.zeros(d), prior, X.shape[1]),
-                              (-5.0, 5.0))
+    theta = fixed_site_argmax(fixed_site_evidence(totals, np.zeros(d), prior, X.shape[1]), (-5.0, 5.0))
     assert abs(theta - np.log(lam)) < 0.5  # maximize_evidence's xtol
 
 
@@ -456,8 +486,9 @@ def _search(value, slope, start=0.0, **options):
         calls.append(theta)
         return _Fit(value(theta))
 
-    theta, fitted, rising = maximize_evidence(fit_at, lambda t, post: slope(t),
-                                              lambda t, post, lo, hi: t, start, **options)
+    theta, fitted, rising = maximize_evidence(
+        fit_at, lambda t, post: slope(t), lambda t, post, lo, hi: t, start, **options
+    )
     assert sorted(calls) == sorted(fitted)  # each θ fitted once
     return theta, fitted, rising
 
@@ -478,6 +509,7 @@ def _gaussian_evidence(seed, scale):
     def slope(theta):
         v = np.exp(theta) * lam + 1.0
         return float(0.5 * np.sum(np.exp(theta) * lam * (z**2 / v**2 - 1.0 / v)))
+
     return value, slope
 
 
@@ -521,8 +553,9 @@ def test_search_brackets_a_sharp_peak_in_single_steps():
     def step_of(theta, post, lo, hi):  # exact sites: the fixed-site evidence is the evidence
         return fixed_site_argmax(lambda t: value(t), (lo, hi))
 
-    theta, fitted, rising = maximize_evidence(lambda t, warm, max_sweeps=None: _Fit(value(t)),
-                                              lambda t, post: slope(t), step_of, 0.0, probe=False)
+    theta, fitted, rising = maximize_evidence(
+        lambda t, warm, max_sweeps=None: _Fit(value(t)), lambda t, post: slope(t), step_of, 0.0, probe=False
+    )
     grid = np.arange(-8.0, 2.0, 0.001)
     top = max(value(t) for t in grid)
     assert value(theta) >= top - SEARCH_GAIN_TOL and rising is None
@@ -550,8 +583,7 @@ def test_search_finds_a_limit_above_an_interior_peak():
     high = LOG_VARIANCE_BOUNDS[1]
 
     def value(t):
-        return (-27.14 - 1.5 / (1 + np.exp(t - 4)) + 0.85 * np.exp(-((t - 1) ** 2) / 2)
-                - 0.5 * np.exp(-t))
+        return -27.14 - 1.5 / (1 + np.exp(t - 4)) + 0.85 * np.exp(-((t - 1) ** 2) / 2) - 0.5 * np.exp(-t)
 
     def slope(t):
         return (value(t + 1e-6) - value(t - 1e-6)) / 2e-6
@@ -569,6 +601,7 @@ def test_search_stops_at_its_sweep_budget():
     assert list(fitted) == [0.0] and theta == 0.0
     theta, fitted, rising = _search(value, slope, budget=lambda first: 2 * first.n_iter)
     assert len(fitted) == 2
+
 
 def test_cep_that_runs_away_at_the_searched_prior_variance_backs_off_to_a_stable_one(monkeypatch):
     """scikit-learn's breast-cancer data (first 285 rows, standardised), probit: CEP-1 without
@@ -599,8 +632,7 @@ def test_cep_that_runs_away_at_the_searched_prior_variance_backs_off_to_a_stable
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         wild = fit_at(spread_at(np.log(1000.0)), Probit(), **own)
-    post, theta, spent = _cep_after_search(fit_at, spread_at, Probit(), own, np.log(1000.0), 0.0,
-                                           300, 0)
+    post, theta, spent = _cep_after_search(fit_at, spread_at, Probit(), own, np.log(1000.0), 0.0, 300, 0)
     assert np.abs(wild.mean).max() > 1000.0
     assert 0.0 <= theta < np.log(1000.0) and 0 < spent < 30
     assert post.converged and np.all(np.isfinite(post.mean)) and np.abs(post.mean).max() < 50.0
@@ -661,8 +693,9 @@ def test_prior_variance_moves_the_sites_to_another_prior(covariance):
         assert_allclose(1 / moved - 1 / spread, np.r_[np.full(d - 1, 1 / new - 1 / lam), 0.0], atol=1e-10)
         assert_allclose(moved_mean / moved, mean / spread, rtol=1e-12)
     new_prior = np.r_[np.full(d - 1, new), 100.0]
-    back_totals = natural_totals(moved_mean, moved, np.zeros(d),
-                                 np.diag(new_prior) if covariance == "full" else new_prior)
+    back_totals = natural_totals(
+        moved_mean, moved, np.zeros(d), np.diag(new_prior) if covariance == "full" else new_prior
+    )
     back = with_prior_variance(back_totals, np.zeros(d), new_prior, d - 1, lam)
     assert_allclose(back[0], mean, rtol=1e-9)
     assert_allclose(back[1], spread, rtol=1e-9)
@@ -691,6 +724,7 @@ def _gaussian_batch_fit(X, y, noise, rows):
         post = fit_full(X[rows], y[rows], lik, mean0, spread0, tol=1e-10, max_iter=50)
         post.log_evidence = evidence_of(X[rows], y[rows], post, mean0, spread0, lik)
         return post
+
     return fit_from
 
 
@@ -705,8 +739,7 @@ def test_stream_of_gaussian_batches_holds_every_candidate_evidence_exactly():
     n, d = X.shape
     candidates = stream_candidates(np.zeros(d), np.ones(d), d)
     for rows in np.array_split(np.arange(n), 6):
-        post, candidates = stream_batch(_gaussian_batch_fit(X, y, noise, rows), candidates,
-                                        np.zeros(d), np.ones(d), d)
+        post, candidates = stream_batch(_gaussian_batch_fit(X, y, noise, rows), candidates, np.zeros(d), np.ones(d), d)
     for lam, value in zip(candidates["prior_variance"], candidates["log_evidence"]):
         assert_allclose(value, _exact_evidence(X, y, noise, lam), rtol=1e-9)
     assert candidates["prior_variance"].size < STREAM_GRID.size  # the far ones were dropped
@@ -729,8 +762,9 @@ def test_a_stream_at_a_fixed_prior_variance_seeds_the_candidates_from_its_sites(
     lam0 = 2.0
     post = _gaussian_batch_fit(X, y, noise, np.arange(len(y)))(np.zeros(d), np.full(d, lam0))
     grid = np.array([0.25, 1.0, 4.0, 16.0])
-    candidates = stream_candidates(np.zeros(d), np.ones(d), d, grid=grid,
-                                   earlier=(post.mean, post.cov, lam0, post.log_evidence))
+    candidates = stream_candidates(
+        np.zeros(d), np.ones(d), d, grid=grid, earlier=(post.mean, post.cov, lam0, post.log_evidence)
+    )
     exact = np.array([_exact_evidence(X, y, noise, lam) for lam in grid])
     assert_allclose(candidates["log_evidence"], exact, rtol=1e-9)
     for lam, mean, cov in zip(grid, candidates["mean"], candidates["spread"]):
@@ -757,7 +791,7 @@ def test_stream_learns_the_prior_variance(covariance, limit):
     batch = CEPLogisticClassifier(covariance=covariance).fit(X, y)
     stream = CEPLogisticClassifier(covariance=covariance)
     for start in range(0, len(y), 50):
-        stream.partial_fit(X[start:start + 50], y[start:start + 50], classes=[0, 1])
+        stream.partial_fit(X[start : start + 50], y[start : start + 50], classes=[0, 1])
     assert stream.covariance_ == batch.covariance_ == covariance
     sd = np.sqrt(np.r_[batch.coef_var_[0], batch.intercept_var_])
     gap = np.abs(np.r_[stream.coef_[0], stream.intercept_] - np.r_[batch.coef_[0], batch.intercept_]) / sd
@@ -773,7 +807,7 @@ def test_stream_turns_from_a_fixed_to_a_learned_prior_variance():
     stream.partial_fit(X[:200], y[:200], classes=[0, 1])
     stream.set_params(prior_variance="auto")
     for start in (200, 400):
-        stream.partial_fit(X[start:start + 200], y[start:start + 200])
+        stream.partial_fit(X[start : start + 200], y[start : start + 200])
     learned = CEPProbitClassifier().fit(X, y).prior_variance_[0]
     assert abs(np.log(stream.prior_variance_[0] / learned)) < np.log(2.0)
     assert np.all(np.isfinite(stream.coef_)) and stream._posterior["stream"] is not None
@@ -797,8 +831,7 @@ def test_sparse_input_gives_the_dense_evidence_and_is_finite_on_blank_rows():
             assert_allclose(sparse.log_evidence_, dense.log_evidence_, rtol=1e-8)
             assert_allclose(sparse.prior_variance_, dense.prior_variance_, rtol=1e-8)
     # without an intercept a blank row adds exactly log ½
-    base = CEPProbitClassifier(method="ep", covariance="full", fit_intercept=False, prior_variance=1.0,
-                               **TIGHT)
+    base = CEPProbitClassifier(method="ep", covariance="full", fit_intercept=False, prior_variance=1.0, **TIGHT)
     with_blank = np.vstack([X[5:], np.zeros((1, 6))])
     a = base.fit(X[5:], y[5:]).log_evidence_[0]
     b = base.fit(with_blank, np.r_[y[5:], 1]).log_evidence_[0]
@@ -847,8 +880,7 @@ def test_dask_fit_sets_the_evidence_of_the_numpy_fit(on_cluster, method, covaria
     y = (X @ rng.normal(size=4) + 0.3 + rng.normal(size=800) > 0).astype(int)
     options = dict(method=method, covariance=covariance, tol=1e-4, max_iter=500, prior_variance=1.0)
     local = CEPProbitClassifier(**options).fit(X, y)
-    spread = CEPProbitClassifier(**options).fit(da.from_array(X, chunks=(200, -1)),
-                                                da.from_array(y, chunks=200))
+    spread = CEPProbitClassifier(**options).fit(da.from_array(X, chunks=(200, -1)), da.from_array(y, chunks=200))
     assert abs(spread.log_evidence_[0] - local.log_evidence_[0]) < 0.005  # measured ≤ 0.0007
     assert_allclose(spread.prior_variance_, [1.0])
 
@@ -861,11 +893,9 @@ def test_dask_auto_prior_variance_equals_the_numpy_search(on_cluster, method, co
     rng = np.random.default_rng(3)
     X = rng.normal(size=(800, 4))
     y = (X @ (0.3 * rng.normal(size=4)) + rng.normal(size=800) > 0).astype(int)
-    options = dict(method=method, covariance=covariance, prior_variance="auto", tol=1e-4,
-                   max_iter=500)
+    options = dict(method=method, covariance=covariance, prior_variance="auto", tol=1e-4, max_iter=500)
     local = CEPProbitClassifier(**options).fit(X, y)
-    spread = CEPProbitClassifier(**options).fit(da.from_array(X, chunks=(200, -1)),
-                                                da.from_array(y, chunks=200))
+    spread = CEPProbitClassifier(**options).fit(da.from_array(X, chunks=(200, -1)), da.from_array(y, chunks=200))
     assert abs(local.prior_variance_[0] - 1.0) > 0.3  # the search moved λ
     assert_allclose(np.log(spread.prior_variance_), np.log(local.prior_variance_), atol=0.05)
     assert abs(spread.log_evidence_[0] - local.log_evidence_[0]) < 0.005
@@ -884,8 +914,9 @@ def test_dask_search_of_the_600_by_4_logistic_problem_equals_the_numpy_search(on
     X = rng.normal(size=(600, 4))
     y = (rng.random(600) < expit(X @ (6.0 * rng.normal(size=4)) + 0.5)).astype(int)
     local = CEPLogisticClassifier(method="ep").fit(X, y)
-    spread = CEPLogisticClassifier(method="ep").fit(da.from_array(X, chunks=(chunks, -1)),
-                                                    da.from_array(y, chunks=chunks))
+    spread = CEPLogisticClassifier(method="ep").fit(
+        da.from_array(X, chunks=(chunks, -1)), da.from_array(y, chunks=chunks)
+    )
     assert_allclose(np.log(spread.prior_variance_), np.log(local.prior_variance_), atol=0.05)
     assert abs(spread.log_evidence_[0] - local.log_evidence_[0]) < 0.01
     assert_allclose(spread.coef_, local.coef_, atol=0.02 * np.sqrt(local.coef_var_).max())
@@ -911,8 +942,16 @@ def test_compiled_cavity_terms_equal_the_entrywise_formula_at_extreme_precision_
         copy = np.where(w > 0, w, 1.0)[:, None]
         cav_prec, cav_shift = prec - site_prec / copy, shift - site_shift / copy
         ok = cav_prec > 0
-        terms = np.where(ok, 0.5 * (cav_shift**2 / np.where(ok, cav_prec, 1.0) - shift**2 / prec
-                                    - np.log(np.where(ok, cav_prec, prec) / prec)), 0.0)
+        terms = np.where(
+            ok,
+            0.5
+            * (
+                cav_shift**2 / np.where(ok, cav_prec, 1.0)
+                - shift**2 / prec
+                - np.log(np.where(ok, cav_prec, prec) / prec)
+            ),
+            0.0,
+        )
         expected = float(np.sum(terms.sum(axis=1) * w))
         m_a, s_a = np.empty(n), np.empty(n)
         got = dense_cavity_terms(X, weight, site_prec, site_shift, prec, shift, m_a, s_a)

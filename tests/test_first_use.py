@@ -13,8 +13,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from skcep import (BayesianCPTensor, CEPLogisticClassifier, CEPProbitClassifier,
-                   StreamingDeepTensor, compile_kernels)
+from skcep import BayesianCPTensor, CEPLogisticClassifier, CEPProbitClassifier, StreamingDeepTensor, compile_kernels
 from skcep.datasets import load_cep_paper
 from skcep.engines import _deep_kernel, _full_kernel, _glm_kernel, _rff_kernel
 
@@ -51,11 +50,21 @@ PREDICTED = ("proba", "op_pred", "cp_pred")
 
 
 def _run(tmp_path, blas_threads, n_jobs):
-    env = {"OPENBLAS_NUM_THREADS": str(blas_threads), "OMP_NUM_THREADS": str(blas_threads),
-           "MKL_NUM_THREADS": str(blas_threads), "PATH": "/usr/bin:/bin"}
+    env = {
+        "OPENBLAS_NUM_THREADS": str(blas_threads),
+        "OMP_NUM_THREADS": str(blas_threads),
+        "MKL_NUM_THREADS": str(blas_threads),
+        "PATH": "/usr/bin:/bin",
+    }
     out = tmp_path / f"fit_{blas_threads}_{n_jobs}.npz"
-    subprocess.run([sys.executable, "-c", _FITS, str(n_jobs), str(out)], capture_output=True,
-                   text=True, env=env, timeout=600, check=True)
+    subprocess.run(
+        [sys.executable, "-c", _FITS, str(n_jobs), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=True,
+    )
     return dict(np.load(out))
 
 
@@ -85,18 +94,25 @@ KERNEL_MODULES = (_glm_kernel, _full_kernel, _deep_kernel, _rff_kernel)
 def _compiled_signatures():
     """{(module, kernel name): its compiled signatures} (kernels that other kernels call are
     compiled into their callers and list none of their own)."""
-    return {(module.__name__, name): set(getattr(module, name).signatures)
-            for module in KERNEL_MODULES for name in dir(module)
-            if hasattr(getattr(module, name), "signatures")}
+    return {
+        (module.__name__, name): set(getattr(module, name).signatures)
+        for module in KERNEL_MODULES
+        for name in dir(module)
+        if hasattr(getattr(module, name), "signatures")
+    }
 
 
 def test_compile_kernels_compiles_what_real_fits_then_use():
     """After :func:`compile_kernels`, real fits of every compiled engine on real data compile
     nothing more: the warm-up used the argument types that fits use."""
     seconds = compile_kernels()
-    assert set(seconds) == {"dense probit EP and CEP-1, evidence", "dense logistic EP and CEP-1",
-                            "full-covariance EP, probit and logistic", "SBDT assumed density filtering",
-                            "KJIT random features"}
+    assert set(seconds) == {
+        "dense probit EP and CEP-1, evidence",
+        "dense logistic EP and CEP-1",
+        "full-covariance EP, probit and logistic",
+        "SBDT assumed density filtering",
+        "KJIT random features",
+    }
     before = _compiled_signatures()
     for module in KERNEL_MODULES:  # every engine's entry points compiled
         assert any(sigs for (name, _), sigs in before.items() if name == module.__name__), module
@@ -106,13 +122,11 @@ def test_compile_kernels_compiles_what_real_fits_then_use():
         for cls in (CEPProbitClassifier, CEPLogisticClassifier):
             for method in ("cep1", "ep", "auto"):  # auto: full-covariance EP here
                 cls(method=method).fit(data.X_train, data.y_train)
-        CEPLogisticClassifier(method="kjit", random_state=0, max_iter=3).fit(
-            data.X_train, data.y_train)
+        CEPLogisticClassifier(method="kjit", random_state=0, max_iter=3).fit(data.X_train, data.y_train)
         rng = np.random.default_rng(1)
         entries = np.column_stack([rng.integers(0, 30, 500), rng.integers(0, 20, 500)])
         StreamingDeepTensor(rank=3, random_state=0).fit(entries, rng.standard_normal(500))
-        StreamingDeepTensor(rank=3, likelihood="probit", random_state=0).fit(
-            entries, rng.integers(0, 2, 500))
+        StreamingDeepTensor(rank=3, likelihood="probit", random_state=0).fit(entries, rng.integers(0, 2, 500))
     assert _compiled_signatures() == before
 
 

@@ -23,11 +23,23 @@ from scipy.stats import multivariate_normal, norm
 
 from skcep import CEPLogisticClassifier, CEPProbitClassifier
 from skcep.engines import glm
-from skcep.engines.evidence import (LOG_VARIANCE_BOUNDS, fixed_site_argmax, fixed_site_evidence,
-                                    full_site_terms, log_evidence, site_totals)
-from skcep.engines.full_dual import (PredictorPosterior, dual_applies, fit_full_dual,
-                                     fixed_site_evidence_dual, log_evidence_dual, prior_predictor,
-                                     weight_marginals)
+from skcep.engines.evidence import (
+    LOG_VARIANCE_BOUNDS,
+    fixed_site_argmax,
+    fixed_site_evidence,
+    full_site_terms,
+    log_evidence,
+    site_totals,
+)
+from skcep.engines.full_dual import (
+    PredictorPosterior,
+    dual_applies,
+    fit_full_dual,
+    fixed_site_evidence_dual,
+    log_evidence_dual,
+    prior_predictor,
+    weight_marginals,
+)
 from skcep.engines.glm import SweepControl, fit_full, full_site_totals
 from skcep.engines.likelihoods import Gaussian, Logistic, Probit
 
@@ -111,8 +123,9 @@ def test_warm_start_from_other_sites(sparse):
     primal = fit_full(X, y, Probit(), np.zeros(d), prior, **kw)
     dual = fit_full_dual(X, y, Probit(), np.zeros(d), prior, **kw)
     _assert_same_fit(primal, dual)
-    assert primal.n_iter < fit_full(X, y, Probit(), np.zeros(d), prior, tol=1e-8,
-                                    sample_weight=weight).n_iter + 5  # a real warm start
+    assert (
+        primal.n_iter < fit_full(X, y, Probit(), np.zeros(d), prior, tol=1e-8, sample_weight=weight).n_iter + 5
+    )  # a real warm start
 
 
 def test_dense_prior_and_prior_mean():
@@ -123,12 +136,17 @@ def test_dense_prior_and_prior_mean():
     primal = fit_full(X[6:], y[6:], Logistic(), first.mean, first.cov, tol=1e-8)
     dual = fit_full_dual(X[6:], y[6:], Logistic(), first.mean, first.cov, tol=1e-8)
     _assert_same_fit(primal, dual)
-    assert_allclose(log_evidence_dual(X[6:], y[6:], *dual.sites, first.mean, first.cov,
-                                      likelihood=Logistic()),
-                    log_evidence(first.mean, first.cov, primal.mean, primal.cov,
-                                 full_site_terms(X[6:], y[6:], *primal.sites, primal.mean,
-                                                 primal.cov, likelihood=Logistic())),
-                    rtol=1e-9)
+    assert_allclose(
+        log_evidence_dual(X[6:], y[6:], *dual.sites, first.mean, first.cov, likelihood=Logistic()),
+        log_evidence(
+            first.mean,
+            first.cov,
+            primal.mean,
+            primal.cov,
+            full_site_terms(X[6:], y[6:], *primal.sites, primal.mean, primal.cov, likelihood=Logistic()),
+        ),
+        rtol=1e-9,
+    )
 
 
 def _recording_judge():
@@ -138,6 +156,7 @@ def _recording_judge():
     def record(self, *args):
         verdicts.append(judge(self, *args))
         return verdicts[-1]
+
     return verdicts, record
 
 
@@ -161,8 +180,7 @@ def test_same_verdicts_with_damping_and_rejected_sweeps():
     assert "reject" in runs["primal"][1]
     _assert_same_fit(runs["primal"][0], runs["dual"][0], atol=1e-6)
     primal = fit_full(X, y, Probit(), np.zeros(d), prior, tol=1e-6, damping=0.3)
-    _assert_same_fit(primal, fit_full_dual(X, y, Probit(), np.zeros(d), prior, tol=1e-6,
-                                            damping=0.3), atol=1e-6)
+    _assert_same_fit(primal, fit_full_dual(X, y, Probit(), np.zeros(d), prior, tol=1e-6, damping=0.3), atol=1e-6)
 
 
 def test_callback_sees_the_same_sweeps():
@@ -170,8 +188,15 @@ def test_callback_sees_the_same_sweeps():
     d = X.shape[1]
     seen = {"primal": [], "dual": []}
     for name, fit in (("primal", fit_full), ("dual", fit_full_dual)):
-        fit(X, y, Probit(), np.zeros(d), prior, tol=1e-8,
-            callback=lambda sweep, change, info, out=seen[name]: out.append((sweep, change, info)))
+        fit(
+            X,
+            y,
+            Probit(),
+            np.zeros(d),
+            prior,
+            tol=1e-8,
+            callback=lambda sweep, change, info, out=seen[name]: out.append((sweep, change, info)),
+        )
     assert [s[0] for s in seen["dual"]] == [s[0] for s in seen["primal"]]
     assert_allclose([s[1] for s in seen["dual"]], [s[1] for s in seen["primal"]], rtol=1e-6)
 
@@ -188,13 +213,15 @@ def test_evidence_is_evidence_pys(lik_name, sparse, weighted):
     X, y, prior, weight = _problem(sparse=sparse, weighted=weighted, blank_row=True)
     d, lik = X.shape[1], LIKELIHOODS[lik_name]
     for max_iter in (100, 1):
-        post = fit_full(X, y, lik, np.zeros(d), prior, tol=1e-8, max_iter=max_iter,
-                        sample_weight=weight)
-        primal = log_evidence(np.zeros(d), prior, post.mean, post.cov,
-                              full_site_terms(X, y, *post.sites, post.mean, post.cov,
-                                              likelihood=lik, sample_weight=weight))
-        dual = log_evidence_dual(X, y, *post.sites, np.zeros(d), prior, likelihood=lik,
-                                 sample_weight=weight)
+        post = fit_full(X, y, lik, np.zeros(d), prior, tol=1e-8, max_iter=max_iter, sample_weight=weight)
+        primal = log_evidence(
+            np.zeros(d),
+            prior,
+            post.mean,
+            post.cov,
+            full_site_terms(X, y, *post.sites, post.mean, post.cov, likelihood=lik, sample_weight=weight),
+        )
+        dual = log_evidence_dual(X, y, *post.sites, np.zeros(d), prior, likelihood=lik, sample_weight=weight)
         assert_allclose(dual, primal, rtol=1e-10)
 
 
@@ -213,8 +240,7 @@ def test_fixed_site_objective_is_evidence_pys(lik_name, sparse):
     values = [dual(t) for t in thetas]
     assert_allclose(values, [primal(t) for t in thetas], rtol=1e-9, atol=1e-9)
     assert_allclose(values, [searched(t) for t in thetas], rtol=1e-8, atol=1e-8)
-    assert_allclose(fixed_site_argmax(dual, (-4.0, 4.0)), fixed_site_argmax(primal, (-4.0, 4.0)),
-                    atol=1e-6)
+    assert_allclose(fixed_site_argmax(dual, (-4.0, 4.0)), fixed_site_argmax(primal, (-4.0, 4.0)), atol=1e-6)
     as_variances = fixed_site_evidence_dual(X, *post.sites, np.zeros(d), np.diag(prior), d - 1)
     assert [as_variances(t) for t in thetas] == values
     bound = post.fixed_site_evidence(np.zeros(d), prior, d - 1)
@@ -265,8 +291,7 @@ def test_two_rows_fixed_point_moment_matches_by_quadrature(lik_name, weighted):
     prior = np.diag([1.5, 0.5, 2.0, 1.0, 10.0])
     mean0 = np.array([0.3, -0.2, 0.0, 0.1, 0.5])
     lik = Probit() if lik_name == "probit" else Logistic(40)
-    post = fit_full_dual(X, y, lik, mean0, prior, tol=1e-13, max_iter=500,
-                         sample_weight=weight if weighted else None)
+    post = fit_full_dual(X, y, lik, mean0, prior, tol=1e-13, max_iter=500, sample_weight=weight if weighted else None)
     assert post.converged
     tau, nu = post.sites
     P = np.linalg.inv(prior) + X.T @ (tau[:, None] * X)
@@ -280,8 +305,7 @@ def test_two_rows_fixed_point_moment_matches_by_quadrature(lik_name, weighted):
         cav_var = 1.0 / (1.0 / s - tau[i] / weight[i])
         cav_mean = cav_var * (m / s - nu[i] / weight[i])
         sd = np.sqrt(cav_var)
-        tilted = _moments(lambda a: link(y[i] * a) * norm.pdf(a, cav_mean, sd),
-                          cav_mean - 40 * sd, cav_mean + 40 * sd)
+        tilted = _moments(lambda a: link(y[i] * a) * norm.pdf(a, cav_mean, sd), cav_mean - 40 * sd, cav_mean + 40 * sd)
         assert_allclose(tilted, (m, s), rtol=1e-8)
 
 
@@ -308,12 +332,21 @@ def test_two_rows_evidence_by_numpy_determinants():
         cav_var = 1.0 / (1.0 / s - tau[i] / weight[i])
         cav_mean = cav_var * (m / s - nu[i] / weight[i])
         sd = np.sqrt(cav_var)
-        log_z = np.log(quad(lambda a: ndtr(y[i] * a) * norm.pdf(a, cav_mean, sd),
-                            cav_mean - 40 * sd, cav_mean + 40 * sd, epsabs=0, epsrel=1e-13)[0])
-        total += weight[i] * (log_z + A(np.array([cav_mean]), np.array([[cav_var]]))
-                              - A(np.array([m]), np.array([[s]])))
-    assert_allclose(log_evidence_dual(X, y, tau, nu, mean0, prior, likelihood=Probit(),
-                                      sample_weight=weight), total, rtol=1e-10)
+        log_z = np.log(
+            quad(
+                lambda a: ndtr(y[i] * a) * norm.pdf(a, cav_mean, sd),
+                cav_mean - 40 * sd,
+                cav_mean + 40 * sd,
+                epsabs=0,
+                epsrel=1e-13,
+            )[0]
+        )
+        total += weight[i] * (
+            log_z + A(np.array([cav_mean]), np.array([[cav_var]])) - A(np.array([m]), np.array([[s]]))
+        )
+    assert_allclose(
+        log_evidence_dual(X, y, tau, nu, mean0, prior, likelihood=Probit(), sample_weight=weight), total, rtol=1e-10
+    )
 
 
 def test_gaussian_likelihood_evidence_is_exact():
@@ -334,8 +367,11 @@ def test_gaussian_likelihood_evidence_is_exact():
         v = np.r_[np.full(d - 1, lam), variances[-1]]
         return multivariate_normal(X @ mean0, (X * v) @ X.T + noise * np.eye(n)).logpdf(y)
 
-    assert_allclose(log_evidence_dual(X, y, *post.sites, mean0, np.diag(variances),
-                                      likelihood=Gaussian(noise)), exact(0.8), rtol=1e-11)
+    assert_allclose(
+        log_evidence_dual(X, y, *post.sites, mean0, np.diag(variances), likelihood=Gaussian(noise)),
+        exact(0.8),
+        rtol=1e-11,
+    )
     F = fixed_site_evidence_dual(X, *post.sites, mean0, variances, d - 1)
     for t in (-5.0, 0.0, 3.0, 12.0):
         assert_allclose(F(t) - F(np.log(0.8)), exact(np.exp(t)) - exact(0.8), atol=1e-9)
@@ -359,10 +395,13 @@ def test_predictor_and_weight_marginals_in_40_digits(lam):
     assert tight.any() and not tight.all()
     with mpmath.workdps(40):
         Xm = mpmath.matrix(X)
-        cov = (mpmath.diag([1 / mpmath.mpf(v) for v in variances])
-               + Xm.T * mpmath.diag([mpmath.mpf(t) for t in tau]) * Xm) ** -1
-        mean = cov * (mpmath.matrix([mpmath.mpf(m) / mpmath.mpf(v) for m, v in zip(mean0, variances)])
-                      + Xm.T * mpmath.matrix(nu.tolist()))
+        cov = (
+            mpmath.diag([1 / mpmath.mpf(v) for v in variances]) + Xm.T * mpmath.diag([mpmath.mpf(t) for t in tau]) * Xm
+        ) ** -1
+        mean = cov * (
+            mpmath.matrix([mpmath.mpf(m) / mpmath.mpf(v) for m, v in zip(mean0, variances)])
+            + Xm.T * mpmath.matrix(nu.tolist())
+        )
         m_a = np.array([float(v) for v in Xm * mean])
         s_a = np.array([float((Xm[i, :] * cov * Xm[i, :].T)[0]) for i in range(n)])
         mu = np.array([float(v) for v in mean])
@@ -429,20 +468,20 @@ def _counted_dual():
         def wrapper(*args, **kwargs):
             calls.append(name)
             return function(*args, **kwargs)
+
         return wrapper
 
     fixed = full_dual.fixed_site_evidence_dual
-    with mock.patch.object(evidence, "fit_full_dual", counted("fit", full_dual.fit_full_dual)), \
-            mock.patch.object(evidence, "log_evidence_dual",
-                              counted("evidence", evidence.log_evidence_dual)), \
-            mock.patch.object(full_dual, "fixed_site_evidence_dual",
-                              counted("fixed-site", fixed)):
+    with (
+        mock.patch.object(evidence, "fit_full_dual", counted("fit", full_dual.fit_full_dual)),
+        mock.patch.object(evidence, "log_evidence_dual", counted("evidence", evidence.log_evidence_dual)),
+        mock.patch.object(full_dual, "fixed_site_evidence_dual", counted("fixed-site", fixed)),
+    ):
         yield calls
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
-@pytest.mark.parametrize("cls", [CEPProbitClassifier, CEPLogisticClassifier],
-                         ids=["probit", "logistic"])
+@pytest.mark.parametrize("cls", [CEPProbitClassifier, CEPLogisticClassifier], ids=["probit", "logistic"])
 def test_estimator_with_the_dispatch_is_unchanged(cls, sparse):
     """``covariance="full"`` at its defaults (prior_variance="auto": the λ search's fits,
     evidences and fixed-site steps), three classes (one-vs-rest), sample weights, then a
@@ -460,9 +499,10 @@ def test_estimator_with_the_dispatch_is_unchanged(cls, sparse):
         with context() as calls, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             est.fit(X[:16], y[:16], sample_weight=weight[:16])
-            snapshot = {k: np.copy(getattr(est, k)) for k in
-                        ("coef_", "coef_cov_", "intercept_", "prior_variance_", "log_evidence_",
-                         "n_iter_")}
+            snapshot = {
+                k: np.copy(getattr(est, k))
+                for k in ("coef_", "coef_cov_", "intercept_", "prior_variance_", "log_evidence_", "n_iter_")
+            }
             est.partial_fit(X[16:], y[16:], sample_weight=weight[16:])
         fitted[name] = snapshot, est, calls
     (first, primal, _), (first_dual, dual, calls) = fitted["primal"], fitted["dual"]
@@ -470,5 +510,4 @@ def test_estimator_with_the_dispatch_is_unchanged(cls, sparse):
     for key, value in first.items():
         assert_allclose(first_dual[key], value, rtol=1e-8, atol=1e-10, err_msg=key)
     for key in ("coef_", "coef_cov_", "intercept_", "log_evidence_", "n_iter_"):
-        assert_allclose(getattr(dual, key), getattr(primal, key), rtol=1e-8, atol=1e-10,
-                        err_msg=key)
+        assert_allclose(getattr(dual, key), getattr(primal, key), rtol=1e-8, atol=1e-10, err_msg=key)

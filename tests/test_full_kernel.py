@@ -24,13 +24,23 @@ RTOL = 1e-10
 LIKELIHOODS = {"probit": Probit(), "logistic": Logistic(20)}
 
 
-def compiled(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size,
-             sample_weight=None):
+def compiled(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size, sample_weight=None):
     """full_dense_step with full_partition_step's signature (the wiring the tests assume)."""
     logistic = likelihood.name == "logistic"
     weight = np.empty(0) if sample_weight is None else np.asarray(sample_weight, dtype=float)
-    return full_dense_step(X, y, weight, site_prec, site_shift, P, b, block_size, float(step),
-                           logistic, likelihood.quadrature_rule if logistic else NO_RULE)
+    return full_dense_step(
+        X,
+        y,
+        weight,
+        site_prec,
+        site_shift,
+        P,
+        b,
+        block_size,
+        float(step),
+        logistic,
+        likelihood.quadrature_rule if logistic else NO_RULE,
+    )
 
 
 def problem(n=53, d=6, seed=0, weights="none"):
@@ -49,17 +59,25 @@ def problem(n=53, d=6, seed=0, weights="none"):
     return X, y, weight, prior_prec, prior_prec @ rng.normal(size=d)
 
 
-def run_steps(step_fn, X, y, weight, P, b, *, likelihood, step, block_size, n_steps,
-              sites=None):
+def run_steps(step_fn, X, y, weight, P, b, *, likelihood, step, block_size, n_steps, sites=None):
     """n_steps consecutive partition steps, each from the posterior the previous one left
     (P += dP, b += db) and on the sites it left; returns the sites and each step's output."""
     n = X.shape[0]
-    site_prec, site_shift = (np.zeros(n), np.zeros(n)) if sites is None else (
-        sites[0].copy(), sites[1].copy())
+    site_prec, site_shift = (np.zeros(n), np.zeros(n)) if sites is None else (sites[0].copy(), sites[1].copy())
     out = []
     for _ in range(n_steps):
-        dP, db, skipped = step_fn(X, y, site_prec, site_shift, P, b, likelihood=likelihood,
-                                  step=step, block_size=block_size, sample_weight=weight)
+        dP, db, skipped = step_fn(
+            X,
+            y,
+            site_prec,
+            site_shift,
+            P,
+            b,
+            likelihood=likelihood,
+            step=step,
+            block_size=block_size,
+            sample_weight=weight,
+        )
         out.append((dP, db, skipped, P, b))
         P, b = P + dP, b + db
     return site_prec, site_shift, out
@@ -104,8 +122,9 @@ def test_block_sizes(lik, block_size):
     """Sequential (one row a block) and a single block (block size n and beyond)."""
     X, y, weight, P, b = problem(seed=1, weights="random")
     kw = dict(likelihood=LIKELIHOODS[lik], step=1.0, block_size=block_size, n_steps=2)
-    assert_same(run_steps(glm.full_partition_numpy, X, y, weight, P, b, **kw),
-                run_steps(compiled, X, y, weight, P, b, **kw))
+    assert_same(
+        run_steps(glm.full_partition_numpy, X, y, weight, P, b, **kw), run_steps(compiled, X, y, weight, P, b, **kw)
+    )
 
 
 @pytest.mark.parametrize("lik", ["probit", "logistic"])
@@ -134,8 +153,7 @@ def test_skipped_updates(lik, weights):
     gram, shift = glm.full_site_totals(X[held], site_prec[held], site_shift[held])
     P, b = P + gram, b + shift
     assert np.linalg.eigvalsh(P).min() > 0.1
-    kw = dict(likelihood=LIKELIHOODS[lik], step=1.0, block_size=8, n_steps=1,
-              sites=(site_prec, site_shift))
+    kw = dict(likelihood=LIKELIHOODS[lik], step=1.0, block_size=8, n_steps=1, sites=(site_prec, site_shift))
     ref = run_steps(glm.full_partition_numpy, X, y, weight, P, b, **kw)
     got = run_steps(compiled, X, y, weight, P, b, **kw)
     assert_same(ref, got)
@@ -176,14 +194,30 @@ def test_row_site_change_equals_the_gaussian_rules(weighted):
     weight = rng.uniform(0.5, 2.0, n) if weighted else np.ones(n)
     if weighted:
         weight[::5] = 0.0
-    new_prec, new_shift, ok = site_from_marginal(mean_c + var_c * l1, var_c + var_c**2 * l2,
-                                                 cav_prec, cav_shift, proper)
+    new_prec, new_shift, ok = site_from_marginal(
+        mean_c + var_c * l1, var_c + var_c**2 * l2, cav_prec, cav_shift, proper
+    )
     if weighted:
         new_prec, new_shift = glm.site_total(new_prec, weight), glm.site_total(new_shift, weight)
     ref = damped(site_prec, new_prec, 0.5, ok), damped(site_shift, new_shift, 0.5, ok), ok
-    got = np.array([_row_site_change(mean_c[i], var_c[i], cav_prec[i], cav_shift[i], proper[i],
-                                     l1[i], l2[i], site_prec[i], site_shift[i], weight[i], 0.5)
-                    for i in range(n)]).T
+    got = np.array(
+        [
+            _row_site_change(
+                mean_c[i],
+                var_c[i],
+                cav_prec[i],
+                cav_shift[i],
+                proper[i],
+                l1[i],
+                l2[i],
+                site_prec[i],
+                site_shift[i],
+                weight[i],
+                0.5,
+            )
+            for i in range(n)
+        ]
+    ).T
     floored = ok & (1.0 / (var_c + var_c**2 * l2) < cav_prec)
     assert floored.sum() > 20 and (~ok).sum() > 20 and (ok & ~floored).sum() > 100
     assert np.array_equal(got[2].astype(bool), ok)

@@ -9,8 +9,7 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.stats import norm
 
-from skcep.engines.gaussian import (cavity, damped, precision_of, site_from_marginal, to_moments,
-                                   to_natural)
+from skcep.engines.gaussian import cavity, damped, precision_of, site_from_marginal, to_moments, to_natural
 
 RNG = np.random.default_rng(0)
 MEANS = np.concatenate([RNG.normal(scale=10, size=20), [0.0, -1e6, 1e6]])
@@ -54,9 +53,7 @@ def test_cavity_is_the_quotient_of_densities():
     # q = N(1.2, 0.5), site with precision 0.8 and shift -0.3: q / site as a density
     q_mean, q_var, site_prec, site_shift = 1.2, 0.5, 0.8, -0.3
     x = np.array([-2.0, 0.5, 3.0])
-    log_quotient = norm.logpdf(x, q_mean, np.sqrt(q_var)) - (
-        -0.5 * site_prec * x**2 + site_shift * x
-    )
+    log_quotient = norm.logpdf(x, q_mean, np.sqrt(q_var)) - (-0.5 * site_prec * x**2 + site_shift * x)
     ref_prec, ref_shift = _log_quadratic_fit(x, log_quotient)
     prec, shift = to_natural(q_mean, q_var)
     mean, var, cav_prec, cav_shift, ok = cavity(prec, shift, site_prec, site_shift)
@@ -95,14 +92,8 @@ def test_site_from_marginal_reproduces_the_marginal():
     assert_allclose(var, new_var, rtol=1e-12)
     # densities: cavity × site ∝ N(new_mean, new_var)
     x = np.array([-1.0, 0.0, 2.0])
-    log_product = (
-        norm.logpdf(x, cav_mean[0], np.sqrt(cav_var[0]))
-        - 0.5 * site_prec[0] * x**2
-        + site_shift[0] * x
-    )
-    assert_allclose(
-        _log_quadratic_fit(x, log_product), to_natural(new_mean[0], new_var[0]), rtol=1e-8
-    )
+    log_product = norm.logpdf(x, cav_mean[0], np.sqrt(cav_var[0])) - 0.5 * site_prec[0] * x**2 + site_shift[0] * x
+    assert_allclose(_log_quadratic_fit(x, log_product), to_natural(new_mean[0], new_var[0]), rtol=1e-8)
 
 
 def test_site_from_marginal_floors_negative_precision_keeping_the_mean():

@@ -18,9 +18,9 @@ from scipy.stats import norm
 from sklearn.datasets import load_breast_cancer
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
+from synthetic import row_weights
 
 from skcep.engines import glm
-from synthetic import row_weights
 from skcep.engines.glm import _DenseBlock, refine_sites
 from skcep.engines.likelihoods import Logistic, Probit
 
@@ -125,9 +125,7 @@ def _ep_reference(log_lik, y, cav_mean, cav_var):
     m_a, s_a = X_ONE @ cav_mean, X_ONE**2 @ cav_var
     mean_t, var_t = tilted_moments_1d(log_lik, y, m_a, s_a)
     slope = cav_var * X_ONE / s_a
-    return np.array(
-        [cav_mean + slope * (mean_t - m_a), cav_var - slope**2 * s_a + slope**2 * var_t]
-    )
+    return np.array([cav_mean + slope * (mean_t - m_a), cav_var - slope**2 * s_a + slope**2 * var_t])
 
 
 @pytest.mark.parametrize("lik_name, lik", [("probit", Probit()), ("logistic", Logistic(60))])
@@ -204,9 +202,7 @@ def test_cep2_falls_back_to_cep1_outside_its_domain(monkeypatch):
     assert glm._ep_share(block, q_var, q_var[None])[0, 0] == 1.0
     monkeypatch.setattr(glm, "CEP_SPREAD_BAND", (np.inf, np.inf))
     y, m = 1.0, 0
-    f = lambda c: np.stack(
-        conditional_moments(log_ndtr, x[m], y, q_mean[m], q_var[m], c)
-    )  # noqa: E731
+    f = lambda c: np.stack(conditional_moments(log_ndtr, x[m], y, q_mean[m], q_var[m], c))  # noqa: E731
     c_bar, var_c = x[1] * q_mean[1], x[1] ** 2 * q_var[1]
     e1, e2 = f(c_bar) + 0.5 * var_c * second_derivative(f, c_bar)
     assert e2 - e1**2 > q_var[m]  # the expansion really breaks down here
@@ -263,10 +259,10 @@ def tilted_moments_2d(log_lik, x, y, cav_mean, cav_var, c_mean, c_var, n_points=
 @pytest.mark.parametrize("lik_name, lik", [("probit", Probit()), ("logistic", Logistic(60))])
 @pytest.mark.parametrize("y", [1.0, -1.0])
 @pytest.mark.parametrize("method", ["cep1", "cep2"])
-@pytest.mark.parametrize("band, inside", [((2.2, 2.452), [2, 3]), ((0.01, 0.03), [1])],
-                         ids=["wide-sites-in-band", "narrow-site-in-band"])
-def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, method, band, inside,
-                                                         monkeypatch):
+@pytest.mark.parametrize(
+    "band, inside", [((2.2, 2.452), [2, 3]), ((0.01, 0.03), [1])], ids=["wide-sites-in-band", "narrow-site-in-band"]
+)
+def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, method, band, inside, monkeypatch):
     """EP's share ω of a site rises from 0 to 1 as σ_c² k² crosses CEP_SPREAD_BAND (here set to
     (2.2, 2.452)): above it the site gets the moments of the exact tilted of (w_m, c),
     c = Σ_{l≠m} x_l w_l under the cavity (2-D brute-force integration); below it CEP's (h at c̄
@@ -298,23 +294,36 @@ def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, metho
     expected = np.empty((2, 4))
     for m in range(4):
         others = np.arange(4) != m
-        exact = tilted_moments_2d(log_lik, x[m], y, cav_mean[m], cav_var[m],
-                                  x[others] @ cav_mean[others], x[others] ** 2 @ cav_var[others])
-        f = lambda c, m=m: np.stack(conditional_moments(log_lik, x[m], y, cav_mean[m],  # noqa: E731
-                                                        cav_var[m], c))
+        exact = tilted_moments_2d(
+            log_lik, x[m], y, cav_mean[m], cav_var[m], x[others] @ cav_mean[others], x[others] ** 2 @ cav_var[others]
+        )
+
+        def f(c, m=m):
+            return np.stack(conditional_moments(log_lik, x[m], y, cav_mean[m], cav_var[m], c))
+
         c_bar, var_c = x[others] @ q_mean[others], x[others] ** 2 @ q_var[others]
         e1, e2 = f(c_bar) + (0.5 * var_c * second_derivative(f, c_bar) if method == "cep2" else 0)
         if not 0 < e2 - e1**2 <= cav_var[m]:  # CEP-2's documented fallback: CEP-1's moments
             e1, e2 = f(c_bar)
         expected[:, m] = (1.0 - share[m]) * np.array([e1, e2 - e1**2]) + share[m] * np.array(exact)
-    new_mean, new_var, *_, ok = refined_marginals(block, np.array([y]), lik, method, prec, shift,
-                                                  site_prec[None], site_shift[None])
+    new_mean, new_var, *_, ok = refined_marginals(
+        block, np.array([y]), lik, method, prec, shift, site_prec[None], site_shift[None]
+    )
     assert np.all(ok)
     assert_allclose(new_mean.ravel(), expected[0], rtol=0, atol=1e-7 * np.sqrt(cav_var).max())
     assert_allclose(new_var.ravel(), expected[1], rtol=1e-6)
-    post = fit(method, x[None, :], np.array([y]), lik, cav_mean, cav_var, max_iter=1,
-               init_sites=(site_prec[None].copy(), site_shift[None].copy()), damping=1.0,
-               warmup_sweeps=0)
+    post = fit(
+        method,
+        x[None, :],
+        np.array([y]),
+        lik,
+        cav_mean,
+        cav_var,
+        max_iter=1,
+        init_sites=(site_prec[None].copy(), site_shift[None].copy()),
+        damping=1.0,
+        warmup_sweeps=0,
+    )
     assert_allclose(post.mean, new_mean.ravel(), rtol=1e-10, atol=1e-12)
     assert_allclose(post.var, new_var.ravel(), rtol=1e-10)
 
@@ -334,7 +343,7 @@ def test_expansion_range_shortcuts_hide_no_site(sparse):
     seen = set()
     for scale in (1e-3, 0.02, 0.05, 0.2, 1.0):
         var = rng.uniform(0.2, 1.0, 7) * scale
-        for rows, block in design.blocks:
+        for _rows, block in design.blocks:
             var_c = block.at_cols(var) * rng.uniform(1.0, 1.5, block.x.shape)
             x2 = block.x2
             x2v = x2 * block.at_cols(var)
@@ -408,9 +417,7 @@ def test_full_ep_single_observation_matches_weight_space_closed_form():
 
 
 @pytest.mark.parametrize("method", FACTORIZED + ["full"])
-@pytest.mark.parametrize(
-    "v0, ys", [(1.0, [1.0]), (4.0, [-1.0]), (100.0, [1.0]), (1.0, [1.0, 1.0, -1.0])]
-)
+@pytest.mark.parametrize("v0, ys", [(1.0, [1.0]), (4.0, [-1.0]), (100.0, [1.0]), (1.0, [1.0, 1.0, -1.0])])
 def test_logistic_intercept_only_posterior(method, v0, ys):
     """An intercept-only logistic model (a column of ones) is a 1-D problem: its EP posterior
     is exact for one observation and very close for a few.  Prior variance 100 is the
@@ -422,9 +429,7 @@ def test_logistic_intercept_only_posterior(method, v0, ys):
     mean = p @ w
     var = p @ (w - mean) ** 2
     lik = site_likelihood("logistic", method)
-    post = fit(
-        method, np.ones((len(y), 1)), y, lik, np.zeros(1), np.array([v0]), tol=1e-10, max_iter=200
-    )
+    post = fit(method, np.ones((len(y), 1)), y, lik, np.zeros(1), np.array([v0]), tol=1e-10, max_iter=200)
     sd = np.sqrt(var)
     # EP with several sites on one variable is not exact; 9 Gauss–Hermite nodes (CEP) are
     # accurate to ~1 % at s = x² v = 4 (test_likelihoods), 20 nodes to 1e-6.
@@ -629,16 +634,14 @@ def test_ep_resumed_at_a_tighter_tol_is_the_run_from_the_prior(breast_cancer, li
     lik, zero = site_likelihood(lik_name, "ep"), np.zeros(X.shape[1])
     kw = dict(method="ep", max_iter=300)
     loose = glm.fit_factorized(Xs, y, lik, zero, prior_var, tol=3e-2, **kw)
-    resumed = glm.fit_factorized(Xs, y, lik, zero, prior_var, tol=1e-6, init_sites=loose.sites,
-                                 resume=loose.run, **kw)
+    resumed = glm.fit_factorized(Xs, y, lik, zero, prior_var, tol=1e-6, init_sites=loose.sites, resume=loose.run, **kw)
     cold = glm.fit_factorized(Xs, y, lik, zero, prior_var, tol=1e-6, **kw)
     assert loose.n_iter < cold.n_iter and cold.converged
     assert resumed.n_iter == cold.n_iter and resumed.trace == cold.trace
     np.testing.assert_array_equal(resumed.mean, cold.mean)
     np.testing.assert_array_equal(resumed.var, cold.var)
     with pytest.raises(ValueError, match="only EP"):
-        glm.fit_factorized(Xs, y, lik, zero, prior_var, method="cep1", init_sites=loose.sites,
-                           resume=loose.run)
+        glm.fit_factorized(Xs, y, lik, zero, prior_var, method="cep1", init_sites=loose.sites, resume=loose.run)
 
 
 # --------------------------------------------------------------------------------------------
@@ -702,9 +705,7 @@ def test_robust_on_degenerate_designs(case, lik_name, method):
     the data were used (not every site update skipped)."""
     X, y = ROBUSTNESS[case]
     d = X.shape[1]
-    post = fit(
-        method, X, y, site_likelihood(lik_name, method), np.zeros(d), np.ones(d), max_iter=100
-    )
+    post = fit(method, X, y, site_likelihood(lik_name, method), np.zeros(d), np.ones(d), max_iter=100)
     assert isinstance(post.n_skipped, int)
     n_sites = X.shape[0] if method == "full" else X.size
     assert post.n_skipped < post.n_iter * n_sites, "every site update was skipped: q is the prior"
@@ -757,7 +758,8 @@ def breast_cancer():
 @pytest.mark.parametrize("method, kw", [("ep", {}), ("cep1", dict(damping=0.5, warmup_sweeps=3))])
 def test_default_schedule_converges_on_breast_cancer(breast_cancer, lik_name, method, kw):
     """Observed (probit): EP 44 sweeps, test log-lik −0.090; CEP-1 102 sweeps, −0.099
-    (SPEC §4: NUTS −0.092).  A single parallel block is allowed to do worse (not asserted)."""
+    (NUTS −0.092, `benchmarks/results/classification.md`).  A single parallel block is allowed
+    to do worse (not asserted)."""
     X_tr, y_tr, X_te, y_te, prior_var = breast_cancer
     post = fit(
         method,
@@ -816,19 +818,30 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted, wide)
     assert design.compiled(Probit(), method) and design.compiled(Logistic(), method)
     if method == "cep1":  # CEP-1's sites at the start q: EP's share ω (the blend of the two
         # rules' derivatives) is 0 at some, 1 at some and strictly between at others
-        share = [glm._ep_share(block, 1.0 / prec, 1.0 / (prec - site_prec[rows]))
-                 for rows, block in design.blocks]
-        share = np.concatenate([np.zeros(block.x.shape) if w is None else w
-                                for w, (_, block) in zip(share, design.blocks)])
+        share = [glm._ep_share(block, 1.0 / prec, 1.0 / (prec - site_prec[rows])) for rows, block in design.blocks]
+        share = np.concatenate(
+            [np.zeros(block.x.shape) if w is None else w for w, (_, block) in zip(share, design.blocks)]
+        )
         assert (share == 0).any() and (share == 1).any() and ((share > 0) & (share < 1)).any()
     ref = [site_prec.copy(), site_shift.copy()]
-    tot_ref = _numpy_step(design, y, *ref, prec, shift, likelihood=Probit(), method=method,
-                          step=step, sample_weight=weight)
+    tot_ref = _numpy_step(
+        design, y, *ref, prec, shift, likelihood=Probit(), method=method, step=step, sample_weight=weight
+    )
     out = (np.empty_like(site_prec), np.empty_like(site_shift))
     before = (site_prec.copy(), site_shift.copy())
-    tot = glm.factorized_partition_step(design, y, site_prec, site_shift, prec, shift,
-                                        likelihood=Probit(), method=method, step=step, out=out,
-                                        sample_weight=weight)
+    tot = glm.factorized_partition_step(
+        design,
+        y,
+        site_prec,
+        site_shift,
+        prec,
+        shift,
+        likelihood=Probit(),
+        method=method,
+        step=step,
+        out=out,
+        sample_weight=weight,
+    )
     assert np.array_equal(site_prec, before[0]) and np.array_equal(site_shift, before[1])
     assert_allclose(out[0], ref[0], rtol=1e-11, atol=1e-14)
     assert_allclose(out[1], ref[1], rtol=1e-11, atol=1e-14)
@@ -874,8 +887,7 @@ def test_compiled_dense_fit_equals_the_numpy_fit(breast_cancer, method, monkeypa
     d = X.shape[1]
     restored = []
     restore = glm.InMemoryPartitions.restore
-    monkeypatch.setattr(glm.InMemoryPartitions, "restore",
-                        lambda self: restored.append(1) or restore(self))
+    monkeypatch.setattr(glm.InMemoryPartitions, "restore", lambda self: restored.append(1) or restore(self))
     options = dict(method=method, damping=1.0, tol=1e-6, max_iter=60, block_size=200)
     fast = glm.fit_factorized(X, y, Probit(), np.zeros(d), np.ones(d), **options)
     assert restored, "the case must exercise the roll-back"
@@ -905,11 +917,19 @@ def test_compiled_evidence_terms_equal_the_numpy_terms(lik):
     shift = site_shift.sum(axis=0)
     site_prec[5, 1] = prec[1] + 0.5
     for weight in (None, rng.choice([0.0, 0.5, 1.0, 4.0], size=n)):
-        dense = factorized_site_terms(glm._Design(X, 16), y, site_prec, site_shift, prec, shift,
-                                      likelihood=lik, sample_weight=weight)
-        csr = factorized_site_terms(glm._Design(sp.csr_matrix(X), 16), y, site_prec.ravel(),
-                                    site_shift.ravel(), prec, shift, likelihood=lik,
-                                    sample_weight=weight)
+        dense = factorized_site_terms(
+            glm._Design(X, 16), y, site_prec, site_shift, prec, shift, likelihood=lik, sample_weight=weight
+        )
+        csr = factorized_site_terms(
+            glm._Design(sp.csr_matrix(X), 16),
+            y,
+            site_prec.ravel(),
+            site_shift.ravel(),
+            prec,
+            shift,
+            likelihood=lik,
+            sample_weight=weight,
+        )
         assert dense == pytest.approx(csr, rel=1e-12)
 
 
@@ -983,8 +1003,7 @@ def test_cep1_default_schedule_reaches_the_fixed_point_of_a_long_damped_run():
     y, d = 2.0 * data.y_train - 1.0, A.shape[1]
     prior = (np.zeros(d), np.r_[np.ones(d - 1), 100.0])
     fast = glm.fit_factorized(A, y, Probit(), *prior, method="cep1", max_iter=300, tol=1e-3)
-    slow = glm.fit_factorized(A, y, Probit(), *prior, method="cep1", damping=0.1,
-                              max_iter=3000, tol=1e-6)
+    slow = glm.fit_factorized(A, y, Probit(), *prior, method="cep1", damping=0.1, max_iter=3000, tol=1e-6)
     assert fast.converged and slow.converged
     assert np.max(np.abs(fast.mean - slow.mean) / np.sqrt(slow.var)) < 0.1
     assert_allclose(fast.var, slow.var, rtol=0.01)
@@ -1003,8 +1022,7 @@ def test_cep_probe_kept_where_cep_stays_near_ep_and_undone_where_it_does_not(met
     prior = (np.zeros(5), np.ones(5))
     kw = dict(method=method, tol=1e-4, max_iter=200)
     trace = []
-    auto = glm.fit_factorized(X, y, Probit(), *prior, **kw,
-                              callback=lambda s, change, _: trace.append(change))
+    auto = glm.fit_factorized(X, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change))
     undamped = glm.fit_factorized(X, y, Probit(), *prior, damping=1.0, **kw)
     assert trace[0] < glm.CEP_PROBE_SD
     assert auto.n_iter == undamped.n_iter
@@ -1016,13 +1034,11 @@ def test_cep_probe_kept_where_cep_stays_near_ep_and_undone_where_it_does_not(met
     X, labels = X[:50], labels[:50]
     A, y = np.hstack([X, np.ones((50, 1))]), 2.0 * labels - 1.0
     prior = (np.zeros(3), np.array([1.0, 1.0, 100.0]))
-    kw = dict(method=method, tol=1e-3, max_iter=1000,
-              sample_weight=np.where(labels == 0, 1000.0, 1e-4))
+    kw = dict(method=method, tol=1e-3, max_iter=1000, sample_weight=np.where(labels == 0, 1000.0, 1e-4))
     trace = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        auto = glm.fit_factorized(A, y, Probit(), *prior, **kw,
-                                  callback=lambda s, change, _: trace.append(change))
+        auto = glm.fit_factorized(A, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change))
         damped = glm.fit_factorized(A, y, Probit(), *prior, damping=glm.CEP_DAMPING, **kw)
         undamped = glm.fit_factorized(A, y, Probit(), *prior, damping=1.0, **kw)
     assert trace[0] > glm.CEP_PROBE_SD
@@ -1045,8 +1061,7 @@ def test_cep_probe_keeps_the_undamped_run_on_the_cep_papers_data():
     prior = (np.zeros(d), np.r_[np.ones(d - 1), 100.0])
     kw = dict(method="cep2", tol=1e-6, max_iter=1000)
     trace = []
-    default = glm.fit_factorized(A, y, Probit(), *prior, **kw,
-                                 callback=lambda s, change, _: trace.append(change))
+    default = glm.fit_factorized(A, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change))
     damped = glm.fit_factorized(A, y, Probit(), *prior, damping=glm.CEP_DAMPING, **kw)
     assert default.converged and damped.converged
     assert 0.1 < trace[0] < glm.CEP_PROBE_SD

@@ -15,12 +15,12 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.estimator_checks import check_estimators_nan_inf
+from synthetic import messages, tensor
 
 from skcep import BayesianCPTensor, KJITMessageOperator, StreamingDeepTensor
+from skcep._validation import COMPLETE_ROWS, check_finite, validate_data
 from skcep.message_operator import LogisticFactor
 from skcep.tensor._base import check_state_size
-from skcep._validation import COMPLETE_ROWS, check_finite, validate_data
-from synthetic import messages, tensor
 
 TENSORS = {
     "cp": lambda **kw: BayesianCPTensor(rank=4, max_iter=5, random_state=0, **kw),
@@ -69,9 +69,15 @@ def test_raw_ids_are_refused_fast_without_allocating(name, method):
     finally:
         tracemalloc.stop()
     assert seconds < 5 and peak < 50 * 2**20, (seconds, peak)
-    for part in ("1,000,000,000 in mode 0", "shape (1000000001, ", "GiB (limit 2.0 GiB)",
-                 "0..n_objects-1", "pandas.factorize", "OrdinalEncoder",
-                 "Mode 0 has only 3 distinct ids"):
+    for part in (
+        "1,000,000,000 in mode 0",
+        "shape (1000000001, ",
+        "GiB (limit 2.0 GiB)",
+        "0..n_objects-1",
+        "pandas.factorize",
+        "OrdinalEncoder",
+        "Mode 0 has only 3 distinct ids",
+    ):
         assert part in message, (part, message)
     if method == "fit":  # a rejected first call leaves the estimator unfitted
         assert not hasattr(est, "shape_")
@@ -82,8 +88,7 @@ def test_state_size_counts_what_each_object_stores(name):
     """The memory named is the fitted state the shape implies: CP 2R + 2R² floats and a count
     per object (R = 4: 328 bytes), SBDT a mean and a variance per embedding coordinate (64)."""
     per_object = {"cp": 8 * (2 * 4 + 2 * 16 + 1), "sbdt": 16 * 4}[name]
-    message = rejected(TENSORS[name](), lambda: TENSORS[name]().fit(RAW_IDS, [1.0, 2.0, 3.0]),
-                       ValueError, "would need")
+    message = rejected(TENSORS[name](), lambda: TENSORS[name]().fit(RAW_IDS, [1.0, 2.0, 3.0]), ValueError, "would need")
     expected = (10**9 + 1 + 4 + 3) * per_object / 2**30
     assert f"would need {expected:,.1f} GiB" in message
 
@@ -115,17 +120,19 @@ def test_a_given_shape_is_not_capped_and_predict_still_grows(name):
 # --------------------------------------------------------------------------------------------
 # ids that are strings or categories
 
+
 def _frame(user, item):
     return pd.DataFrame({"user": user, "item": item, "week": [0, 1, 0]})
 
 
 STRING_IDS = {
     "list": ([["0", "u37", 1], ["1", "u38", 0], ["2", "u39", 1]], r"mode 1 \(column 1 of X\) at row 0"),
-    "object array": (np.array([[0, "u37", 1], [1, "u38", 0], [2, "u39", 1]], dtype=object),
-                     r"mode 1 \(column 1 of X\) at row 0"),
+    "object array": (
+        np.array([[0, "u37", 1], [1, "u38", 0], [2, "u39", 1]], dtype=object),
+        r"mode 1 \(column 1 of X\) at row 0",
+    ),
     "str column": (_frame(["u37", "u38", "u39"], [0, 1, 2]), r"mode 0 \(column 'user'\) at row 0"),
-    "categorical column": (_frame([0, 1, 2], pd.Categorical(["a", "b", "a"])),
-                           r"mode 1 \(column 'item'\) at row 0"),
+    "categorical column": (_frame([0, 1, 2], pd.Categorical(["a", "b", "a"])), r"mode 1 \(column 'item'\) at row 0"),
 }
 
 
@@ -138,7 +145,9 @@ def test_string_ids_name_the_column_and_the_encoding(name, case):
     calls = [(fresh, lambda: fresh.fit(X, y)), (fresh, lambda: fresh.partial_fit(X, y))]
     if case != "list":  # on a model fitted with codes in the same layout (frames: same names)
         codes = np.array([[0, 1, 1], [1, 0, 0], [2, 1, 1]])
-        est = quiet_fit(TENSORS[name](), pd.DataFrame(codes, columns=X.columns) if case.endswith("column") else codes, y)
+        est = quiet_fit(
+            TENSORS[name](), pd.DataFrame(codes, columns=X.columns) if case.endswith("column") else codes, y
+        )
         calls += [(est, lambda: est.partial_fit(X, y)), (est, lambda: est.predict(X))]
     for model, call in calls:
         message = rejected(model, call, TypeError, "not integer codes in " + where)
@@ -156,6 +165,7 @@ def test_numeric_ids_in_objects_and_integer_categories_still_fit(name):
 # --------------------------------------------------------------------------------------------
 # NaN and infinity
 
+
 def test_check_finite_names_what_where_and_what_to_do():
     X = np.ones((4, 3))
     X[2, 1], X[3, 0] = np.nan, np.inf
@@ -164,7 +174,8 @@ def test_check_finite_names_what_where_and_what_to_do():
     assert str(info.value) == (
         "X contains NaN at row 2, column 1 ('b'); 2 NaN or infinite values in all. MyModel needs "
         "complete rows: impute the missing values first (e.g. sklearn.impute.SimpleImputer in a "
-        "Pipeline) or drop the rows that hold them.")
+        "Pipeline) or drop the rows that hold them."
+    )
     with pytest.raises(ValueError, match=r"^y contains infinity \(-inf\) at row 1\. M "):
         check_finite(np.array([0.0, -np.inf, 1.0]), "y", "M")
     csr = sp.csr_matrix(np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0], [np.nan, 0.0, np.inf]]))
@@ -238,8 +249,7 @@ def test_message_operator_says_where_the_non_finite_value_is():
     op = KJITMessageOperator(n_inner_features=30, n_outer_features=40, oracle=_oracle, random_state=0).fit(X, Y)
     bad = X.copy()
     bad[5, 2] = np.nan
-    for call in (lambda: op.fit(bad, Y), lambda: op.partial_fit(bad, Y), lambda: op.predict(bad),
-                 lambda: op.send(bad)):
+    for call in (lambda: op.fit(bad, Y), lambda: op.partial_fit(bad, Y), lambda: op.predict(bad), lambda: op.send(bad)):
         message = rejected(op, call, ValueError, r"^X contains NaN at row 5, column 2\. KJITMessageOperator")
         assert "finite message parameters" in message
     bad_Y = Y.copy()
@@ -250,9 +260,16 @@ def test_message_operator_says_where_the_non_finite_value_is():
 # --------------------------------------------------------------------------------------------
 # ConvergenceWarning advice
 
-@pytest.mark.parametrize("likelihood, method, damping", [
-    ("gaussian", "cep", False), ("gaussian", "vmp", False), ("probit", "cep", True), ("probit", "vmp", False),
-])
+
+@pytest.mark.parametrize(
+    "likelihood, method, damping",
+    [
+        ("gaussian", "cep", False),
+        ("gaussian", "vmp", False),
+        ("probit", "cep", True),
+        ("probit", "vmp", False),
+    ],
+)
 def test_convergence_advice_mentions_damping_only_where_it_acts(likelihood, method, damping):
     X, y = tensor(n=200, shape=(8, 6, 3), binary=likelihood == "probit")
     est = BayesianCPTensor(rank=2, likelihood=likelihood, method=method, max_iter=1, tol=0.0, random_state=0)

@@ -64,8 +64,12 @@ def _crabs():
 def _always_oracle(oracle, **kw):
     """Every row above the threshold: every message is answered by the oracle."""
     params = dict(
-        oracle=oracle, uncertainty_threshold=-1e6, n_inner_features=20, n_outer_features=20,
-        n_initial=20, random_state=0,
+        oracle=oracle,
+        uncertainty_threshold=-1e6,
+        n_inner_features=20,
+        n_outer_features=20,
+        n_initial=20,
+        random_state=0,
     )
     params.update(kw)
     return KJITMessageOperator(**params)

@@ -62,9 +62,7 @@ def _mp_log_phi(t):
 LOG_PHI_RTOL = [1e-13, 1e-11, 1e-10, 1e-6, 1e-4]
 
 
-@pytest.mark.parametrize(
-    "u", [-1e4, -200.0, -40.0, -16.0, -15.0001, -15.0, -14.9999, -14.0, -5.0, 0.0, 5.0, 40.0]
-)
+@pytest.mark.parametrize("u", [-1e4, -200.0, -40.0, -16.0, -15.0001, -15.0, -14.9999, -14.0, -5.0, 0.0, 5.0, 40.0])
 def test_log_phi_derivatives_match_mpmath(u):
     with mpmath.workdps(60):
         expected = [float(mpmath.diff(_mp_log_phi, mpmath.mpf(u), k)) for k in range(5)]
@@ -72,9 +70,7 @@ def test_log_phi_derivatives_match_mpmath(u):
     assert len(got) == 5
     for k in range(5):
         assert np.isfinite(got[k]).all()
-        assert_allclose(
-            got[k][0], expected[k], rtol=LOG_PHI_RTOL[k], atol=1e-300, err_msg=f"order {k}"
-        )
+        assert_allclose(got[k][0], expected[k], rtol=LOG_PHI_RTOL[k], atol=1e-300, err_msg=f"order {k}")
 
 
 @pytest.mark.parametrize("order", [0, 1, 2, 3, 4])
@@ -103,12 +99,8 @@ def test_log_phi_derivatives_length_and_prefix(order):
 S_LOGISTIC = np.sort(np.concatenate([S_WIDE, [2.5, 10.0]]))
 TILTED_CASES = [
     pytest.param(Probit(), log_ndtr, S_WIDE, [1e-11, 2e-9, 2e-10, 1e-8, 1e-7], id="probit"),
-    pytest.param(
-        Logistic(9), log_expit, S_WIDE[S_WIDE <= 1], [1e-5, 1e-4, 2e-4, 1e-3, 3e-3], id="logistic9"
-    ),
-    pytest.param(
-        Logistic(9), log_expit, S_LOGISTIC, [1e-3, 1e-4, 2e-4, 1e-3, 3e-3], id="logistic9-wide"
-    ),
+    pytest.param(Logistic(9), log_expit, S_WIDE[S_WIDE <= 1], [1e-5, 1e-4, 2e-4, 1e-3, 3e-3], id="logistic9"),
+    pytest.param(Logistic(9), log_expit, S_LOGISTIC, [1e-3, 1e-4, 2e-4, 1e-3, 3e-3], id="logistic9-wide"),
     pytest.param(
         Logistic(60),
         log_expit,
@@ -135,14 +127,10 @@ def test_tilted_moments_match_brute_force(lik, log_lik, s_values, tol):
     ]
     for k, (err, t) in enumerate(zip(errors, tol)):
         worst = np.unravel_index(np.argmax(err), err.shape)
-        assert (
-            err.max() <= t
-        ), f"L{k}: error {err.max():.2e} > {t:.0e} at m={m[worst]}, s={s[worst]}, y={y[worst]}"
+        assert err.max() <= t, f"L{k}: error {err.max():.2e} > {t:.0e} at m={m[worst]}, s={s[worst]}, y={y[worst]}"
 
 
-@pytest.mark.parametrize(
-    "m, s, y", [(-3.0, 0.7, 1.0), (1.2, 5.0, -1.0), (-25.0, 2.0, 1.0), (8.0, 30.0, -1.0)]
-)
+@pytest.mark.parametrize("m, s, y", [(-3.0, 0.7, 1.0), (1.2, 5.0, -1.0), (-25.0, 2.0, 1.0), (8.0, 30.0, -1.0)])
 def test_probit_tilted_moments_match_scipy_quad(m, s, y):
     """A second, adaptive reference for the probit: Z, E[a] and Var[a] by scipy.integrate.quad."""
     sd = np.sqrt(s)
@@ -218,9 +206,7 @@ def test_logistic_tilted_variance_in_range_on_wide_grid(n_nodes):
 FD_RTOL = [1e-6, 1e-6, 1e-4, 1e-3]  # for L1..L4; L3, L4 of the probit carry ~1e-10 noise
 
 
-@pytest.mark.parametrize(
-    "lik", [Probit(), Logistic(9), Logistic(60)], ids=["probit", "logistic9", "logistic60"]
-)
+@pytest.mark.parametrize("lik", [Probit(), Logistic(9), Logistic(60)], ids=["probit", "logistic9", "logistic60"])
 def test_derivatives_match_finite_differences(lik):
     m, s, y = _grid(M_GRID, S_WIDE)
     L = lik.derivatives(m, s, y, order=4)
@@ -260,9 +246,7 @@ def test_probit_extreme_m_matches_mpmath(m, s, y):
     for j in range(5):
         assert np.isfinite(got[j]).all()
         # the ±1e-300 floor covers derivatives of size exp(-5e11) that underflow to 0
-        assert_allclose(
-            got[j][0], expected[j], rtol=1e-9 if j < 3 else 1e-6, atol=1e-300, err_msg=f"L{j}"
-        )
+        assert_allclose(got[j][0], expected[j], rtol=1e-9 if j < 3 else 1e-6, atol=1e-300, err_msg=f"L{j}")
 
 
 @pytest.mark.parametrize("n_nodes", [9, 60])
@@ -312,9 +296,7 @@ def test_predict_proba_matches_quad(lik, lik_fn, rtol, m, s):
     assert_allclose(-np.expm1(log_p0[0]), p1, rtol=rtol)
 
 
-@pytest.mark.parametrize(
-    "lik", [Probit(), Logistic(9), Logistic(20)], ids=["probit", "logistic9", "logistic20"]
-)
+@pytest.mark.parametrize("lik", [Probit(), Logistic(9), Logistic(20)], ids=["probit", "logistic9", "logistic20"])
 def test_predict_log_proba_finite_and_normalised(lik):
     m = np.concatenate([-np.logspace(6, -3, 40), [0.0], np.logspace(-3, 6, 40)])  # increasing
     for s in (0.0, 1e-4, 1.0, 100.0):
@@ -325,9 +307,7 @@ def test_predict_log_proba_finite_and_normalised(lik):
         # P(y = 1) increases with m; symmetric likelihoods swap the classes under m → −m
         assert (np.diff(log_p1) >= -1e-12 * np.abs(log_p1[1:])).all()
         assert_allclose(log_p0, log_p1[::-1], rtol=1e-10, atol=1e-15)
-        assert_allclose(
-            lik.predict_proba(m, np.full_like(m, s)), np.exp(log_p1), rtol=1e-12, atol=1e-300
-        )
+        assert_allclose(lik.predict_proba(m, np.full_like(m, s)), np.exp(log_p1), rtol=1e-12, atol=1e-300)
     # far tails: log P is linear (logistic) or quadratic (probit) in m, never −inf
     log_p0, log_p1 = lik.predict_log_proba(np.array([-1e6]), np.array([1.0]))
     expected = log_ndtr(-1e6 / np.sqrt(2.0)) if isinstance(lik, Probit) else -1e6 + 0.5

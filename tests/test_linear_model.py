@@ -1,4 +1,4 @@
-"""Behaviour of CEPProbitClassifier and CEPLogisticClassifier (SPEC §3, §4).
+"""Behaviour of CEPProbitClassifier and CEPLogisticClassifier (docs/classifiers.md).
 
 Shapes and probabilities, accuracy against scikit-learn's LogisticRegression, calibration on a
 well-specified simulation, posterior semantics, streaming with ``partial_fit``, sparse input,
@@ -85,8 +85,7 @@ def test_shapes_and_probabilities(cls, method, cov, n_classes, names):
     assert est.n_features_in_ == X.shape[1]
     for name in ("coef_", "coef_var_"):
         assert getattr(est, name).shape == (n_models, X.shape[1]), name
-    for name in ("intercept_", "intercept_var_", "n_iter_", "converged_", "log_evidence_",
-                 "prior_variance_"):
+    for name in ("intercept_", "intercept_var_", "n_iter_", "converged_", "log_evidence_", "prior_variance_"):
         assert getattr(est, name).shape == (n_models,), name
     assert np.all(est.coef_var_ > 0) and np.all(est.intercept_var_ > 0)
     assert np.all(np.isfinite(est.log_evidence_)) and np.all(est.log_evidence_ < 0)
@@ -149,7 +148,7 @@ def test_convergence_warning_when_max_iter_reached(cls, method, cov):
 
 
 # ============================================================================================
-# the predictive distribution integrates over the posterior (SPEC §4 "Prediction")
+# the predictive distribution integrates over the posterior (docs/classifiers.md, "Predictive uncertainty")
 # ============================================================================================
 @pytest.mark.parametrize("cls, method, cov", ALL)
 def test_predictive_matches_posterior_integral(cls, method, cov):
@@ -205,28 +204,39 @@ def test_accuracy_comparable_to_logistic_regression(real_split, cls, method, cov
 
 
 SEPARABLE_CEP = pytest.mark.xfail(
-    strict=True, raises=ConvergenceWarning,
+    strict=True,
+    raises=ConvergenceWarning,
     reason="crabs is separable: the evidence asks for λ ≈ 112 (logistic), where "
-           "CEP drifts along the separating ridge (logistic CEP-1 at λ = 112: 0.006 sd a sweep "
-           "after 300 sweeps; without the expansion-range guard it needs 733 sweeps to tol; the "
-           "earlier guard, a step at σ_c² k² = 1, stopped CEP-1 after 65 sweeps only because its "
-           "damping step had shrunk to 0.002, one weight at −3.1 against +2.8 at the fixed point)")
+    "CEP drifts along the separating ridge (logistic CEP-1 at λ = 112: 0.006 sd a sweep "
+    "after 300 sweeps; without the expansion-range guard it needs 733 sweeps to tol; the "
+    "earlier guard, a step at σ_c² k² = 1, stopped CEP-1 after 65 sweeps only because its "
+    "damping step had shrunk to 0.002, one weight at −3.1 against +2.8 at the fixed point)",
+)
 DRIFTS_ON_CRABS = ("Logistic-cep1-diagonal", "Logistic-cep2-diagonal")
 SEPARABLE_EP = pytest.mark.xfail(
-    strict=True, raises=ConvergenceWarning,
+    strict=True,
+    raises=ConvergenceWarning,
     reason="crabs is separable: the evidence rises with λ up to the search's bound (e^12-e^14 "
-           "chosen), where factorized EP creeps along the separating ridge (probit EP at tol "
-           "1e-3: 57 sweeps at λ = 1, 300 at e^5, more beyond); the warning names that cause")
+    "chosen), where factorized EP creeps along the separating ridge (probit EP at tol "
+    "1e-3: 57 sweeps at λ = 1, 300 at e^5, more beyond); the warning names that cause",
+)
 CREEPS_ON_CRABS = ("Probit-ep-diagonal", "Logistic-ep-diagonal")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cls, method, cov", [
-    pytest.param(*p.values, id=p.id, marks=SEPARABLE_CEP if p.id in DRIFTS_ON_CRABS else
-                 SEPARABLE_EP if p.id in CREEPS_ON_CRABS else ())
-    for p in ALL])
+@pytest.mark.parametrize(
+    "cls, method, cov",
+    [
+        pytest.param(
+            *p.values,
+            id=p.id,
+            marks=SEPARABLE_CEP if p.id in DRIFTS_ON_CRABS else SEPARABLE_EP if p.id in CREEPS_ON_CRABS else (),
+        )
+        for p in ALL
+    ],
+)
 def test_default_settings_converge_on_correlated_features(cls, method, cov):
-    """SPEC §4 'Schedules': the default must converge on strongly correlated features.
+    """The default must converge on strongly correlated features.
 
     The five morphometric features of crabs have pairwise correlations of 0.9-0.99; the
     classes are separable, so the default prior_variance="auto" chooses λ ≈ 19-112.
@@ -312,8 +322,7 @@ def test_partial_fit_on_all_data_equals_fit(cls, method, cov):
     the data: test_stream_learns_the_prior_variance)."""
     X, y = _toy(n_classes=3)
     fitted = cls(method=method, covariance=cov, max_iter=30, prior_variance=0.7).fit(X, y)
-    streamed = cls(method=method, covariance=cov, max_iter=30, prior_variance=0.7).partial_fit(
-        X, y, classes=[0, 1, 2])
+    streamed = cls(method=method, covariance=cov, max_iter=30, prior_variance=0.7).partial_fit(X, y, classes=[0, 1, 2])
     for name, value in _posterior(fitted).items():
         np.testing.assert_allclose(getattr(streamed, name), value, rtol=1e-12, atol=1e-14)
 
@@ -539,15 +548,8 @@ BAD_INPUTS = {
 COMMON = ["nan", "inf", "neg_inf", "3d", "1d", "non_numeric"]
 BAD_CALLS = (
     [("fit", case) for case in COMMON + ["mismatched_lengths", "one_class", "continuous_y"]]
-    + [
-        ("partial_fit", case)
-        for case in COMMON + ["mismatched_lengths", "n_features", "continuous_y", "unknown_label"]
-    ]
-    + [
-        (op, case)
-        for op in ("predict", "predict_proba", "decision_function")
-        for case in COMMON + ["n_features"]
-    ]
+    + [("partial_fit", case) for case in COMMON + ["mismatched_lengths", "n_features", "continuous_y", "unknown_label"]]
+    + [(op, case) for op in ("predict", "predict_proba", "decision_function") for case in COMMON + ["n_features"]]
 )
 
 
@@ -569,8 +571,16 @@ def fitted_model(request):
 
 
 STATE = (
-    "coef_", "coef_var_", "coef_cov_", "intercept_", "intercept_var_", "classes_",
-    "n_features_in_", "feature_names_in_", "n_iter_", "converged_",
+    "coef_",
+    "coef_var_",
+    "coef_cov_",
+    "intercept_",
+    "intercept_var_",
+    "classes_",
+    "n_features_in_",
+    "feature_names_in_",
+    "n_iter_",
+    "converged_",
 )
 
 

@@ -16,10 +16,10 @@ import warnings
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
-
-from skcep.engines import glm
 from synthetic import row_weights
+
 from skcep.engines import _glm_kernel as kernel
+from skcep.engines import glm
 from skcep.engines.likelihoods import Logistic, Probit
 
 
@@ -52,8 +52,7 @@ def test_scalar_derivatives_equal_the_numpy_rules(n_quadrature):
     def scalar(m, s, y, t, log_w, eps, log_w_eps):
         out = np.empty((2, m.size))
         for i in range(m.size):
-            out[0, i], out[1, i] = kernel.logistic_log_z_derivatives(m[i], s[i], y[i], t, log_w,
-                                                                     eps, log_w_eps)
+            out[0, i], out[1, i] = kernel.logistic_log_z_derivatives(m[i], s[i], y[i], t, log_w, eps, log_w_eps)
         return out
 
     @njit
@@ -73,8 +72,7 @@ def test_scalar_derivatives_equal_the_numpy_rules(n_quadrature):
     assert_rounding(got[0], ref[1])
     assert_rounding(got[1], ref[2])
     # the form EP's rows take (sums without logarithms by node pairs where safe), L_0 included
-    got = row_form(m, s, y, lik.quadrature_rule,
-                   kernel.logistic_bulk_rule(*lik.quadrature_rule[:2]))
+    got = row_form(m, s, y, lik.quadrature_rule, kernel.logistic_bulk_rule(*lik.quadrature_rule[:2]))
     for k in range(3):
         assert_rounding(got[k], ref[k])
     # the array form (sums without logarithms where safe), L_0 included
@@ -122,8 +120,7 @@ def test_compiled_sigmoid_terms_are_exact():
     # moves e^{−u} by |u| ulp; (1 − 2σ) near σ = ½ is a difference of numbers near 1 in both
     # forms (absolute rounding)
     ulp = np.finfo(float).eps
-    for got_k, ref_k, u in ((got[:3], ref(z + rt) + ref(z - rt), np.abs(z) + rt),
-                            (got[3:], ref(z), np.abs(z))):
+    for got_k, ref_k, u in ((got[:3], ref(z + rt) + ref(z - rt), np.abs(z) + rt), (got[3:], ref(z), np.abs(z))):
         err = np.abs(got_k - ref_k)
         allowed = (8.0 + 2.0 * u) * ulp * np.abs(ref_k)
         allowed[2] += 2e-16
@@ -141,8 +138,8 @@ def numpy_step(design, y, site_prec, site_shift, prec, shift, *, likelihood, **k
     glm._Design.compiled = lambda self, lik, method: False
     try:
         return glm.factorized_partition_step(
-            design, y, site_prec, site_shift, prec, shift,
-            likelihood=NumpyLogistic(likelihood.n_quadrature), **kw)
+            design, y, site_prec, site_shift, prec, shift, likelihood=NumpyLogistic(likelihood.n_quadrature), **kw
+        )
     finally:
         glm._Design.compiled = compiled
 
@@ -181,8 +178,7 @@ def entry_ranges(design, y, lik, method, site_prec, site_shift, prec, shift):
     bound = 700.0 + log_w.min()
     counts = dict(wide=0, far=0, bulk=0, blended=0)
     for rows, block in design.blocks:
-        mean_c, var_c, _ = glm._cavity_moments(block, prec, shift, site_prec[rows],
-                                               site_shift[rows])
+        mean_c, var_c, _ = glm._cavity_moments(block, prec, shift, site_prec[rows], site_shift[rows])
         if method == "ep":
             m = block.row_sum(block.x * mean_c)
             s = block.row_sum(block.x2 * var_c)
@@ -211,8 +207,7 @@ def test_compiled_logistic_step_equals_the_numpy_step(method, step, weighted, sh
     # block (rounding differences are not carried from block to block through q)
     rng = np.random.default_rng(11)
     d = 6 if shape == "d6" else 40
-    X, y, site_prec, site_shift, prec, shift, weight = problem(d, shape.endswith("fresh"),
-                                                               weighted, rng)
+    X, y, site_prec, site_shift, prec, shift, weight = problem(d, shape.endswith("fresh"), weighted, rng)
     n = X.shape[0]
     lik = Logistic(20 if method == "ep" else 9)  # as CEPLogisticClassifier
     design = glm._Design(X, 32 if d == 6 else n)
@@ -224,13 +219,22 @@ def test_compiled_logistic_step_equals_the_numpy_step(method, step, weighted, sh
         if method == "cep1":
             assert counts["blended"] > 0, counts
     ref = [site_prec.copy(), site_shift.copy()]
-    tot_ref = numpy_step(design, y, *ref, prec, shift, likelihood=lik, method=method, step=step,
-                         sample_weight=weight)
+    tot_ref = numpy_step(design, y, *ref, prec, shift, likelihood=lik, method=method, step=step, sample_weight=weight)
     out = (np.empty_like(site_prec), np.empty_like(site_shift))
     before = (site_prec.copy(), site_shift.copy())
-    tot = glm.factorized_partition_step(design, y, site_prec, site_shift, prec, shift,
-                                        likelihood=lik, method=method, step=step, out=out,
-                                        sample_weight=weight)
+    tot = glm.factorized_partition_step(
+        design,
+        y,
+        site_prec,
+        site_shift,
+        prec,
+        shift,
+        likelihood=lik,
+        method=method,
+        step=step,
+        out=out,
+        sample_weight=weight,
+    )
     assert np.array_equal(site_prec, before[0]) and np.array_equal(site_shift, before[1])
     # to rounding: a few sites are differences of numbers near 1 (lower-tail L_2), so the
     # absolute part is relative to the largest site
@@ -256,14 +260,14 @@ def test_compiled_logistic_fit_equals_the_numpy_fit(method, weighted, monkeypatc
     y = np.where(rng.random(n) < 1.0 / (1.0 + np.exp(-X @ rng.normal(0, 0.5, d))), 1.0, -1.0)
     weight = rng.choice([0.0, 0.5, 1.0, 2.0], size=n) if weighted else None
     lik = Logistic(20 if method == "ep" else 9)
-    options = dict(method=method, damping=0.7, tol=1e-12, max_iter=6, warmup_sweeps=2,
-                   block_size=16, sample_weight=weight)
+    options = dict(
+        method=method, damping=0.7, tol=1e-12, max_iter=6, warmup_sweeps=2, block_size=16, sample_weight=weight
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ConvergenceWarning: 6 sweeps, tol 1e-12
         fast = glm.fit_factorized(X, y, lik, np.zeros(d), np.full(d, 4.0), **options)
         monkeypatch.setattr(glm._Design, "compiled", lambda self, likelihood, m: False)
-        slow = glm.fit_factorized(X, y, NumpyLogistic(lik.n_quadrature), np.zeros(d),
-                                  np.full(d, 4.0), **options)
+        slow = glm.fit_factorized(X, y, NumpyLogistic(lik.n_quadrature), np.zeros(d), np.full(d, 4.0), **options)
     assert fast.n_iter == slow.n_iter
     assert_allclose(fast.mean, slow.mean, rtol=1e-9, atol=1e-10 * np.sqrt(slow.var).max())
     assert_allclose(fast.var, slow.var, rtol=1e-9)

@@ -21,8 +21,8 @@ from sklearn.utils.estimator_checks import check_estimator, parametrize_with_che
 import skcep.engines.factors
 import skcep.message_operator._operator
 from skcep.engines import factors
-from skcep.engines.likelihoods import Logistic
 from skcep.engines import random_features as rf
+from skcep.engines.likelihoods import Logistic
 from skcep.engines.random_features import BayesianLinearRegression
 from skcep.message_operator import KJITMessageOperator, LogisticFactor, OperatorSite
 
@@ -141,10 +141,7 @@ def test_importance_sampler_converges_to_exact():
     exact = LogisticFactor().exact(rows)
     errors = {}
     for n_samples in (1_000, 300_000):
-        errs = [
-            np.abs(LogisticFactor().importance_sampling(rows, n_samples, random_state=s) - exact)
-            for s in range(4)
-        ]
+        errs = [np.abs(LogisticFactor().importance_sampling(rows, n_samples, random_state=s) - exact) for s in range(4)]
         errors[n_samples] = np.mean(errs)
     assert errors[300_000] < errors[1_000] / 5  # √300 ≈ 17 expected
     assert errors[300_000] < 0.02
@@ -178,9 +175,7 @@ def test_factor_rejects_bad_rows():
     with pytest.raises(ValueError, match="NaN or infinity: row 1, column 0"):
         LogisticFactor().exact([[0.0, 1.0, 2.0, 1.0], [np.inf, 1.0, 2.0, 1.0]])
     with pytest.raises(ValueError, match="NaN or infinity"):
-        LogisticFactor(oracle="importance_sampling", n_samples=10).importance_sampling(
-            [[0.0, np.nan, 2.0, 1.0]]
-        )
+        LogisticFactor(oracle="importance_sampling", n_samples=10).importance_sampling([[0.0, np.nan, 2.0, 1.0]])
     with pytest.raises(ValueError):
         LogisticFactor(oracle="quadrature")
     assert LogisticFactor().exact(np.empty((0, 4))).shape == (0, 4)
@@ -225,13 +220,9 @@ def test_online_updates_equal_batch_posterior():
         op.partial_fit(X[i : i + 1], Y[i : i + 1])
     op.partial_fit(X[160:170], Y[160:170])
     op.partial_fit(X[170:], Y[170:])
-    batch = BayesianLinearRegression(op.noise_variance_, op.prior_variance).fit(
-        op._feature_map(X), Y - op.intercept_
-    )
+    batch = BayesianLinearRegression(op.noise_variance_, op.prior_variance).fit(op._feature_map(X), Y - op.intercept_)
     np.testing.assert_allclose(op.coef_, batch.mean, atol=1e-8 * np.abs(batch.mean).max())
-    np.testing.assert_allclose(
-        op.coef_cov_, batch.covariance, atol=1e-8 * np.abs(batch.covariance).max()
-    )
+    np.testing.assert_allclose(op.coef_cov_, batch.covariance, atol=1e-8 * np.abs(batch.covariance).max())
 
 
 def test_first_partial_fit_is_fit():
@@ -248,9 +239,7 @@ def test_first_partial_fit_is_fit():
 def test_predictive_variance_grows_away_from_training_messages():
     rng = np.random.default_rng(4)
     n = 300
-    X = np.column_stack(
-        [rng.uniform(-2, 2, n), rng.uniform(0.5, 2, n), np.full(n, 2.0), np.ones(n)]
-    )
+    X = np.column_stack([rng.uniform(-2, 2, n), rng.uniform(0.5, 2, n), np.full(n, 2.0), np.ones(n)])
     Y = LogisticFactor().exact(X)[:, :2]
     op = KJITMessageOperator(random_state=0).fit(X, Y)
     probes = np.array([[mu, 1.0, 2.0, 1.0] for mu in (0.0, 3.0, 6.0, 12.0, 40.0)])
@@ -310,9 +299,7 @@ def test_explicit_widths_are_used():
         op.inner_frequencies_ * np.sqrt([2.0, 0.1]),
         ref.inner_frequencies_ * np.sqrt(ref.inner_widths_),
     )
-    np.testing.assert_allclose(
-        op.outer_frequencies_ * np.sqrt(0.3), ref.outer_frequencies_ * np.sqrt(ref.outer_width_)
-    )
+    np.testing.assert_allclose(op.outer_frequencies_ * np.sqrt(0.3), ref.outer_frequencies_ * np.sqrt(ref.outer_width_))
 
 
 @pytest.mark.slow
@@ -325,8 +312,9 @@ def test_default_loo_selection_beats_the_papers_fixed_settings():
     Y = LogisticFactor().exact(X)[:, :2]
     sizes = dict(n_inner_features=100, n_outer_features=200, random_state=0)
     new = KJITMessageOperator(**sizes).fit(X[:1000], Y[:1000])
-    old = KJITMessageOperator(**sizes, noise_variance=1e-4, inner_widths="median",
-                              outer_width="median").fit(X[:1000], Y[:1000])
+    old = KJITMessageOperator(**sizes, noise_variance=1e-4, inner_widths="median", outer_width="median").fit(
+        X[:1000], Y[:1000]
+    )
     kl_new = np.nanmean(rf.gaussian_log_kl(Y[1000:], new.predict(X[1000:])))
     kl_old = np.nanmean(rf.gaussian_log_kl(Y[1000:], old.predict(X[1000:])))
     assert kl_new < kl_old - 2.5  # measured: −11.1 against −7.1
@@ -350,8 +338,9 @@ def test_loo_noise_variance_minimises_the_criterion():
     # σ_y² given: only the widths are chosen; everything given: nothing is
     fixed = KJITMessageOperator(**SMALL, noise_variance=1e-3, random_state=0).fit(X, Y)
     assert fixed.noise_variance_ == 1e-3 and fixed.loo_error_ is not None
-    given = KJITMessageOperator(**SMALL, noise_variance=1e-3, inner_widths="median",
-                                outer_width="median", random_state=0).fit(X, Y)
+    given = KJITMessageOperator(
+        **SMALL, noise_variance=1e-3, inner_widths="median", outer_width="median", random_state=0
+    ).fit(X, Y)
     assert given.loo_error_ is None
 
 
@@ -518,12 +507,14 @@ def test_declared_check_failures_follow_the_message_families():
     """With one Gamma message (two positive columns) the checks that feed two columns of
     positive numbers pass; the estimator declares exactly the checks that fail."""
     est = KJITMessageOperator(message_families=("gamma",), **SMALL)
-    results = check_estimator(est, expected_failed_checks=est._expected_failed_checks(), on_fail=None,
-                              on_skip=None)
+    results = check_estimator(est, expected_failed_checks=est._expected_failed_checks(), on_fail=None, on_skip=None)
     passed = {r["check_name"] for r in results if r["status"] == "passed"}
     assert {"check_fit_idempotent", "check_n_features_in", "check_fit_check_is_fitted"} <= passed
-    wrong = [r["check_name"] for r in results if r["status"] == "failed" or (r["status"] == "passed"
-                                                                              and r["expected_to_fail"])]
+    wrong = [
+        r["check_name"]
+        for r in results
+        if r["status"] == "failed" or (r["status"] == "passed" and r["expected_to_fail"])
+    ]
     assert wrong == []
 
 
@@ -543,9 +534,7 @@ def test_api_on_valid_messages():
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(op)).predict(X), pred)
     perm = np.random.default_rng(0).permutation(80)
     np.testing.assert_allclose(op.predict(X[perm]), pred[perm], rtol=1e-12)
-    np.testing.assert_allclose(
-        np.vstack([op.predict(X[:30]), op.predict(X[30:])]), pred, rtol=1e-12
-    )
+    np.testing.assert_allclose(np.vstack([op.predict(X[:30]), op.predict(X[30:])]), pred, rtol=1e-12)
     assert op.n_features_in_ == 4 and op.n_outputs_ == 2
     assert 0.9 < op.score(X, Y) <= 1.0
     assert op.predict(X.astype(np.float32)).dtype == np.float64
@@ -732,7 +721,7 @@ def test_structural_parameter_change_is_refused(param, value):
         op.send(X[100:])
     assert _state(op) == state and oracle.n_rows == 0
     op.fit(X[:100], Y[:100]).partial_fit(X[100:], Y[100:])  # a new fit takes the new value
-    assert getattr(op, "n_outer_features") == op.coef_.shape[0]
+    assert op.n_outer_features == op.coef_.shape[0]
 
 
 def test_non_structural_parameters_may_change_between_calls():
@@ -756,8 +745,12 @@ def test_verbose_prints_one_line_per_batch(capsys):
     quiet.set_params(verbose=1).fit(X[:100], Y[:100])
     assert "LOO error" in capsys.readouterr().out
     loud = KJITMessageOperator(
-        **SMALL, random_state=0, verbose=1, noise_variance="auto",
-        oracle=lambda Z: factor.exact(Z)[:, :2], uncertainty_threshold=-50.0,
+        **SMALL,
+        random_state=0,
+        verbose=1,
+        noise_variance="auto",
+        oracle=lambda Z: factor.exact(Z)[:, :2],
+        uncertainty_threshold=-50.0,
     )
     loud.fit(X[:100], Y[:100])
     loud.partial_fit(X[100:110], Y[100:110])

@@ -158,10 +158,26 @@ def _quad_moments(lo, hi):
 
 
 TRUNCATION_CASES = [
-    (-np.inf, 0.3), (-1.0, np.inf), (-np.inf, -3.0), (2.5, np.inf), (35.0, np.inf),
-    (-np.inf, -35.0), (80.0, np.inf), (-1.0, 2.0), (-3.0, -0.5), (0.2, 0.9), (30.0, 31.0),
-    (35.0, 35.1), (-40.0, -39.99), (2.0, 2.001), (-0.2, 0.3), (1.9, 2.6), (-7.0, 6.0),
-    (1e3, np.inf), (1e4, 1e4 + 3e-4), (-300.01, -300.0),
+    (-np.inf, 0.3),
+    (-1.0, np.inf),
+    (-np.inf, -3.0),
+    (2.5, np.inf),
+    (35.0, np.inf),
+    (-np.inf, -35.0),
+    (80.0, np.inf),
+    (-1.0, 2.0),
+    (-3.0, -0.5),
+    (0.2, 0.9),
+    (30.0, 31.0),
+    (35.0, 35.1),
+    (-40.0, -39.99),
+    (2.0, 2.001),
+    (-0.2, 0.3),
+    (1.9, 2.6),
+    (-7.0, 6.0),
+    (1e3, np.inf),
+    (1e4, 1e4 + 3e-4),
+    (-300.01, -300.0),
 ]
 
 
@@ -203,9 +219,8 @@ def test_log_interval_prob_matches_mpmath():
     """Both tails, straddling, narrow (width down to 1e-12) and infinite intervals; observed
     errors ≤ 3e-16 relative to max(1, |log P|)."""
     mpmath = pytest.importorskip("mpmath")
-    points = [-np.inf, -1e3, -38.0, -30.0, -8.0, -2.0, -0.1, 0.0, 0.4, 3.0, 12.0, 35.0, 1e3,
-              np.inf]
-    pairs = [(a, b) for i, a in enumerate(points) for b in points[i + 1:]]
+    points = [-np.inf, -1e3, -38.0, -30.0, -8.0, -2.0, -0.1, 0.0, 0.4, 3.0, 12.0, 35.0, 1e3, np.inf]
+    pairs = [(a, b) for i, a in enumerate(points) for b in points[i + 1 :]]
     for x in [-60.0, -30.0, -3.0, -0.5, 0.0, 1.0, 2.2, 9.0, 35.0]:
         pairs += [(x, x + w) for w in (1e-12, 1e-7, 1e-3, 0.05, 0.4, 1.3)]
     pairs = [(a, b) for a, b in pairs if not (np.isinf(a) and np.isinf(b))]
@@ -248,14 +263,14 @@ def objective(theta, m, s, y):
     cut = np.concatenate([-edge, theta, edge], axis=-1)
     c = np.sqrt(1.0 + s)
     with np.errstate(divide="ignore", invalid="ignore"):
-        total = np.sum(np.log(direct_interval((cut[..., y] - m) / c, (cut[..., y + 1] - m) / c)),
-                       axis=-1)
+        total = np.sum(np.log(direct_interval((cut[..., y] - m) / c, (cut[..., y + 1] - m) / c)), axis=-1)
     return np.where(np.all(np.diff(theta, axis=-1) > 0, axis=-1), total, -np.inf)
 
 
 def gradient(theta, m, s, y, h=1e-5):
-    return np.array([(objective(theta + h * e, m, s, y) - objective(theta - h * e, m, s, y))
-                     / (2 * h) for e in np.eye(theta.size)])
+    return np.array(
+        [(objective(theta + h * e, m, s, y) - objective(theta - h * e, m, s, y)) / (2 * h) for e in np.eye(theta.size)]
+    )
 
 
 def test_fit_thresholds_reaches_the_grid_optimum():
@@ -284,8 +299,12 @@ def test_fit_thresholds_is_a_stationary_point_and_beats_multistart():
     assert_allclose(gradient(got, m, s, y), 0.0, atol=1e-4)
     best = objective(got, m, s, y)
     for start in (THETA, np.array([-3.0, -2.0, 2.0, 3.0])):
-        nm = minimize(lambda t: -objective(t, m, s, y), start, method="Nelder-Mead",
-                      options=dict(xatol=1e-7, fatol=1e-9, maxiter=4000, maxfev=4000))
+        nm = minimize(
+            lambda t: -objective(t, m, s, y),
+            start,
+            method="Nelder-Mead",
+            options=dict(xatol=1e-7, fatol=1e-9, maxiter=4000, maxfev=4000),
+        )
         assert best >= -nm.fun - 1e-7
         assert_allclose(got, nm.x, atol=1e-4)
     again = fit_thresholds(m, s, y, 5, thresholds0=[-5.0, 0.0, 0.1, 8.0])
@@ -299,8 +318,7 @@ def test_fit_thresholds_recovers_the_truth():
     m, s, y = draw(THETA, 20000, seed=3)
     got = fit_thresholds(m, s, y, 5)
     h = 1e-4
-    hessian = np.array([(gradient(got + h * e, m, s, y) - gradient(got - h * e, m, s, y)) / (2 * h)
-                        for e in np.eye(4)])
+    hessian = np.array([(gradient(got + h * e, m, s, y) - gradient(got - h * e, m, s, y)) / (2 * h) for e in np.eye(4)])
     se = np.sqrt(np.diag(np.linalg.inv(-hessian)))
     assert np.all(se < 0.05)
     assert np.all(np.abs(got - THETA) < 4 * se), (got, THETA, se)
@@ -317,8 +335,7 @@ def test_fit_thresholds_with_levels_never_observed():
     pooled_m, pooled_s = np.full(2, m.mean()), np.full(2, s.mean() + m.var())
 
     def penalised(theta):
-        return (objective(theta, m, s, y)
-                + PSEUDO_COUNT * objective(theta, pooled_m, pooled_s, np.array([2, 4])))
+        return objective(theta, m, s, y) + PSEUDO_COUNT * objective(theta, pooled_m, pooled_s, np.array([2, 4]))
 
     h = 1e-7  # well below the ~7e-4 that level 2 gets (the objective curves as ½ log(gap))
     grad = [(penalised(got + h * e) - penalised(got - h * e)) / (2 * h) for e in np.eye(4)]

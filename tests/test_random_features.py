@@ -100,7 +100,11 @@ def test_gamma_expected_features_against_quadrature(shape, rate):
         log_c = shape * np.log(rate) - special.gammaln(shape)
         head = integrate.quad(
             lambda x: np.cos(w * x + b[j]) * np.exp(log_c - rate * x),  # noqa: B023
-            0, 1, weight="alg", wvar=(shape - 1, 0), limit=200,
+            0,
+            1,
+            weight="alg",
+            wvar=(shape - 1, 0),
+            limit=200,
         )[0]
         upper = max(dist.isf(1e-14), 2.0)
         c = integrate.quad(dist.pdf, 1, upper, weight="cos", wvar=w, limit=1000)[0]
@@ -109,9 +113,7 @@ def test_gamma_expected_features_against_quadrature(shape, rate):
         assert got[j] == pytest.approx(want, abs=1e-6)
 
 
-@pytest.mark.parametrize(
-    "alpha, beta", [(2.0, 1.0), (1.0, 2.0), (0.5, 0.7), (3.0, 5.0), (50.0, 80.0), (0.2, 40.0)]
-)
+@pytest.mark.parametrize("alpha, beta", [(2.0, 1.0), (1.0, 2.0), (0.5, 0.7), (3.0, 5.0), (50.0, 80.0), (0.2, 40.0)])
 def test_beta_expected_features_against_quadrature(alpha, beta):
     """Gauss–Jacobi expectation against adaptive quadrature with the Beta weight
     x^(α−1)(1−x)^(β−1) (quad's 'alg' weight), for frequencies up to |ω| = 80."""
@@ -205,8 +207,13 @@ def test_median_heuristic():
     families = message_families(("gaussian", "beta", "gamma"))
     n = 50
     X = np.column_stack(
-        [rng.normal(size=n), rng.uniform(0.1, 3, n), rng.uniform(0.5, 5, (n, 2)),
-         rng.uniform(0.5, 5, n), rng.uniform(0.5, 2, n)]
+        [
+            rng.normal(size=n),
+            rng.uniform(0.1, 3, n),
+            rng.uniform(0.5, 5, (n, 2)),
+            rng.uniform(0.5, 5, n),
+            rng.uniform(0.5, 2, n),
+        ]
     )
     a, b = X[:, 2], X[:, 3]
     want = [
@@ -347,8 +354,9 @@ def test_chunked_posterior_equals_one_chunk_and_online_updates():
     Psi, Y = _regression_data(n=600, d=50, noise=0.05)
     s2, p2 = 1e-3, 1.0
     whole = regression_posterior(regression_statistics(Psi, Y), s2, p2)
-    chunks = [regression_statistics(Psi[r], Y[r]) for r in (slice(0, 128), slice(128, 256),
-                                                              slice(256, 384), slice(384, 600))]
+    chunks = [
+        regression_statistics(Psi[r], Y[r]) for r in (slice(0, 128), slice(128, 256), slice(256, 384), slice(384, 600))
+    ]
     chunked = regression_posterior(sum_statistics(chunks), s2, p2)
     scale_m, scale_c = np.abs(whole.mean).max(), np.abs(whole.covariance).max()
     np.testing.assert_allclose(chunked.mean, whole.mean, rtol=0, atol=1e-10 * scale_m)
@@ -363,8 +371,9 @@ def test_chunked_posterior_equals_one_chunk_and_online_updates():
 def _logistic_rows(n, seed):
     rng = np.random.default_rng(seed)
     y = rng.random(n) < 0.5
-    return np.column_stack([rng.normal(0, 3, n), np.exp(rng.uniform(-2, 2, n)),
-                            np.where(y, 2.0, 1.0), np.where(y, 1.0, 2.0)])
+    return np.column_stack(
+        [rng.normal(0, 3, n), np.exp(rng.uniform(-2, 2, n)), np.where(y, 2.0, 1.0), np.where(y, 1.0, 2.0)]
+    )
 
 
 @pytest.mark.parametrize("noise_variance", [1e-3, "evidence", "loo"])
@@ -378,7 +387,13 @@ def test_first_batch_fit_does_not_depend_on_chunks(noise_variance):
     fits = {}
     for chunk_size in (10_000, 97):
         fits[chunk_size] = fit_first_batch(
-            X, Y, families, 40, 60, np.random.RandomState(0), noise_variance=noise_variance,
+            X,
+            Y,
+            families,
+            40,
+            60,
+            np.random.RandomState(0),
+            noise_variance=noise_variance,
             chunk_size=chunk_size,
         )
     one, many = fits[10_000], fits[97]
@@ -389,13 +404,11 @@ def test_first_batch_fit_does_not_depend_on_chunks(noise_variance):
     scale = np.abs(one.posterior.mean).max()
     Psi = one.features(X)
     if noise_variance != "loo":  # well conditioned: the weights agree, not only the predictions
-        np.testing.assert_allclose(many.posterior.mean, one.posterior.mean, rtol=0,
-                                   atol=1e-10 * scale)
+        np.testing.assert_allclose(many.posterior.mean, one.posterior.mean, rtol=0, atol=1e-10 * scale)
     # σ_y² at the noise floor: the precision's condition number is ~1e8, so the order of the
     # sums moves the weights by ~1e-6 of their size but the predictions by ~1e-9 of theirs
     fitted = Psi @ one.posterior.mean
-    np.testing.assert_allclose(Psi @ many.posterior.mean, fitted, rtol=0,
-                               atol=1e-8 * np.abs(fitted).max())
+    np.testing.assert_allclose(Psi @ many.posterior.mean, fitted, rtol=0, atol=1e-8 * np.abs(fitted).max())
     np.testing.assert_allclose(one.intercept, Y.mean(axis=0), rtol=1e-14)
     ref = BayesianLinearRegression(one.noise_variance, 1.0).fit(Psi, Y - one.intercept)
     np.testing.assert_allclose(one.posterior.mean, ref.mean, rtol=0, atol=1e-10 * scale)
@@ -414,9 +427,14 @@ def test_gaussian_log_kl_against_quadrature():
     got = rf.gaussian_log_kl(Y, Y_hat)
     for (m, v, mh, vh), value in zip(cases[:2], got[:2]):
         p, q = stats.norm(m, np.sqrt(v)), stats.norm(mh, np.sqrt(vh))
-        kl = integrate.quad(lambda x: p.pdf(x) * (p.logpdf(x) - q.logpdf(x)),
-                            m - 15 * np.sqrt(v), m + 15 * np.sqrt(v), epsabs=0, epsrel=1e-11,
-                            limit=200)[0]
+        kl = integrate.quad(
+            lambda x: p.pdf(x) * (p.logpdf(x) - q.logpdf(x)),
+            m - 15 * np.sqrt(v),
+            m + 15 * np.sqrt(v),
+            epsabs=0,
+            epsrel=1e-11,
+            limit=200,
+        )[0]
         assert value == pytest.approx(np.log(kl), abs=1e-7)
     x = cases[2][1] / cases[2][3] - 1.0
     assert np.exp(got[2]) == pytest.approx(0.5 * (x - np.log1p(x)), rel=1e-8)
@@ -428,8 +446,7 @@ def test_gaussian_log_kl_against_quadrature():
     stacked = np.stack([Y_hat, Y])
     assert rf.gaussian_moments(Y) and not rf.gaussian_moments(Y[:, :1])
     np.testing.assert_allclose(rf.loo_error(Y, stacked), [np.mean(got), np.log(1e-300)])
-    assert rf.loo_error(Y[:, :1], Y_hat[:, :1]) == pytest.approx(
-        np.log(np.mean((Y_hat[:, 0] - Y[:, 0]) ** 2)))
+    assert rf.loo_error(Y[:, :1], Y_hat[:, :1]) == pytest.approx(np.log(np.mean((Y_hat[:, 0] - Y[:, 0]) ** 2)))
 
 
 def test_loo_predictions_equal_refits_without_each_row():
@@ -494,8 +511,11 @@ def test_select_by_loo_searches_multiples_of_the_median_heuristic():
         assert error <= rf.LeaveOneOut(g.outer(phi_s), Y).best_noise_variance()[1] + 1e-12
     ratio = chosen.inner_widths / base.inner_widths
     assert ratio[0] == pytest.approx(ratio[1]) and min(abs(np.array(rf.INNER_WIDTH_GRID) - ratio[0])) < 1e-12
-    np.testing.assert_allclose(chosen.inner_frequencies * np.sqrt(chosen.inner_widths),
-                               base.inner_frequencies * np.sqrt(base.inner_widths), rtol=1e-14)
+    np.testing.assert_allclose(
+        chosen.inner_frequencies * np.sqrt(chosen.inner_widths),
+        base.inner_frequencies * np.sqrt(base.inner_widths),
+        rtol=1e-14,
+    )
     fixed, noise, _ = rf.select_by_loo(X, Y, base, 7, outer_width=0.3, noise_variance=1e-5)
     assert fixed.outer_width == 0.3 and noise == 1e-5
 
@@ -505,8 +525,7 @@ def test_loo_fit_keeps_the_noise_floor_of_all_rows():
     of all rows' ΨᵀΨ, so the precision's condition number stays below 1/NOISE_FLOOR."""
     X = _logistic_rows(2500, seed=44)
     Y = np.column_stack([np.tanh(X[:, 0] / 3), X[:, 0] ** 2 / 10 + 1.0])
-    fitted = fit_first_batch(X, Y, message_families(("gaussian", "beta")), 30, 50,
-                             np.random.RandomState(0))
+    fitted = fit_first_batch(X, Y, message_families(("gaussian", "beta")), 30, 50, np.random.RandomState(0))
     gram = fitted.features(X).T @ fitted.features(X)
     floor = rf.NOISE_FLOOR * np.linalg.eigvalsh(gram)[-1]
     assert fitted.noise_variance >= floor * (1 - 1e-9) and fitted.loo_error is not None
@@ -526,8 +545,7 @@ def test_draw_features_and_outer_width():
     rng = np.random.RandomState(3)
     widths = median_inner_widths(families, X)
     np.testing.assert_array_equal(features.inner_widths, widths)
-    np.testing.assert_array_equal(features.inner_frequencies,
-                                  rng.standard_normal((7, 2)) / np.sqrt(widths))
+    np.testing.assert_array_equal(features.inner_frequencies, rng.standard_normal((7, 2)) / np.sqrt(widths))
     np.testing.assert_array_equal(features.inner_offsets, rng.uniform(0, 2 * np.pi, 7))
     nu = rng.standard_normal((7, 9))
     np.testing.assert_array_equal(features.outer_frequencies, nu)
@@ -536,8 +554,10 @@ def test_draw_features_and_outer_width():
     np.testing.assert_array_equal(wide.inner_frequencies, features.inner_frequencies)
     np.testing.assert_allclose(wide.with_outer_width(1.0).outer_frequencies, nu, rtol=1e-15)
     np.testing.assert_array_equal(
-        wide(X), outer_features(inner_features(X, families, wide.inner_frequencies,
-                                               wide.inner_offsets), nu / 2.0, wide.outer_offsets)
+        wide(X),
+        outer_features(
+            inner_features(X, families, wide.inner_frequencies, wide.inner_offsets), nu / 2.0, wide.outer_offsets
+        ),
     )
     with pytest.raises(ValueError, match="inner_widths"):
         draw_features(X, families, 7, 9, np.random.RandomState(3), inner_widths=[1.0, -1.0])
@@ -548,8 +568,7 @@ def test_predictive_moments_in_chunks_and_threads():
     and number of threads (bit for bit across n_jobs)."""
     X = _logistic_rows(900, seed=42)
     Y = np.column_stack([np.tanh(X[:, 0] / 3)])
-    fitted = fit_first_batch(X, Y, message_families(("gaussian", "beta")), 30, 50,
-                             np.random.RandomState(0))
+    fitted = fit_first_batch(X, Y, message_families(("gaussian", "beta")), 30, 50, np.random.RandomState(0))
     f, post = fitted.features, fitted.posterior
     mean, var = post.predict(f(X), return_var=True)
     serial = predictive_moments(X, f, post, return_var=True, chunk_size=128)
@@ -579,18 +598,21 @@ def test_fast_prediction_equals_numpy_reference(chunk_size):
     update (many rows) and by the covariance (few rows)."""
     X = _logistic_rows(700, seed=8)
     Y = np.column_stack([np.tanh(X[:, 0] / 3), X[:, 0] ** 2 / 9])
-    f, post = (lambda r: (r.features, r.posterior))(fit_first_batch(
-        X, Y, message_families(("gaussian", "beta")), 40, 60, np.random.RandomState(1),
-        noise_variance=1e-3))
+    f, post = (lambda r: (r.features, r.posterior))(
+        fit_first_batch(
+            X, Y, message_families(("gaussian", "beta")), 40, 60, np.random.RandomState(1), noise_variance=1e-3
+        )
+    )
     omega, b = f.inner_frequencies, f.inner_offsets
-    embedding = (np.exp(1j * np.outer(X[:, 0], omega[:, 0]) - 0.5 * np.outer(X[:, 1], omega[:, 0] ** 2))
-                 * _beta_characteristic_by_legendre(omega[:, 1], X[:, 2], X[:, 3]))
+    embedding = np.exp(
+        1j * np.outer(X[:, 0], omega[:, 0]) - 0.5 * np.outer(X[:, 1], omega[:, 0] ** 2)
+    ) * _beta_characteristic_by_legendre(omega[:, 1], X[:, 2], X[:, 3])
     phi = np.sqrt(2.0 / b.size) * np.real(np.exp(1j * b) * embedding)
     np.testing.assert_allclose(f.inner(X), phi, rtol=0, atol=1e-7)
     psi = f(X)
     np.testing.assert_allclose(
-        psi, np.sqrt(2.0 / 60) * np.cos(f.inner(X) @ f.outer_frequencies + f.outer_offsets),
-        rtol=0, atol=1e-7)
+        psi, np.sqrt(2.0 / 60) * np.cos(f.inner(X) @ f.outer_frequencies + f.outer_offsets), rtol=0, atol=1e-7
+    )
 
     online = post.copy().update(psi[:1], Y[:1] - Y.mean(axis=0))
     assert online.inverse_cholesky is None
@@ -600,8 +622,7 @@ def test_fast_prediction_equals_numpy_reference(chunk_size):
         P = psi[rows]
         want_mean, want_var = P @ posterior.mean, np.einsum("ij,jk,ik->i", P, cov, P)
         for n_jobs in (None, 2):
-            mean, var = predictive_moments(X[rows], f, posterior, return_var=True,
-                                           n_jobs=n_jobs, chunk_size=chunk_size)
+            mean, var = predictive_moments(X[rows], f, posterior, return_var=True, n_jobs=n_jobs, chunk_size=chunk_size)
             np.testing.assert_allclose(mean, want_mean, rtol=1e-10, atol=1e-12)
             np.testing.assert_allclose(var, want_var, rtol=1e-9)
     # overwrite_psi works in place on C-ordered rows only; other layouts are copied first

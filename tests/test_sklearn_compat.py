@@ -1,4 +1,4 @@
-"""scikit-learn compatibility of CEPProbitClassifier and CEPLogisticClassifier (SPEC §3).
+"""scikit-learn compatibility of CEPProbitClassifier and CEPLogisticClassifier (scikit-learn's estimator checks).
 
 ``check_estimator`` for every ``method`` of both classes plus ``covariance="full"``, the
 estimator protocol (clone / get_params / set_params), meta-estimators (Pipeline, GridSearchCV,
@@ -30,7 +30,13 @@ CONFIGS = [
 ]
 ESTIMATORS = [cls(**cfg) for cls in CLASSES for cfg in CONFIGS]
 FITTED_ATTRS = (
-    "coef_", "coef_var_", "intercept_", "intercept_var_", "classes_", "n_iter_", "converged_",
+    "coef_",
+    "coef_var_",
+    "intercept_",
+    "intercept_var_",
+    "classes_",
+    "n_iter_",
+    "converged_",
 )
 
 ignore_convergence = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -52,9 +58,9 @@ def _small_multiclass(seed=0, n=90, d=4):
 # check_estimator: every check, at the default parameters.
 # --------------------------------------------------------------------------------------------
 @ignore_convergence
-@parametrize_with_checks(ESTIMATORS,
-                         expected_failed_checks=lambda est: est._expected_failed_checks(),
-                         xfail_strict=True)
+@parametrize_with_checks(
+    ESTIMATORS, expected_failed_checks=lambda est: est._expected_failed_checks(), xfail_strict=True
+)
 def test_check_estimator(estimator, check):
     check(estimator)
 

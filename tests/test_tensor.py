@@ -56,8 +56,12 @@ def quiet_fit(est, X, y):
 # --------------------------------------------------------------------------------------------
 @ignore_convergence
 @parametrize_with_checks(
-    [BayesianCPTensor(), BayesianCPTensor(likelihood="probit"), BayesianCPTensor(likelihood="ordinal"),
-     BayesianCPTensor(implicit_modes={0: 1, 1: 0})],
+    [
+        BayesianCPTensor(),
+        BayesianCPTensor(likelihood="probit"),
+        BayesianCPTensor(likelihood="ordinal"),
+        BayesianCPTensor(implicit_modes={0: 1, 1: 0}),
+    ],
     expected_failed_checks=lambda est: est._expected_failed_checks(),
     xfail_strict=True,
 )
@@ -245,8 +249,14 @@ BAD_INPUTS = [
     ("negative", "partial_fit", np.array([[0, -1, 2], [1, 0, 1]]), [1.0, 2.0], ValueError, "non-negative"),
     ("non-integer", "fit", np.array([[0, 1.5, 2], [1, 0, 1]]), [1.0, 2.0], ValueError, "integers"),
     ("non-integer", "partial_fit", np.array([[0, 1.5, 2], [1, 0, 1]]), [1.0, 2.0], ValueError, "integers"),
-    ("string-index", "fit", np.array([["a", "b", "c"], ["d", "e", "f"]]), [1.0, 2.0], (TypeError, ValueError),
-     "integers|could not convert"),
+    (
+        "string-index",
+        "fit",
+        np.array([["a", "b", "c"], ["d", "e", "f"]]),
+        [1.0, 2.0],
+        (TypeError, ValueError),
+        "integers|could not convert",
+    ),
     ("nan-X", "fit", np.array([[0, np.nan, 2], [1, 0, 1]]), [1.0, 2.0], ValueError, "NaN"),
     ("nan-X", "partial_fit", np.array([[0, np.nan, 2], [1, 0, 1]]), [1.0, 2.0], ValueError, "NaN"),
     ("inf-X", "partial_fit", np.array([[0, np.inf, 2], [1, 0, 1]]), [1.0, 2.0], ValueError, "infinity"),
@@ -260,8 +270,7 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("case, method, X, y, error, match", BAD_INPUTS,
-                         ids=[f"{c[0]}-{c[1]}" for c in BAD_INPUTS])
+@pytest.mark.parametrize("case, method, X, y, error, match", BAD_INPUTS, ids=[f"{c[0]}-{c[1]}" for c in BAD_INPUTS])
 def test_bad_input_leaves_fitted_model_unchanged(case, method, X, y, error, match):
     est, X_fit, _ = fitted_gaussian()
     before = copy.deepcopy(est.__dict__)
@@ -284,12 +293,15 @@ def test_index_beyond_given_shape_is_rejected(method):
         BayesianCPTensor(shape=(5, 4, 3)).fit(np.array([[5, 0, 0]]), [1.0])
 
 
-@pytest.mark.parametrize("X, match", [
-    (np.array([[0, 1]]), "expecting 3 features"),
-    (np.array([[0, -1, 0]]), "non-negative"),
-    (np.array([[0, 0.5, 0]]), "integers"),
-    (np.array([[0, np.nan, 0]]), "NaN"),
-])
+@pytest.mark.parametrize(
+    "X, match",
+    [
+        (np.array([[0, 1]]), "expecting 3 features"),
+        (np.array([[0, -1, 0]]), "non-negative"),
+        (np.array([[0, 0.5, 0]]), "integers"),
+        (np.array([[0, np.nan, 0]]), "NaN"),
+    ],
+)
 def test_bad_input_in_predict(X, match):
     est, _, _ = fitted_gaussian()
     before = copy.deepcopy(est.__dict__)
@@ -352,8 +364,7 @@ def test_partial_fit_grows_modes_and_keeps_untouched_rows():
     np.testing.assert_allclose(est.factor_covariances_[0][:3], old_covs[0][:3], rtol=1e-10, atol=1e-12)
     # never-seen objects sit at their prior N(0, prior_variance I)
     np.testing.assert_allclose(est.factors_[0][3:5], 0.0, atol=1e-14)
-    np.testing.assert_allclose(est.factor_covariances_[0][3:5], np.broadcast_to(0.7 * np.eye(2), (2, 2, 2)),
-                               rtol=1e-12)
+    np.testing.assert_allclose(est.factor_covariances_[0][3:5], np.broadcast_to(0.7 * np.eye(2), (2, 2, 2)), rtol=1e-12)
     # the new object learned something
     assert np.linalg.norm(est.factors_[0][5]) > 1e-3
     # growth in another mode too, and the predictions stay finite
@@ -378,14 +389,15 @@ def test_unseen_objects_are_predicted_from_the_prior():
     # standardized targets (normalize_y) is y_scale_ times that of y, intercept and noise in y's units
     second = [est.factor_covariances_[k][:, np.arange(2), np.arange(2)] + est.factors_[k] ** 2 for k in (1, 2)]
     var_cp = 0.6 * np.sum(second[0][unseen[:, 1]] * second[1][unseen[:, 2]], axis=1)
-    var_f = est.y_scale_ ** 2 * var_cp + est.intercept_var_
+    var_f = est.y_scale_**2 * var_cp + est.intercept_var_
     np.testing.assert_allclose(std_new, np.sqrt(var_f + 1.0 / est.noise_precision_), rtol=1e-10)
     assert np.all(std_new > std_seen)
     # an unseen object in every mode: prior mean and variance v³ Σ_r 1 of the CP term
     mean, std = est.predict(np.array([[10, 10, 10]]), return_std=True)
     assert mean[0] == pytest.approx(est.intercept_, rel=1e-12)
-    assert std[0] == pytest.approx(np.sqrt(est.y_scale_ ** 2 * 2 * 0.6**3 + est.intercept_var_
-                                           + 1 / est.noise_precision_), rel=1e-10)
+    assert std[0] == pytest.approx(
+        np.sqrt(est.y_scale_**2 * 2 * 0.6**3 + est.intercept_var_ + 1 / est.noise_precision_), rel=1e-10
+    )
 
 
 @ignore_convergence
@@ -407,8 +419,13 @@ def test_partial_fit_is_assumed_density_filtering():
         precision = np.linalg.inv(g.cov)
         return GaussianRows(g.mean.copy(), g.cov.copy(), precision, np.einsum("sij,sj->si", precision, g.mean))
 
-    prior = CPPosterior([as_prior(g) for g in post.factors], [as_prior(g) for g in post.offsets],
-                        list(post.offset_modes), post.noise, post.noise)
+    prior = CPPosterior(
+        [as_prior(g) for g in post.factors],
+        [as_prior(g) for g in post.offsets],
+        list(post.offset_modes),
+        post.noise,
+        post.noise,
+    )
     # the engine fits the targets standardized by the first batch's mean and sd (normalize_y)
     z = (y[second] - stream.y_offset_) / stream.y_scale_
     expected = fit_cp(prior, X[second], z, method="cep", max_iter=7, tol=1e-4).posterior
@@ -417,15 +434,21 @@ def test_partial_fit_is_assumed_density_filtering():
         np.testing.assert_allclose(a, g.mean, rtol=1e-9, atol=1e-12)
     for a, g in zip(stream.factor_covariances_, expected.factors):
         np.testing.assert_allclose(a, g.cov, rtol=1e-9, atol=1e-12)
-    assert stream.noise_precision_ == pytest.approx(expected.noise_precision / stream.y_scale_ ** 2, rel=1e-9)
+    assert stream.noise_precision_ == pytest.approx(expected.noise_precision / stream.y_scale_**2, rel=1e-9)
     # the noise posterior keeps accumulating: shape a0 + n_total/2
     assert stream._posterior.noise[0] == pytest.approx(1e-3 + 0.5 * 50, rel=1e-12)
 
 
 @ignore_convergence
-@pytest.mark.parametrize("likelihood,method,schedule,simultaneous", [
-    ("probit", "cep", "group", True), ("probit", "cep", "entry", False), ("probit", "vmp", "group", False),
-    ("gaussian", "cep", "group", False)])
+@pytest.mark.parametrize(
+    "likelihood,method,schedule,simultaneous",
+    [
+        ("probit", "cep", "group", True),
+        ("probit", "cep", "entry", False),
+        ("probit", "vmp", "group", False),
+        ("gaussian", "cep", "group", False),
+    ],
+)
 def test_auto_rule_gives_later_probit_cep_batches_one_simultaneous_sweep(likelihood, method, schedule, simultaneous):
     """n_inner_iter="auto" after the first batch: one sweep, simultaneous for probit CEP (every
     group from the posterior before the batch), in turn otherwise — the engine's absorb_batch
@@ -433,18 +456,41 @@ def test_auto_rule_gives_later_probit_cep_batches_one_simultaneous_sweep(likelih
     X, y, f = make_tensor((6, 5, 4), 2, 90, seed=5, offset=0.3)
     if likelihood == "probit":
         y = (f > np.median(f)).astype(float)
-    est = BayesianCPTensor(rank=2, likelihood=likelihood, method=method, schedule=schedule, mode_bias=True,
-                           prior_variance=1.0, bias_prior_variance=1.0,  # learned priors: 10 sweeps first
-                           shape=(7, 5, 4), warm_up_entries=0, random_state=0)
+    est = BayesianCPTensor(
+        rank=2,
+        likelihood=likelihood,
+        method=method,
+        schedule=schedule,
+        mode_bias=True,
+        prior_variance=1.0,
+        bias_prior_variance=1.0,  # learned priors: 10 sweeps first
+        shape=(7, 5, 4),
+        warm_up_entries=0,
+        random_state=0,
+    )
     est.partial_fit(X[:12], y[:12])
     assert est.n_iter_ == 1  # 12 entries touch more than 6 objects: one sweep
     X2 = np.r_[X[12:], [[6, 0, 0], [6, 1, 1]]]  # object 6 of mode 0 is new: random working means
     y2 = np.r_[y[12:], [1.0, 0.0]]
     post, n_seen, rng = copy.deepcopy((est._posterior, est._n_seen, est._rng))
     z2 = (y2 - est.y_offset_) / est.y_scale_  # as the engine sees them (normalize_y; probit: 0 and 1)
-    expected, _ = absorb_batch(post, X2, z2, n_seen, shape=(7, 5, 4), prior_variance=1.0, init_scale=0.5, rng=rng,
-                               mode_offset_variance=1.0, likelihood=likelihood, method=method, schedule=schedule,
-                               max_iter=1, tol=1e-4, simultaneous=simultaneous)
+    expected, _ = absorb_batch(
+        post,
+        X2,
+        z2,
+        n_seen,
+        shape=(7, 5, 4),
+        prior_variance=1.0,
+        init_scale=0.5,
+        rng=rng,
+        mode_offset_variance=1.0,
+        likelihood=likelihood,
+        method=method,
+        schedule=schedule,
+        max_iter=1,
+        tol=1e-4,
+        simultaneous=simultaneous,
+    )
     est.partial_fit(X2, y2)
     assert est.n_iter_ == 1
     for g, h in zip(est._posterior.groups, expected.posterior.groups):
@@ -467,7 +513,7 @@ def test_tiny_batches_stay_finite(likelihood):
         X, y = X[order], y[order]
     est = BayesianCPTensor(rank=2, likelihood=likelihood, random_state=0)
     for start in range(0, 60, 3):
-        est.partial_fit(X[start:start + 3], y[start:start + 3])
+        est.partial_fit(X[start : start + 3], y[start : start + 3])
         assert all(np.all(np.isfinite(m)) for m in est.factors_)
     mean, std = est.predict(X, return_std=True)
     assert np.all(np.isfinite(std)) and np.all(std > 0)
@@ -492,7 +538,7 @@ def test_one_pass_stream_approaches_batch_fit(order):
     perm = np.random.default_rng(order).permutation(y.size)
     errors = []
     for start in range(0, y.size, 800):
-        sel = perm[start:start + 800]
+        sel = perm[start : start + 800]
         stream.partial_fit(X[sel], y[sel])
         errors.append(_rmse(stream, X_test, y_test))
     rmse_mean = float(np.sqrt(np.mean((y.mean() - y_test) ** 2)))
@@ -517,18 +563,26 @@ def test_n_init_keeps_the_start_with_the_highest_elbo():
     assert _rmse(learned, X_test, y_test) < 0.1  # learned priors: the first start does
 
 
-@pytest.mark.xfail(strict=True, reason="ADF limitation (streaming never revisits a batch): a first batch of 400 "
-                   "entries (13 % of a rank-2 20×15×10 tensor) has poor local optima even for a batch "
-                   "fit — 6 of 8 random starts end with test RMSE ≥ 0.5 — and a one-pass stream never "
-                   "revisits it (of random_state 0–3, 2 and 3 end at 0.47 and 0.42)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="ADF limitation (streaming never revisits a batch): a first batch of 400 "
+    "entries (13 % of a rank-2 20×15×10 tensor) has poor local optima even for a batch "
+    "fit — 6 of 8 random starts end with test RMSE ≥ 0.5 — and a one-pass stream never "
+    "revisits it (of random_state 0–3, 2 and 3 end at 0.47 and 0.42)",
+)
 def test_one_pass_stream_of_small_batches_with_ten_sweeps_each_approaches_batch_fit():
     X, y, X_test, y_test = _stream_problem()
     perm = np.random.default_rng(1).permutation(y.size)
     for seed in range(4):
-        stream = BayesianCPTensor(rank=2, n_init=3, random_state=seed, n_inner_iter=10,  # the default until 0.1
-                                  warm_up_entries=0)  # no buffer (the default refits the first batches)
+        stream = BayesianCPTensor(
+            rank=2,
+            n_init=3,
+            random_state=seed,
+            n_inner_iter=10,  # the default until 0.1
+            warm_up_entries=0,
+        )  # no buffer (the default refits the first batches)
         for start in range(0, y.size, 400):
-            sel = perm[start:start + 400]
+            sel = perm[start : start + 400]
             stream.partial_fit(X[sel], y[sel])
         assert _rmse(stream, X_test, y_test) < 0.1, seed
 
@@ -547,7 +601,7 @@ def test_warm_up_buffer_lets_every_shuffle_reach_the_batch_fit():
         for sweeps in ("auto", 10):
             stream = BayesianCPTensor(rank=2, n_init=3, n_inner_iter=sweeps, random_state=0)
             for start in range(0, y.size, 400):
-                stream.partial_fit(X[perm[start:start + 400]], y[perm[start:start + 400]])
+                stream.partial_fit(X[perm[start : start + 400]], y[perm[start : start + 400]])
             assert stream._buffer[3] == 1600  # last refit on 1,600 entries; 3,200 are never reached
             assert _rmse(stream, X_test, y_test) < 1.1 * batch, (order, sweeps)
 
@@ -559,7 +613,7 @@ def test_one_pass_stream_of_small_batches_approaches_batch_fit_with_auto_sweeps(
     stream = BayesianCPTensor(rank=2, n_init=3, warm_up_entries=0, random_state=0)
     perm = np.random.default_rng(1).permutation(y.size)
     for start in range(0, y.size, 400):
-        sel = perm[start:start + 400]
+        sel = perm[start : start + 400]
         stream.partial_fit(X[sel], y[sel])
         assert stream.n_iter_ == 1 or start == 0
     assert _rmse(stream, X_test, y_test) < 0.1
@@ -581,7 +635,8 @@ def test_gaussian_prediction_api():
     assert est.score(X[:160], y[:160]) > 0.9
     w = np.linspace(0.5, 2.0, 40)
     assert est.score(X[160:], y[160:], sample_weight=w) == pytest.approx(
-        r2_score(y[160:], mean, sample_weight=w), rel=1e-12)
+        r2_score(y[160:], mean, sample_weight=w), rel=1e-12
+    )
     assert est.n_features_in_ == 3 and est.shape_ == (8, 6, 5)
     assert len(est.elbo_) == est.n_iter_ and est.converged_
     assert all(b >= a - 1e-9 * abs(a) for a, b in zip(est.elbo_, est.elbo_[1:]))
@@ -614,16 +669,19 @@ def test_convergence_warning_when_max_iter_is_reached():
     assert est.n_iter_ == 2 and not est.converged_ and len(est.elbo_) == 2
 
 
-@pytest.mark.parametrize("params, match", [
-    ({"rank": 0}, "'rank' parameter"),
-    ({"likelihood": "logit"}, "'likelihood' parameter"),
-    ({"damping": 0.0}, "'damping' parameter"),
-    ({"noise_prior": (0.0, 1.0)}, "noise_prior must be a pair"),
-    ({"noise_prior": (1.0,)}, "noise_prior must be a pair"),
-    ({"method": "vmp", "schedule": "entry"}, "CEP schedule"),
-    ({"shape": (5, 0, 3)}, "positive integers"),
-    ({"shape": (5, 4)}, "shape has 2 modes but X has 3 columns"),
-])
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"rank": 0}, "'rank' parameter"),
+        ({"likelihood": "logit"}, "'likelihood' parameter"),
+        ({"damping": 0.0}, "'damping' parameter"),
+        ({"noise_prior": (0.0, 1.0)}, "noise_prior must be a pair"),
+        ({"noise_prior": (1.0,)}, "noise_prior must be a pair"),
+        ({"method": "vmp", "schedule": "entry"}, "CEP schedule"),
+        ({"shape": (5, 0, 3)}, "positive integers"),
+        ({"shape": (5, 4)}, "shape has 2 modes but X has 3 columns"),
+    ],
+)
 def test_invalid_parameters(params, match):
     X, y, _ = make_tensor((5, 4, 3), 2, 30, seed=11)
     est = BayesianCPTensor(**params)
@@ -637,15 +695,26 @@ def test_fit_is_bit_identical_for_any_n_jobs():
     # 20,000 entries: three chunks of the engine's fixed size per mode, run in one or two threads
     X, y, f = make_tensor((60, 50, 40), 2, 20_000, seed=12, noise=0.1)
     for kw, target in (({}, y), ({"likelihood": "probit"}, (f > 0).astype(int))):
-        fits = [BayesianCPTensor(rank=2, max_iter=3, random_state=0, n_jobs=n_jobs, **kw).fit(X, target)
-                for n_jobs in (1, 2)]
+        fits = [
+            BayesianCPTensor(rank=2, max_iter=3, random_state=0, n_jobs=n_jobs, **kw).fit(X, target)
+            for n_jobs in (1, 2)
+        ]
         for a, b in zip(fits[0].factors_ + fits[0].factor_covariances_, fits[1].factors_ + fits[1].factor_covariances_):
             assert np.array_equal(a, b)
         assert fits[0].elbo_ == fits[1].elbo_ and fits[0].intercept_ == fits[1].intercept_
 
 
-@pytest.mark.parametrize("param, value", [("rank", 3), ("likelihood", "probit"), ("mode_bias", True),
-                                          ("method", "vmp"), ("fit_intercept", False), ("shape", (9, 9, 9))])
+@pytest.mark.parametrize(
+    "param, value",
+    [
+        ("rank", 3),
+        ("likelihood", "probit"),
+        ("mode_bias", True),
+        ("method", "vmp"),
+        ("fit_intercept", False),
+        ("shape", (9, 9, 9)),
+    ],
+)
 def test_partial_fit_refuses_a_changed_structural_parameter(param, value):
     est, X, y = fitted_gaussian()
     before = copy.deepcopy(est.__dict__)

@@ -74,7 +74,7 @@ def test_cp_on_rescaled_targets_rescales_predictions(scale):
     base_mean, base_std = base.predict(X[500:], return_std=True)
     np.testing.assert_allclose(mean / scale, base_mean, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(std / scale, base_std, rtol=1e-9)
-    assert model.noise_precision_ * scale ** 2 == pytest.approx(base.noise_precision_, rel=1e-9)
+    assert model.noise_precision_ * scale**2 == pytest.approx(base.noise_precision_, rel=1e-9)
     assert model.score(X[500:], scale * y[500:]) > 0.999
 
 
@@ -89,8 +89,9 @@ def test_sbdt_on_shifted_or_rescaled_targets_scores_as_on_the_original(transform
     np.testing.assert_allclose(model.predict(X[3500:]), transform(base.predict(X[3500:])), rtol=1e-9)
 
 
-@pytest.mark.parametrize("cls, kw", [(BayesianCPTensor, dict(rank=2, mode_bias=True, random_state=0)),
-                                     (StreamingDeepTensor, SBDT)])
+@pytest.mark.parametrize(
+    "cls, kw", [(BayesianCPTensor, dict(rank=2, mode_bias=True, random_state=0)), (StreamingDeepTensor, SBDT)]
+)
 def test_normalize_y_is_a_fit_of_the_standardized_targets_reported_in_y_units(cls, kw):
     """The default equals normalize_y=False on (y − mean) / sd, with the predictions, the
     offsets and the noise precision in y's units; probit needs no scaling."""
@@ -105,9 +106,9 @@ def test_normalize_y_is_a_fit_of_the_standardized_targets_reported_in_y_units(cl
     raw_mean, raw_std = raw.predict(X[n:], return_std=True)
     np.testing.assert_allclose(mean, c + s * raw_mean, rtol=1e-9)
     np.testing.assert_allclose(std, s * raw_std, rtol=1e-9)
-    assert model.noise_precision_ == pytest.approx(raw.noise_precision_ / s ** 2, rel=1e-9)
+    assert model.noise_precision_ == pytest.approx(raw.noise_precision_ / s**2, rel=1e-9)
     assert model.intercept_ == pytest.approx(c + s * raw.intercept_, rel=1e-9)
-    assert model.intercept_var_ == pytest.approx(s ** 2 * raw.intercept_var_, rel=1e-9)
+    assert model.intercept_var_ == pytest.approx(s**2 * raw.intercept_var_, rel=1e-9)
     for a, b in zip(getattr(model, "biases_", []), getattr(raw, "biases_", [])):
         np.testing.assert_allclose(a, s * b, rtol=1e-9, atol=1e-12)
     assert model.score(X[n:], y[n:]) > 0.8
@@ -115,8 +116,9 @@ def test_normalize_y_is_a_fit_of_the_standardized_targets_reported_in_y_units(cl
     assert (probit.y_offset_, probit.y_scale_) == (0.0, 1.0)
 
 
-@pytest.mark.parametrize("cls, kw", [(BayesianCPTensor, dict(rank=2, random_state=0, warm_up_entries=0)),
-                                     (StreamingDeepTensor, SBDT)])
+@pytest.mark.parametrize(
+    "cls, kw", [(BayesianCPTensor, dict(rank=2, random_state=0, warm_up_entries=0)), (StreamingDeepTensor, SBDT)]
+)
 def test_a_stream_takes_its_scaling_from_the_first_batch_and_keeps_it(cls, kw):
     X, y, n = data(cls)
     y = 1000 + 30 * y
@@ -127,8 +129,8 @@ def test_a_stream_takes_its_scaling_from_the_first_batch_and_keeps_it(cls, kw):
     assert (c, s) == pytest.approx((np.mean(y[:batch]), np.std(y[:batch])), rel=1e-12)
     raw = cls(normalize_y=False, **kw).partial_fit(X[:batch], (y[:batch] - c) / s)
     for start in range(batch, n, batch):
-        stream.partial_fit(X[start:start + batch], y[start:start + batch])
-        raw.partial_fit(X[start:start + batch], (y[start:start + batch] - c) / s)
+        stream.partial_fit(X[start : start + batch], y[start : start + batch])
+        raw.partial_fit(X[start : start + batch], (y[start : start + batch] - c) / s)
         assert (stream.y_offset_, stream.y_scale_) == (c, s)
     np.testing.assert_allclose(stream.predict(X[n:]), c + s * raw.predict(X[n:]), rtol=1e-9)
     if cls is StreamingDeepTensor:  # (plain ADF over CP batches of 100 entries collapses: docs/tensor.md)
@@ -156,8 +158,7 @@ def test_weighted_scaling_counts_an_entry_w_times(cls, kw):
     w = np.random.default_rng(3).integers(1, 4, n)
     model = cls(**kw).fit(X[:n], y[:n], sample_weight=w)
     repeated = np.repeat(np.arange(n), w)
-    assert (model.y_offset_, model.y_scale_) == pytest.approx(
-        (np.mean(y[repeated]), np.std(y[repeated])), rel=1e-12)
+    assert (model.y_offset_, model.y_scale_) == pytest.approx((np.mean(y[repeated]), np.std(y[repeated])), rel=1e-12)
 
 
 def test_constant_targets_are_centred_only():
@@ -274,9 +275,8 @@ def test_scaling_sums_are_exact_whatever_the_chunks():
     from skcep.tensor._base import add_sums, exact_sum, sum_value
 
     rng = np.random.default_rng(5)
-    for values in (1e8 + 1e3 * rng.standard_normal(5001), np.r_[5e-324, -1e-310, 1.0, 1e50, -1e50, 3.0],
-                   np.zeros(4)):
-        parts = [exact_sum(values[i:i + 700]) for i in range(0, values.size, 700)]
+    for values in (1e8 + 1e3 * rng.standard_normal(5001), np.r_[5e-324, -1e-310, 1.0, 1e50, -1e50, 3.0], np.zeros(4)):
+        parts = [exact_sum(values[i : i + 700]) for i in range(0, values.size, 700)]
         total = parts[0]
         for part in parts[1:]:
             total = add_sums(total, part)

@@ -23,11 +23,11 @@ import pytest
 from scipy.special import log_ndtr
 from scipy.stats import norm
 from sklearn.exceptions import ConvergenceWarning
+from test_deep_engine import grid_moments, power_site_step, reference_entry, small_posterior, store_entry_moments
 
 from skcep import BayesianCPTensor
-from skcep.tensor import StreamingDeepTensor
 from skcep.engines import cp, deep
-from test_deep_engine import grid_moments, power_site_step, reference_entry, small_posterior, store_entry_moments
+from skcep.tensor import StreamingDeepTensor
 
 
 def low_rank_tensor(shape=(9, 8, 6), rank=2, n=220, seed=0):
@@ -69,8 +69,13 @@ def assert_same_cp(a, b):
     for name in ("factors_", "factor_covariances_", "biases_", "biases_var_"):
         for u, v in zip(getattr(a, name), getattr(b, name)):
             np.testing.assert_array_equal(u, v)
-    assert (a.intercept_, a.intercept_var_, a.noise_precision_, a.elbo_, a.n_iter_) == \
-        (b.intercept_, b.intercept_var_, b.noise_precision_, b.elbo_, b.n_iter_)
+    assert (a.intercept_, a.intercept_var_, a.noise_precision_, a.elbo_, a.n_iter_) == (
+        b.intercept_,
+        b.intercept_var_,
+        b.noise_precision_,
+        b.elbo_,
+        b.n_iter_,
+    )
 
 
 CP_CONFIGS = [
@@ -127,9 +132,15 @@ def test_cp_integer_weights_are_repeated_entries(config):
     assert max_change_in_sd(weighted, quiet(_cp(config), "fit", X, y)) > 1e-3  # the weights matter
 
 
-@pytest.mark.parametrize("config", [dict(likelihood="gaussian", method="vmp", mode_bias=True),
-                                    dict(likelihood="gaussian", method="cep", ard=True),
-                                    dict(likelihood="probit", method="vmp", mode_bias=True)], ids=str)
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(likelihood="gaussian", method="vmp", mode_bias=True),
+        dict(likelihood="gaussian", method="cep", ard=True),
+        dict(likelihood="probit", method="vmp", mode_bias=True),
+    ],
+    ids=str,
+)
 def test_cp_weighted_elbo_never_decreases(config):
     """Fractional weights: VMP on the tempered likelihood is coordinate ascent of the weighted
     ELBO (Li et al., Corollary 1), so a weighted ELBO that did not match the weighted updates
@@ -179,9 +190,17 @@ def test_cp_engine_zero_weight_contributes_nothing(likelihood):
     group fit equals the fit without it to rounding."""
     X, yg, yp = low_rank_tensor()
     y = yg if likelihood == "gaussian" else yp.astype(float)
-    post = cp.init_posterior((9, 8, 6), 2, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0),
-                             global_offset=10.0, mode_offsets=1.0,
-                             noise_prior=(1e-3, 1e-3) if likelihood == "gaussian" else None, noise_init=5.0)
+    post = cp.init_posterior(
+        (9, 8, 6),
+        2,
+        prior_variance=1.0,
+        init_scale=0.5,
+        rng=np.random.default_rng(0),
+        global_offset=10.0,
+        mode_offsets=1.0,
+        noise_prior=(1e-3, 1e-3) if likelihood == "gaussian" else None,
+        noise_init=5.0,
+    )
     w = np.ones(len(y))
     w[::7] = 0.0
     options = dict(likelihood=likelihood, method="cep", max_iter=15, chunk_size=64)
@@ -200,9 +219,17 @@ def test_cp_entry_schedule_power_ep_bookkeeping_is_repeated_entries(likelihood):
     X, yg, yp = low_rank_tensor()
     y = yg if likelihood == "gaussian" else yp.astype(float)
     w = integer_weights(len(y)).astype(float)
-    post = cp.init_posterior((9, 8, 6), 2, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0),
-                             global_offset=10.0, mode_offsets=1.0,
-                             noise_prior=(1e-3, 1e-3) if likelihood == "gaussian" else None, noise_init=5.0)
+    post = cp.init_posterior(
+        (9, 8, 6),
+        2,
+        prior_variance=1.0,
+        init_scale=0.5,
+        rng=np.random.default_rng(0),
+        global_offset=10.0,
+        mode_offsets=1.0,
+        noise_prior=(1e-3, 1e-3) if likelihood == "gaussian" else None,
+        noise_init=5.0,
+    )
     options = dict(likelihood=likelihood, method="cep", schedule="entry", max_iter=8, tol=0.0, block_size=10**6)
     a = cp.fit_cp(post, X, y, weight=w, **options)
     reps = w.astype(int)
@@ -229,17 +256,28 @@ def test_cp_weighted_statistics_are_those_of_repeated_entries():
         for k in range(3):
             chunks = cp.mode_chunks(X, shape, k, size=64, sparse=sparse)
             assert isinstance(chunks[0], cp.SparseChunk) == sparse
-            got = cp.reduce_rows([cp.gaussian_statistics(c, k, means, second, y[c.entries], w[c.entries])
-                                  for c in chunks], shape[k], 2)
-            ref = cp.reduce_rows([cp.gaussian_statistics(c, k, means, second, yr[c.entries])
-                                  for c in cp.mode_chunks(Xr, shape, k, size=64, sparse=sparse)], shape[k], 2)
+            got = cp.reduce_rows(
+                [cp.gaussian_statistics(c, k, means, second, y[c.entries], w[c.entries]) for c in chunks], shape[k], 2
+            )
+            ref = cp.reduce_rows(
+                [
+                    cp.gaussian_statistics(c, k, means, second, yr[c.entries])
+                    for c in cp.mode_chunks(Xr, shape, k, size=64, sparse=sparse)
+                ],
+                shape[k],
+                2,
+            )
             np.testing.assert_allclose(got.second, ref.second, rtol=1e-12)
             np.testing.assert_allclose(got.first, ref.first, rtol=1e-12, atol=1e-12)
     assert cp.starting_noise_precision(y, (1.0, 1.0), w) == pytest.approx(
-        cp.starting_noise_precision(yr, (1.0, 1.0)), rel=1e-12)
-    assert cp.streaming_sweeps(X[:40], True, weight=np.full(40, 3.0)) == cp.streaming_sweeps(np.repeat(X[:40], 3, 0), True)
-    post = cp.init_posterior(shape, 2, prior_variance=1.0, init_scale=0.5, rng=rng, global_offset=1.0,
-                             noise_prior=(1.0, 1.0))
+        cp.starting_noise_precision(yr, (1.0, 1.0)), rel=1e-12
+    )
+    assert cp.streaming_sweeps(X[:40], True, weight=np.full(40, 3.0)) == cp.streaming_sweeps(
+        np.repeat(X[:40], 3, 0), True
+    )
+    post = cp.init_posterior(
+        shape, 2, prior_variance=1.0, init_scale=0.5, rng=rng, global_offset=1.0, noise_prior=(1.0, 1.0)
+    )
     got, _ = cp.posterior_sums(post, X, y, "gaussian", weight=w)
     ref, _ = cp.posterior_sums(post, Xr, yr, "gaussian")
     np.testing.assert_allclose(np.array(got[:6], dtype=float), np.array(ref[:6], dtype=float), rtol=1e-12)
@@ -259,6 +297,7 @@ def test_power_step_gaussian_is_the_tempered_likelihood_on_a_grid(y, alpha, beta
     sigma2 = 0.6
     d_alpha, kappa = deep.evidence_derivatives(True, y, alpha, beta, sigma2)
     d_alpha, kappa = deep.power_step(d_alpha, kappa, beta, w)
+
     def log_tilted(f):
         return norm.logpdf(f, alpha, math.sqrt(beta)) + w * norm.logpdf(y, f, math.sqrt(sigma2))
 
@@ -271,8 +310,9 @@ def test_power_step_gaussian_is_the_tempered_likelihood_on_a_grid(y, alpha, beta
 def test_power_step_probit_is_w_copies_of_one_site(y, alpha, beta, w):
     """Power EP on a grid: one copy's tilted N(f | α, β) Φ(y f) gives the site in f (natural
     parameters of the projection minus those of q); q with w copies of it is the step."""
-    m1, v1 = grid_moments(lambda f: norm.logpdf(f, alpha, math.sqrt(beta)) + log_ndtr(y * f), alpha, math.sqrt(beta),
-                          width=14.0)
+    m1, v1 = grid_moments(
+        lambda f: norm.logpdf(f, alpha, math.sqrt(beta)) + log_ndtr(y * f), alpha, math.sqrt(beta), width=14.0
+    )
     precision = 1.0 / beta + w * (1.0 / v1 - 1.0 / beta)
     shift = alpha / beta + w * (m1 / v1 - alpha / beta)
     d_alpha, kappa = deep.evidence_derivatives(False, y, alpha, beta, 1.0)
@@ -365,9 +405,17 @@ def test_integer_weight_is_close_to_the_entry_fed_w_times(likelihood, w, gaussia
     w = 2 / 3) and 0.109 / 0.171 (probit); the tolerances are about 1.5 times that."""
     tolerance = gaussian_tol if likelihood == "gaussian" else probit_tol
     rng = np.random.default_rng(5)
-    post = deep.init_posterior((15, 12), (2, 3), (8,), "tanh", spike_prob=0.5, slab_variance=1.0,
-                               noise_prior=(2.0, 1.5) if likelihood == "gaussian" else None, rng=rng,
-                               intercept_variance=4.0)
+    post = deep.init_posterior(
+        (15, 12),
+        (2, 3),
+        (8,),
+        "tanh",
+        spike_prob=0.5,
+        slab_variance=1.0,
+        noise_prior=(2.0, 1.5) if likelihood == "gaussian" else None,
+        rng=rng,
+        intercept_variance=4.0,
+    )
     X = np.column_stack([rng.integers(0, 15, 210), rng.integers(0, 12, 210)])
     f = np.sin(X[:, 0]) + 0.3 * X[:, 1] - 1.5
     y = f + 0.3 * rng.standard_normal(210)
@@ -376,8 +424,8 @@ def test_integer_weight_is_close_to_the_entry_fed_w_times(likelihood, w, gaussia
     worst = 0.0
     for i in range(200, 210):
         one, many = post.copy(), post.copy()
-        deep.adf_pass(one, X[i:i + 1], y[i:i + 1], likelihood, np.array([float(w)]))
-        deep.adf_pass(many, np.repeat(X[i:i + 1], w, axis=0), np.repeat(y[i:i + 1], w), likelihood)
+        deep.adf_pass(one, X[i : i + 1], y[i : i + 1], likelihood, np.array([float(w)]))
+        deep.adf_pass(many, np.repeat(X[i : i + 1], w, axis=0), np.repeat(y[i : i + 1], w), likelihood)
         worst = max(worst, float(np.max(np.abs(one.theta[0] - many.theta[0]) / np.sqrt(many.theta[1]))))
         for a, b in zip(one.emb, many.emb):
             worst = max(worst, float(np.max(np.abs(a[0] - b[0]) / np.sqrt(b[1]))))
@@ -414,7 +462,8 @@ def test_sbdt_unit_weights_are_the_unweighted_fit_bit_for_bit(likelihood, activa
     y = yg if likelihood == "gaussian" else yp
     a = StreamingDeepTensor(likelihood=likelihood, activation=activation, init_scale=0.3, **SBDT).fit(X, y)
     b = StreamingDeepTensor(likelihood=likelihood, activation=activation, init_scale=0.3, **SBDT).fit(
-        X, y, sample_weight=np.ones(len(y)))
+        X, y, sample_weight=np.ones(len(y))
+    )
     assert_same_sbdt(a, b)
     a.partial_fit(X[:30], y[:30])
     b.partial_fit(X[:30], y[:30], sample_weight=np.ones(30))
@@ -440,7 +489,7 @@ def test_sbdt_weights_change_the_fit_and_stay_finite():
     w = np.random.default_rng(3).uniform(0.0, 5.0, len(y))
     a = StreamingDeepTensor(**SBDT).fit(X, y, sample_weight=w)
     b = StreamingDeepTensor(**SBDT).fit(X, y)
-    assert np.all(np.isfinite(a._posterior.theta)) and np.all(a._posterior.theta[1, :a._posterior.n_weights] > 0)
+    assert np.all(np.isfinite(a._posterior.theta)) and np.all(a._posterior.theta[1, : a._posterior.n_weights] > 0)
     assert not np.allclose(a.predict(X), b.predict(X))
 
 
@@ -457,10 +506,11 @@ def test_weights_over_ten_orders_of_magnitude_stay_finite():
             assert np.all(np.isfinite(cov)) and np.all(np.linalg.eigvalsh(cov) > 0)
         assert np.all(np.isfinite(est._latent_moments(X)[0])) and np.all(np.isfinite(est.elbo_))
     for likelihood in ("gaussian", "probit"):
-        est = StreamingDeepTensor(likelihood=likelihood, **SBDT).fit(X, _y(dict(likelihood=likelihood), data),
-                                                                     sample_weight=w)
+        est = StreamingDeepTensor(likelihood=likelihood, **SBDT).fit(
+            X, _y(dict(likelihood=likelihood), data), sample_weight=w
+        )
         post = est._posterior
-        assert np.all(np.isfinite(post.theta)) and np.all(post.theta[1, :post.n_weights] > 0)
+        assert np.all(np.isfinite(post.theta)) and np.all(post.theta[1, : post.n_weights] > 0)
         assert all(np.all(np.isfinite(e)) and np.all(e[1] > 0) for e in post.emb)
 
 
@@ -480,13 +530,19 @@ BAD_WEIGHTS = [
 
 
 @pytest.mark.parametrize("make, message", BAD_WEIGHTS, ids=[m for _, m in BAD_WEIGHTS])
-@pytest.mark.parametrize("estimator", [BayesianCPTensor(rank=2, max_iter=5, random_state=0),
-                                       BayesianCPTensor(rank=2, likelihood="probit", max_iter=5, random_state=0),
-                                       StreamingDeepTensor(**SBDT)], ids=["cp", "cp-probit", "sbdt"])
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        BayesianCPTensor(rank=2, max_iter=5, random_state=0),
+        BayesianCPTensor(rank=2, likelihood="probit", max_iter=5, random_state=0),
+        StreamingDeepTensor(**SBDT),
+    ],
+    ids=["cp", "cp-probit", "sbdt"],
+)
 @pytest.mark.parametrize("how", ["fit", "partial_fit"])
 def test_bad_weights_are_rejected_and_leave_the_model_unchanged(estimator, how, make, message):
     X, yg, yp = low_rank_tensor(n=60)
-    y = yp if getattr(estimator, "likelihood") == "probit" else yg
+    y = yp if estimator.likelihood == "probit" else yg
     est = quiet(copy.deepcopy(estimator), "fit", X, y)
     before = pickle.dumps(est)
     with pytest.raises(ValueError, match=message):
@@ -504,14 +560,20 @@ def test_cp_dask_fit_with_weights_is_the_numpy_fit(config):
     w = integer_weights(len(y)).astype(float)
     w[40:80] = 0.0
     numpy_fit = quiet(_cp(config), "fit", X, y, sample_weight=w)
-    dask_fit = quiet(_cp(config), "fit", da.from_array(X, chunks=(40, 3)), da.from_array(y, chunks=40),
-                     sample_weight=da.from_array(w, chunks=70))
+    dask_fit = quiet(
+        _cp(config),
+        "fit",
+        da.from_array(X, chunks=(40, 3)),
+        da.from_array(y, chunks=40),
+        sample_weight=da.from_array(w, chunks=70),
+    )
     assert dask_fit.shape_ == numpy_fit.shape_
     assert max_change_in_sd(dask_fit, numpy_fit) < 1e-9
     np.testing.assert_allclose(dask_fit.elbo_, numpy_fit.elbo_, rtol=1e-10)
     with pytest.raises(ValueError, match="Negative"):
-        _cp(config).fit(da.from_array(X, chunks=(40, 3)), da.from_array(y, chunks=40),
-                        sample_weight=da.from_array(-w, chunks=40))
+        _cp(config).fit(
+            da.from_array(X, chunks=(40, 3)), da.from_array(y, chunks=40), sample_weight=da.from_array(-w, chunks=40)
+        )
 
 
 def test_cp_dask_fit_with_weights_on_a_cluster(on_cluster):
@@ -521,8 +583,13 @@ def test_cp_dask_fit_with_weights_on_a_cluster(on_cluster):
     X, y, _ = low_rank_tensor()
     w = np.random.default_rng(6).uniform(0.0, 2.0, len(y))
     numpy_fit = quiet(_cp(GROUP_CONFIGS[0], n_init=2), "fit", X, y, sample_weight=w)
-    dask_fit = quiet(_cp(GROUP_CONFIGS[0], n_init=2), "fit", da.from_array(X, chunks=(60, 3)),
-                     da.from_array(y, chunks=60), sample_weight=da.from_array(w, chunks=60))
+    dask_fit = quiet(
+        _cp(GROUP_CONFIGS[0], n_init=2),
+        "fit",
+        da.from_array(X, chunks=(60, 3)),
+        da.from_array(y, chunks=60),
+        sample_weight=da.from_array(w, chunks=60),
+    )
     assert max_change_in_sd(dask_fit, numpy_fit) < 1e-9
     np.testing.assert_allclose(dask_fit.elbo_, numpy_fit.elbo_, rtol=1e-10)
 
@@ -532,10 +599,14 @@ def test_dask_streams_with_weights_are_a_clear_error():
     of per-chunk tasks that get no weights: a TypeError naming the limitation."""
     da = pytest.importorskip("dask.array")
     X, y, _ = low_rank_tensor(n=60)
-    cases = [(BayesianCPTensor(rank=2, max_iter=5, random_state=0), "partial_fit"),
-             (StreamingDeepTensor(**SBDT), "fit"), (StreamingDeepTensor(**SBDT), "partial_fit")]
+    cases = [
+        (BayesianCPTensor(rank=2, max_iter=5, random_state=0), "partial_fit"),
+        (StreamingDeepTensor(**SBDT), "fit"),
+        (StreamingDeepTensor(**SBDT), "partial_fit"),
+    ]
     for est, how in cases:
         with pytest.raises(TypeError, match="sample_weight with Dask"):
-            getattr(est, how)(da.from_array(X, chunks=20), da.from_array(y, chunks=20),
-                              sample_weight=da.ones(60, chunks=20))
+            getattr(est, how)(
+                da.from_array(X, chunks=20), da.from_array(y, chunks=20), sample_weight=da.ones(60, chunks=20)
+            )
         assert not hasattr(est, "shape_")

@@ -22,11 +22,11 @@ from scipy.optimize import fsolve
 from scipy.special import ndtr
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.class_weight import compute_sample_weight
+from test_linear_model import ALL, CLASSES, CONFIGS
 
 from skcep import CEPLogisticClassifier, CEPProbitClassifier
 from skcep.engines.glm import fit_factorized, fit_full, site_copy, site_total
 from skcep.engines.likelihoods import Probit
-from test_linear_model import ALL, CLASSES, CONFIGS
 
 # Damping 0.5: from EP's default 1 the adaptive step sometimes ratchets down to a crawl that
 # does not reach tol=1e-9 in 3000 sweeps, with weights and on repeated rows alike (measured).
@@ -94,14 +94,15 @@ def test_weights_of_ones_are_no_weights_bit_for_bit(cls, method, cov, how):
         if how == "fit":
             plain = cls(method=method, covariance=cov, max_iter=40).fit(X, y)
             ones = cls(method=method, covariance=cov, max_iter=40).fit(X, y, sample_weight=np.ones(len(y)))
-            uniform = cls(method=method, covariance=cov, max_iter=40,
-                          class_weight={0: 1.0, 1: 1.0, 2: 1.0}).fit(X, y)
+            uniform = cls(method=method, covariance=cov, max_iter=40, class_weight={0: 1.0, 1: 1.0, 2: 1.0}).fit(X, y)
         else:
             plain = cls(method=method, covariance=cov, max_iter=40).partial_fit(X, y, classes=[0, 1, 2])
             ones = cls(method=method, covariance=cov, max_iter=40).partial_fit(
-                X, y, classes=[0, 1, 2], sample_weight=np.ones(len(y)))
-            uniform = cls(method=method, covariance=cov, max_iter=40,
-                          class_weight={0: 1.0, 1: 1.0, 2: 1.0}).partial_fit(X, y, classes=[0, 1, 2])
+                X, y, classes=[0, 1, 2], sample_weight=np.ones(len(y))
+            )
+            uniform = cls(
+                method=method, covariance=cov, max_iter=40, class_weight={0: 1.0, 1: 1.0, 2: 1.0}
+            ).partial_fit(X, y, classes=[0, 1, 2])
     for other in (ones, uniform):
         for name in (*POSTERIOR, "log_evidence_", "n_iter_"):
             assert_array_equal(getattr(other, name), getattr(plain, name))
@@ -146,11 +147,22 @@ def test_fractional_weight_is_the_power_ep_fixed_point(method, cov, weight):
     tau, nu = fsolve(residual, [0.3, 0.3], xtol=1e-13)
     X, y, w = np.array([[x]]), np.array([1.0]), np.array([weight])
     if cov == "full":
-        post = fit_full(X, y, Probit(), np.zeros(1), np.full((1, 1), lam), sample_weight=w,
-                        damping=0.5, tol=1e-12, max_iter=500)
+        post = fit_full(
+            X, y, Probit(), np.zeros(1), np.full((1, 1), lam), sample_weight=w, damping=0.5, tol=1e-12, max_iter=500
+        )
     else:
-        post = fit_factorized(X, y, Probit(), np.zeros(1), np.full(1, lam), method=method,
-                              sample_weight=w, damping=0.5, tol=1e-12, max_iter=500)
+        post = fit_factorized(
+            X,
+            y,
+            Probit(),
+            np.zeros(1),
+            np.full(1, lam),
+            method=method,
+            sample_weight=w,
+            damping=0.5,
+            tol=1e-12,
+            max_iter=500,
+        )
     assert post.converged and post.n_skipped == 0
     var = 1.0 / (1.0 / lam + weight * tau)
     assert_allclose(post.var[0], var, rtol=1e-7)
@@ -225,8 +237,7 @@ def test_partial_fit_with_integer_weights_equals_repeated_batches(cls, method, c
     repeated = cls(method=method, covariance=cov, **TIGHT)
     for batch in np.array_split(np.arange(len(y)), 3):
         weighted.partial_fit(X[batch], y[batch], classes=[0, 1, 2], sample_weight=w[batch])
-        repeated.partial_fit(np.repeat(X[batch], w[batch], axis=0), np.repeat(y[batch], w[batch]),
-                             classes=[0, 1, 2])
+        repeated.partial_fit(np.repeat(X[batch], w[batch], axis=0), np.repeat(y[batch], w[batch]), classes=[0, 1, 2])
     _assert_same_posterior(weighted, repeated, mean_sd=1e-3, var_rtol=1e-3)
     assert_allclose(weighted.log_evidence_, repeated.log_evidence_, rtol=0, atol=1e-3)
 
@@ -235,8 +246,9 @@ def test_partial_fit_class_weight_dict_and_zero_weight_batch():
     X, y, _ = _data(n=60)
     table = {0: 3.0, 1: 1.0}
     est = CEPProbitClassifier(class_weight=table).partial_fit(X[:30], y[:30], classes=[0, 1])
-    ref = CEPProbitClassifier().partial_fit(X[:30], y[:30], classes=[0, 1],
-                                            sample_weight=np.where(y[:30] == 0, 3.0, 1.0))
+    ref = CEPProbitClassifier().partial_fit(
+        X[:30], y[:30], classes=[0, 1], sample_weight=np.where(y[:30] == 0, 3.0, 1.0)
+    )
     assert_array_equal(est.coef_, ref.coef_)
     # a batch of zero weights (allowed in a stream) leaves the posterior where it was
     before = {name: getattr(est, name).copy() for name in POSTERIOR}
@@ -333,8 +345,9 @@ def test_dask_fit_takes_weights_chunked_like_the_rows():
 
     X, y, rng = _data(n=120, n_classes=3)
     w = rng.integers(0, 4, len(y)).astype(float)
-    kw = dict(method="cep1", class_weight={0: 2.0, 1: 1.0, 2: 0.5}, tol=1e-9, max_iter=3000,
-              prior_variance=1.0)  # the weights' path; "auto" on Dask: tests/test_evidence.py
+    kw = dict(
+        method="cep1", class_weight={0: 2.0, 1: 1.0, 2: 0.5}, tol=1e-9, max_iter=3000, prior_variance=1.0
+    )  # the weights' path; "auto" on Dask: tests/test_evidence.py
     with dask.config.set(scheduler="synchronous"):
         Xd, yd, wd = (da.from_array(a, chunks=40) for a in (X, y, w))
         on_dask = CEPProbitClassifier(**kw).fit(Xd, yd, sample_weight=wd)
@@ -355,10 +368,9 @@ def test_dask_fit_on_a_cluster_with_weights_equals_repeated_rows(on_cluster, cov
     X, y, rng = _data(n=200, n_classes=2)
     w = rng.integers(0, 4, len(y)).astype(float)
     kw = dict(method="ep", covariance=cov, **TIGHT)
-    on_dask = CEPLogisticClassifier(**kw).fit(da.from_array(X, chunks=(50, -1)),
-                                              da.from_array(y, chunks=50),
-                                              sample_weight=da.from_array(w, chunks=50))
-    repeated = CEPLogisticClassifier(**kw).fit(np.repeat(X, w.astype(int), axis=0),
-                                               np.repeat(y, w.astype(int)))
+    on_dask = CEPLogisticClassifier(**kw).fit(
+        da.from_array(X, chunks=(50, -1)), da.from_array(y, chunks=50), sample_weight=da.from_array(w, chunks=50)
+    )
+    repeated = CEPLogisticClassifier(**kw).fit(np.repeat(X, w.astype(int), axis=0), np.repeat(y, w.astype(int)))
     _assert_same_posterior(on_dask, repeated, mean_sd=1e-4, var_rtol=1e-4)
     assert_allclose(on_dask.log_evidence_, repeated.log_evidence_, rtol=0, atol=1e-5)

@@ -207,7 +207,7 @@ def forward_backward(mean, grad, sizes, relu, h, deriv, delta, back):
     for m in range(L):
         P += sizes[m + 1] * (sizes[m] + 1)
     c = 1.0 / math.sqrt(n_in + 1.0)
-    x = mean[P:P + n_in]
+    x = mean[P : P + n_in]
     for j in range(n_in):
         h[j] = x[j] * c
     h[n_in] = c
@@ -218,10 +218,10 @@ def forward_backward(mean, grad, sizes, relu, h, deriv, delta, back):
     for m in range(L - 1):
         rows = sizes[m + 1]
         cols = sizes[m] + 1
-        W = mean[w0:w0 + rows * cols].reshape((rows, cols))
-        h_in = h[h0:h0 + cols]
-        h_out = h[h0 + cols:h0 + cols + rows + 1]
-        d = deriv[d0:d0 + rows]
+        W = mean[w0 : w0 + rows * cols].reshape((rows, cols))
+        h_in = h[h0 : h0 + cols]
+        h_out = h[h0 + cols : h0 + cols + rows + 1]
+        d = deriv[d0 : d0 + rows]
         c = 1.0 / math.sqrt(rows + 1.0)
         for i in range(rows):
             a = 0.0
@@ -244,9 +244,9 @@ def forward_backward(mean, grad, sizes, relu, h, deriv, delta, back):
         d0 += rows
     # the linear output (one row) and its gradient, δ = 1
     cols = sizes[L - 1] + 1
-    w = mean[w0:w0 + cols]
-    g = grad[w0:w0 + cols]
-    h_in = h[h0:h0 + cols]
+    w = mean[w0 : w0 + cols]
+    g = grad[w0 : w0 + cols]
+    h_in = h[h0 : h0 + cols]
     alpha = 0.0
     for j in range(cols):
         alpha += w[j] * h_in[j]
@@ -260,10 +260,10 @@ def forward_backward(mean, grad, sizes, relu, h, deriv, delta, back):
         w0 -= rows * cols
         h0 -= cols
         d0 -= rows
-        W = mean[w0:w0 + rows * cols].reshape((rows, cols))
-        G = grad[w0:w0 + rows * cols].reshape((rows, cols))
-        h_in = h[h0:h0 + cols]
-        d = deriv[d0:d0 + rows]
+        W = mean[w0 : w0 + rows * cols].reshape((rows, cols))
+        G = grad[w0 : w0 + rows * cols].reshape((rows, cols))
+        h_in = h[h0 : h0 + cols]
+        d = deriv[d0 : d0 + rows]
         for i in range(rows):
             delta[i] = back[i] * d[i]
         for j in range(cols - 1):
@@ -276,7 +276,7 @@ def forward_backward(mean, grad, sizes, relu, h, deriv, delta, back):
                 for j in range(cols - 1):
                     back[j] += di * W[i, j]
     c = 1.0 / math.sqrt(n_in + 1.0)
-    gx = grad[P:P + n_in]
+    gx = grad[P : P + n_in]
     for j in range(n_in):
         gx[j] = back[j] * c
     grad[grad.size - 1] = 1.0
@@ -409,7 +409,7 @@ def implicit_update(implicit, neighbours, column, rank, g, cg, beta, d_alpha, ka
         cg[t] = c * g[t]
     for i in range(neighbours.size):
         p = column + neighbours[i] * rank
-        moment_update(implicit[0, p:p + rank], implicit[1, p:p + rank], cg[:rank], beta, d_alpha, kappa)
+        moment_update(implicit[0, p : p + rank], implicit[1, p : p + rank], cg[:rank], beta, d_alpha, kappa)
 
 
 @njit(cache=True)
@@ -429,8 +429,31 @@ def _inputs(mean, var, rows, starts, n, ranks, P, store):
 
 
 @njit(cache=True)
-def adf_loop(mean, var, rows, starts, ranks, y, weight, likelihood, cut, relu, sizes, noise, grad, h, deriv, delta,
-             back, out, index, terms, implicit, table, pool):
+def adf_loop(
+    mean,
+    var,
+    rows,
+    starts,
+    ranks,
+    y,
+    weight,
+    likelihood,
+    cut,
+    relu,
+    sizes,
+    noise,
+    grad,
+    h,
+    deriv,
+    delta,
+    back,
+    out,
+    index,
+    terms,
+    implicit,
+    table,
+    pool,
+):
     """Alg. 1 lines 4–8 for every entry of a batch, in order, in place: the entry's embeddings
     (means and variances) into the input slots, the delta method, the evidence derivatives
     (for the entry's ``weight``: :func:`power_step`), the noise update (``GAUSSIAN``), eq. 7 for
@@ -463,7 +486,7 @@ def adf_loop(mean, var, rows, starts, ranks, y, weight, likelihood, cut, relu, s
             k, row = terms[t, 0], terms[t, 3] + index[n, terms[t, 0]]
             count = add_neighbour(table, pool, row, index[n, terms[t, 1]])
             first = table[0, row]
-            implicit_inputs(mean, var, implicit, pool[first:first + count], terms[t, 2], ranks[k], P + slot[k])
+            implicit_inputs(mean, var, implicit, pool[first : first + count], terms[t, 2], ranks[k], P + slot[k])
         alpha, beta = delta_method(mean, var, grad, sizes, relu, h, deriv, delta, back)
         if terms.shape[0]:  # u_s back into the slots: eq. 7 moves u_s with g
             _inputs(mean, var, rows, starts, n, ranks, P, False)
@@ -479,8 +502,17 @@ def adf_loop(mean, var, rows, starts, ranks, y, weight, likelihood, cut, relu, s
         for t in range(terms.shape[0]):
             k, row = terms[t, 0], terms[t, 3] + index[n, terms[t, 0]]
             first = table[0, row]
-            implicit_update(implicit, pool[first:first + table[1, row]], terms[t, 2], ranks[k],
-                            grad[P + slot[k]:P + slot[k] + ranks[k]], cg, beta, d_alpha, kappa)
+            implicit_update(
+                implicit,
+                pool[first : first + table[1, row]],
+                terms[t, 2],
+                ranks[k],
+                grad[P + slot[k] : P + slot[k] + ranks[k]],
+                cg,
+                beta,
+                d_alpha,
+                kappa,
+            )
         _inputs(mean, var, rows, starts, n, ranks, P, True)
         out[0, n] = alpha
         out[1, n] = beta

@@ -78,8 +78,7 @@ def _row_cavity(m, s, site_prec, site_shift, w_copy):
 
 
 @njit(cache=True, inline="always")
-def _row_site_change(mean_c, var_c, cav_prec, cav_shift, proper, l1, l2, site_prec,
-                     site_shift, w, step):
+def _row_site_change(mean_c, var_c, cav_prec, cav_shift, proper, l1, l2, site_prec, site_shift, w, step):
     """The damped change (Δτ̃, Δν̃) of one row's site and whether it was updated, from the
     likelihood's derivatives (L_1, L_2) of log Z at the cavity N(μ_c, v_c) (the rest of
     :func:`skcep.engines.glm.full_site_update`):
@@ -189,11 +188,13 @@ def full_dense_step(X, y, weight, site_prec, site_shift, P, b, block_size, step,
             if blank[r]:  # an all-zero row: any finite cavity, its site is set to 0 below
                 m, s = 0.0, 1.0
             w = weight[i] if weighted else 1.0
-            (mean_c[r], var_c[r], cav_prec[r], cav_shift[r],
-             proper[r]) = _row_cavity(m, s, site_prec[i], site_shift[i], w if w > 0.0 else 1.0)
+            (mean_c[r], var_c[r], cav_prec[r], cav_shift[r], proper[r]) = _row_cavity(
+                m, s, site_prec[i], site_shift[i], w if w > 0.0 else 1.0
+            )
         if logistic:
-            _, l1_b, l2_b = logistic_derivatives_array(mean_c[:rows], var_c[:rows], y_b[:rows],
-                                                       t, log_w, eps, log_w_eps)
+            _, l1_b, l2_b = logistic_derivatives_array(
+                mean_c[:rows], var_c[:rows], y_b[:rows], t, log_w, eps, log_w_eps
+            )
             l1[:rows] = l1_b
             l2[:rows] = l2_b
         else:
@@ -205,10 +206,19 @@ def full_dense_step(X, y, weight, site_prec, site_shift, P, b, block_size, step,
                 dp = (0.0 - site_prec[i]) * step
                 ds = (0.0 - site_shift[i]) * step
             else:
-                dp, ds, ok = _row_site_change(mean_c[r], var_c[r], cav_prec[r], cav_shift[r],
-                                              proper[r], l1[r], l2[r], site_prec[i],
-                                              site_shift[i], weight[i] if weighted else 1.0,
-                                              step)
+                dp, ds, ok = _row_site_change(
+                    mean_c[r],
+                    var_c[r],
+                    cav_prec[r],
+                    cav_shift[r],
+                    proper[r],
+                    l1[r],
+                    l2[r],
+                    site_prec[i],
+                    site_shift[i],
+                    weight[i] if weighted else 1.0,
+                    step,
+                )
                 n_skipped += 0 if ok else 1
             d_prec[r] = dp
             d_shift[r] = ds

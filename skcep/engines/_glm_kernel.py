@@ -49,7 +49,8 @@ loop outside (:func:`_row_logistic_conditional_derivatives`), and the entries ou
 form's range redone exactly afterwards, as the probit's; CEP-1's derivatives are blended with
 EP's (:func:`_row_ep_share`) as the numpy path blends them, for both likelihoods.  The same
 vectorised sums serve arrays (:func:`logistic_derivatives_array`: L_0, L_1, L_2 of
-``Logistic.derivatives``, for the numpy paths).  Results equal the numpy code's to rounding (the rounding of e^{−u} at large
+``Logistic.derivatives``, for the numpy paths).  Results equal the numpy code's to rounding (the rounding of
+e^{−u} at large
 |u|, and L_2 far in the lower tail, where both codes take it as a difference of numbers near
 1).  Measured on 100,000 × 50 (AMD EPYC, AVX-512, 2.6 GHz, one thread; the probit there: EP
 3.7, CEP-1 7.0 ns an entry a sweep): logistic EP ~5 ns (20 nodes), CEP-1 ~16 ns (9 nodes);
@@ -73,8 +74,13 @@ from numba.extending import intrinsic
 
 from ._deep_kernel import mills_ratio
 
-__all__ = ["ep_share", "probit_log_z_derivatives", "logistic_log_z_derivatives",
-           "logistic_derivatives_array", "factorized_dense_step"]
+__all__ = [
+    "ep_share",
+    "probit_log_z_derivatives",
+    "logistic_log_z_derivatives",
+    "logistic_derivatives_array",
+    "factorized_dense_step",
+]
 
 _REDUCE = {"reassoc", "contract"}  # vectorised sums; no assumption about NaN or infinity
 _FUSE = {"contract"}  # fused multiply-adds only: the order of operations is kept
@@ -97,13 +103,28 @@ _EXP_TAYLOR = np.array([1.0 / math.factorial(k) for k in range(13, -1, -1)])
 # t = (3 − 2s) / (3 + s) ∈ [−1, 1] (t = 3y − 2 with y = 3 / (3 + s) ∈ [1/3, 1]): the interpolant
 # at the 18 Chebyshev points of t, from erfcx in 50-digit arithmetic (mpmath), relative error
 # below 1.5e-15 on [0, 6]; coefficients from the highest degree down
-_ERFCX_POLY = np.array([
-    4.411755308833207e-11, 1.9929712439813907e-11, -9.296190395513445e-10, 9.0135199241524e-10,
-    1.4446019547538735e-08, -3.487594946416519e-08, -2.275343313717048e-07, 8.11846189379633e-07,
-    4.532602861489355e-06, -1.5153813043135906e-05, -0.00012716419793240742,
-    7.012531582712087e-05, 0.003956151636311382, 0.023308261232412288, 0.08162684513404354,
-    0.2014388568192339, 0.3681515648982601, 0.32158541645431743,
-])
+_ERFCX_POLY = np.array(
+    [
+        4.411755308833207e-11,
+        1.9929712439813907e-11,
+        -9.296190395513445e-10,
+        9.0135199241524e-10,
+        1.4446019547538735e-08,
+        -3.487594946416519e-08,
+        -2.275343313717048e-07,
+        8.11846189379633e-07,
+        4.532602861489355e-06,
+        -1.5153813043135906e-05,
+        -0.00012716419793240742,
+        7.012531582712087e-05,
+        0.003956151636311382,
+        0.023308261232412288,
+        0.08162684513404354,
+        0.2014388568192339,
+        0.3681515648982601,
+        0.32158541645431743,
+    ]
+)
 _ERFCX_S_MAX = 6.0  # erfc(6) < 3e-17: beyond, erfcx(6) serves (see _mills_ratio_bulk)
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 _SQRT_2PI = math.sqrt(2.0 * math.pi)
@@ -223,8 +244,7 @@ def _log_phi_and_ratio(v):
     if v < _TAIL:
         inv = 1.0 / v
         i2 = inv * inv
-        r = -v + inv * (-1.0 + i2 * (2.0 + i2 * (-10.0 + i2 * (74.0 + i2 * (-706.0
-                                                                        + i2 * 8162.0)))))
+        r = -v + inv * (-1.0 + i2 * (2.0 + i2 * (-10.0 + i2 * (74.0 + i2 * (-706.0 + i2 * 8162.0)))))
     return log_phi, r
 
 
@@ -251,8 +271,9 @@ def _logistic_hermite(z, s, t, log_w):
         u = z + r * t[k]
         sig = 1.0 / (1.0 + math.exp(-u))
         one_m = 1.0 / (1.0 + math.exp(u))
-        top, total, a1, a2 = _log_space_add(top, total, a1, a2, log_w[k] + _log_expit(u), one_m,
-                                            one_m * (1.0 - 2.0 * sig))
+        top, total, a1, a2 = _log_space_add(
+            top, total, a1, a2, log_w[k] + _log_expit(u), one_m, one_m * (1.0 - 2.0 * sig)
+        )
     l1 = a1 / total
     return top + math.log(total), l1, a2 / total - l1 * l1
 
@@ -317,8 +338,7 @@ def _sigmoid_pair_terms(a, b):
     d1_p = ab * sig_p * sig_p
     sig_m = b * inv_m
     d1_m = a * inv_m * sig_m
-    return (sig_p + sig_m, d1_p + d1_m,
-            d1_p * (ab - 1.0) * sig_p + d1_m * (a - b) * inv_m)
+    return (sig_p + sig_m, d1_p + d1_m, d1_p * (ab - 1.0) * sig_p + d1_m * (a - b) * inv_m)
 
 
 @njit(cache=True, inline="always")
@@ -341,8 +361,8 @@ def logistic_bulk_rule(t, log_w):
     n_padded = (half + 3) // 4 * 4
     t_pairs = np.zeros(n_padded)
     w_pairs = np.zeros(n_padded)
-    t_pairs[:half] = t[n_nodes - half:]
-    w_pairs[:half] = np.exp(log_w[n_nodes - half:])
+    t_pairs[:half] = t[n_nodes - half :]
+    w_pairs[:half] = np.exp(log_w[n_nodes - half :])
     w_centre = math.exp(log_w[half]) if n_nodes % 2 else 0.0
     return t_pairs, w_pairs, w_centre, _BULK_U_MAX + np.min(log_w)
 
@@ -393,8 +413,7 @@ def _bulk_start(z, s, w_centre, t_max, bound):
     r = math.sqrt(2.0 * s)
     a = _exp(min(-z, _BULK_U_MAX))  # the clip only keeps unsafe entries' values finite
     sig, d1, d2 = _sigmoid_centre_terms(a)
-    return (a, r, w_centre * sig, w_centre * d1, w_centre * d2,
-            0 if _logistic_bulk_safe(z, s, r, t_max, bound) else 1)
+    return (a, r, w_centre * sig, w_centre * d1, w_centre * d2, 0 if _logistic_bulk_safe(z, s, r, t_max, bound) else 1)
 
 
 @njit(cache=True, inline="always")
@@ -437,7 +456,8 @@ def logistic_derivatives_array(m, s, y, t, log_w, eps, log_w_eps):
         outside = 0
         for j in range(size):
             e_z[j], r[j], total[j], s1[j], s2[j], out = _bulk_start(
-                y[start + j] * m[start + j], s[start + j], w_centre, t_max, bound)
+                y[start + j] * m[start + j], s[start + j], w_centre, t_max, bound
+            )
             outside += out
         _bulk_pair_sums(e_z, r, t_pairs, w_pairs, n_pairs, total, s1, s2, size)
         for j in range(size):
@@ -451,14 +471,12 @@ def logistic_derivatives_array(m, s, y, t, log_w, eps, log_w_eps):
         if outside:
             for i in range(start, start + size):
                 if not _logistic_bulk_safe(y[i] * m[i], s[i], math.sqrt(2.0 * s[i]), t_max, bound):
-                    l0[i], l1[i], l2[i] = _logistic_exact(m[i], s[i], y[i], t, log_w, eps,
-                                                          log_w_eps)
+                    l0[i], l1[i], l2[i] = _logistic_exact(m[i], s[i], y[i], t, log_w, eps, log_w_eps)
     return l0, l1, l2
 
 
 @njit(cache=True, inline="always")
-def _row_cavity(X, site_prec, site_shift, i, w, prec, shift, mean, var_q, var_c, mean_c, proper,
-                old_prec, old_shift):
+def _row_cavity(X, site_prec, site_shift, i, w, prec, shift, mean, var_q, var_c, mean_c, proper, old_prec, old_shift):
     """The cavities of row i's entries, one vectorised loop.
 
     Entry j's stored site (T_p, T_h) is the total of w copies, one copy t = T/w (``w`` 1 without
@@ -520,8 +538,7 @@ def _row_conditional_derivatives(X, i, y, x_mean, mean, var_c, mean_c, l1, l2):
     outside = 0
     for j in range(d):
         x = X[i, j]
-        l1[j], l2[j], u = _bulk_derivatives(x * mean_c[j] + (x_mean - x * mean[j]),
-                                            x * x * var_c[j], y)
+        l1[j], l2[j], u = _bulk_derivatives(x * mean_c[j] + (x_mean - x * mean[j]), x * x * var_c[j], y)
         outside += 0 if _BULK_LOW < u <= _BULK_HIGH else 1
     if outside:
         for j in range(d):
@@ -533,8 +550,7 @@ def _row_conditional_derivatives(X, i, y, x_mean, mean, var_c, mean_c, l1, l2):
 
 
 @njit(cache=True, inline="always")
-def _row_logistic_conditional_derivatives(X, i, y, x_mean, mean, var_c, mean_c, l1, l2, rule,
-                                          bulk, e_z, r, total):
+def _row_logistic_conditional_derivatives(X, i, y, x_mean, mean, var_c, mean_c, l1, l2, rule, bulk, e_z, r, total):
     """:func:`_row_conditional_derivatives` for the logistic likelihood: entry j's conditional
     tilted has the linear predictor N(m_j, s_j), and (L_1, L_2) those of
     :func:`logistic_log_z_derivatives` there.
@@ -557,8 +573,8 @@ def _row_logistic_conditional_derivatives(X, i, y, x_mean, mean, var_c, mean_c, 
     for j in range(d):
         x = X[i, j]
         e_z[j], r[j], total[j], l1[j], l2[j], out = _bulk_start(
-            y * (x * mean_c[j] + (x_mean - x * mean[j])), x * x * var_c[j], w_centre, t_max,
-            bound)
+            y * (x * mean_c[j] + (x_mean - x * mean[j])), x * x * var_c[j], w_centre, t_max, bound
+        )
         outside += out
     _bulk_pair_sums(e_z, r, t_pairs, w_pairs, t.size // 2, total, l1, l2, d)
     yy = y * y
@@ -616,8 +632,25 @@ def _row_ep_share(X, i, y, m_a, s_a, var_q, var_c, lo, hi, l1, l2, rule, bulk):
 
 
 @njit(cache=True, inline="always")
-def _row_update(X, i, l1, l2, var_c, mean_c, proper, old_prec, old_shift, w, step, out_prec,
-                out_shift, d_prec, d_shift, total_prec, total_shift):
+def _row_update(
+    X,
+    i,
+    l1,
+    l2,
+    var_c,
+    mean_c,
+    proper,
+    old_prec,
+    old_shift,
+    w,
+    step,
+    out_prec,
+    out_shift,
+    d_prec,
+    d_shift,
+    total_prec,
+    total_shift,
+):
     """Row i's damped new sites from its entries' tilted derivatives (L_1, L_2), one
     vectorised loop.
 
@@ -638,8 +671,7 @@ def _row_update(X, i, l1, l2, var_c, mean_c, proper, old_prec, old_shift, w, ste
         t_prec = old_prec[j]
         t_shift = old_shift[j]
         change_prec = (w * (x2b * inv_keep) - t_prec) * step if ok else 0.0
-        change_shift = ((w * ((x * l1[j] + mean_c[j] * x2b) * inv_keep) - t_shift) * step
-                        if ok else 0.0)
+        change_shift = (w * ((x * l1[j] + mean_c[j] * x2b) * inv_keep) - t_shift) * step if ok else 0.0
         skipped += 0 if ok else 1
         new_prec = t_prec + change_prec
         new_shift = t_shift + change_shift
@@ -653,9 +685,25 @@ def _row_update(X, i, l1, l2, var_c, mean_c, proper, old_prec, old_shift, w, ste
 
 
 @njit(cache=True, fastmath=_REDUCE, error_model="numpy")
-def factorized_dense_step(X, y, weight, site_prec, site_shift, prec, shift, block_size, cep,
-                          step, total_prec, total_shift, out_prec, out_shift, spread_lo, spread_hi,
-                          rule):
+def factorized_dense_step(
+    X,
+    y,
+    weight,
+    site_prec,
+    site_shift,
+    prec,
+    shift,
+    block_size,
+    cep,
+    step,
+    total_prec,
+    total_shift,
+    out_prec,
+    out_shift,
+    spread_lo,
+    spread_hi,
+    rule,
+):
     """Refine every site of a dense partition, block after block.
 
     ``cep`` False: factorized EP (one cavity linear predictor per row); True: CEP-1 (one
@@ -716,17 +764,31 @@ def factorized_dense_step(X, y, weight, site_prec, site_shift, prec, shift, bloc
             w = weight[i] if weighted else 1.0
             w_copy = w if w > 0.0 else 1.0  # a zero-weight row's total is 0 and stays 0
             w_new = w if w > 0.0 else 0.0
-            m_a, s_a, x_mean = _row_cavity(X, site_prec, site_shift, i, w_copy, prec, shift, mean,
-                                           var_q, var_c, mean_c, proper, old_prec, old_shift)
+            m_a, s_a, x_mean = _row_cavity(
+                X,
+                site_prec,
+                site_shift,
+                i,
+                w_copy,
+                prec,
+                shift,
+                mean,
+                var_q,
+                var_c,
+                mean_c,
+                proper,
+                old_prec,
+                old_shift,
+            )
             if cep:
                 if rule is None:
                     _row_conditional_derivatives(X, i, y[i], x_mean, mean, var_c, mean_c, l1, l2)
                 else:
-                    _row_logistic_conditional_derivatives(X, i, y[i], x_mean, mean, var_c, mean_c,
-                                                          l1, l2, rule, bulk, e_z, r, z_total)
+                    _row_logistic_conditional_derivatives(
+                        X, i, y[i], x_mean, mean, var_c, mean_c, l1, l2, rule, bulk, e_z, r, z_total
+                    )
                 if s_a > spread_lo:
-                    _row_ep_share(X, i, y[i], m_a, s_a, var_q, var_c, spread_lo, spread_hi, l1,
-                                  l2, rule, bulk)
+                    _row_ep_share(X, i, y[i], m_a, s_a, var_q, var_c, spread_lo, spread_hi, l1, l2, rule, bulk)
             else:
                 if rule is None:
                     l1_row, l2_row = probit_log_z_derivatives(m_a, s_a, y[i])
@@ -734,9 +796,25 @@ def factorized_dense_step(X, y, weight, site_prec, site_shift, prec, shift, bloc
                     _, l1_row, l2_row = _logistic_derivatives(m_a, s_a, y[i], False, rule, bulk)
                 l1[:] = l1_row
                 l2[:] = l2_row
-            n_skipped += _row_update(X, i, l1, l2, var_c, mean_c, proper, old_prec, old_shift,
-                                     w_new, step, out_prec, out_shift, d_prec, d_shift,
-                                     total_prec, total_shift)
+            n_skipped += _row_update(
+                X,
+                i,
+                l1,
+                l2,
+                var_c,
+                mean_c,
+                proper,
+                old_prec,
+                old_shift,
+                w_new,
+                step,
+                out_prec,
+                out_shift,
+                d_prec,
+                d_shift,
+                total_prec,
+                total_shift,
+            )
         for j in range(d):
             prec[j] += d_prec[j]
             shift[j] += d_shift[j]

@@ -22,17 +22,16 @@ import numpy as np
 from numba import njit, types
 from numba.extending import get_cython_function_address
 
-__all__ = ["add_outer", "add_rows", "reduced_phase", "clipped_single", "scaled_product",
-           "triangular_sums_of_squares"]
+__all__ = ["add_outer", "add_rows", "reduced_phase", "clipped_single", "scaled_product", "triangular_sums_of_squares"]
 
 # BLAS dtrmm (Fortran calling convention: every argument by address) under a fixed name, so
 # that the compiled kernels can be cached
-llvmlite.binding.add_symbol(
-    "skcep_blas_dtrmm", get_cython_function_address("scipy.linalg.cython_blas", "dtrmm"))
+llvmlite.binding.add_symbol("skcep_blas_dtrmm", get_cython_function_address("scipy.linalg.cython_blas", "dtrmm"))
 _char, _int = types.CPointer(types.int8), types.CPointer(types.int32)
 _double = types.CPointer(types.float64)
-_dtrmm = types.ExternalFunction("skcep_blas_dtrmm", types.void(
-    _char, _char, _char, _char, _int, _int, _double, _double, _int, _double, _int))
+_dtrmm = types.ExternalFunction(
+    "skcep_blas_dtrmm", types.void(_char, _char, _char, _char, _int, _int, _double, _double, _int, _double, _int)
+)
 
 _TWO_PI = 2.0 * np.pi
 _INV_TWO_PI = 1.0 / _TWO_PI
@@ -111,9 +110,19 @@ def triangular_sums_of_squares(factor, psi, out):
     sizes = np.array([d, n, factor.shape[0], d], dtype=np.int32)  # m, n, lda, ldb
     one = np.ones(1)
     if n > 0 and d > 0:
-        _dtrmm(flags[0:].ctypes, flags[1:].ctypes, flags[2:].ctypes, flags[3:].ctypes,
-               sizes[0:].ctypes, sizes[1:].ctypes, one.ctypes, factor.ctypes, sizes[2:].ctypes,
-               psi.ctypes, sizes[3:].ctypes)
+        _dtrmm(
+            flags[0:].ctypes,
+            flags[1:].ctypes,
+            flags[2:].ctypes,
+            flags[3:].ctypes,
+            sizes[0:].ctypes,
+            sizes[1:].ctypes,
+            one.ctypes,
+            factor.ctypes,
+            sizes[2:].ctypes,
+            psi.ctypes,
+            sizes[3:].ctypes,
+        )
     for i in range(n):
         total = 0.0
         for j in range(d):

@@ -145,15 +145,49 @@ from .likelihoods import Probit, log_phi_derivatives
 from .ordinal import OrderedProbit, fit_thresholds, truncated_moments
 
 __all__ = [
-    "GaussianRows", "CPPosterior", "CPFitResult", "ModeChunk", "SparseChunk", "RowStatistics", "EntrySums",
-    "SweepTotals", "EntryPartition", "InMemoryEntries", "init_posterior", "grow_posterior",
-    "starting_noise_precision", "noise_precision_for_variance", "posterior_sums", "take_rows", "put_rows",
-    "mode_chunks", "gaussian_statistics", "probit_site_statistics", "probit_offset_sites",
-    "offset_statistics", "entry_mean", "entry_second_moment", "augmented_target", "reduce_rows", "group_update",
-    "noise_update", "component_update", "mode_prior_update", "offset_prior_update", "learned_prior_update",
-    "effective_rank", "streaming_sweeps",
-    "probit_site", "start_sweeps", "fit_cp", "absorb_batch", "predict_cp", "elbo", "site_likelihood",
-    "initial_thresholds", "ordinal_start",
+    "GaussianRows",
+    "CPPosterior",
+    "CPFitResult",
+    "ModeChunk",
+    "SparseChunk",
+    "RowStatistics",
+    "EntrySums",
+    "SweepTotals",
+    "EntryPartition",
+    "InMemoryEntries",
+    "init_posterior",
+    "grow_posterior",
+    "starting_noise_precision",
+    "noise_precision_for_variance",
+    "posterior_sums",
+    "take_rows",
+    "put_rows",
+    "mode_chunks",
+    "gaussian_statistics",
+    "probit_site_statistics",
+    "probit_offset_sites",
+    "offset_statistics",
+    "entry_mean",
+    "entry_second_moment",
+    "augmented_target",
+    "reduce_rows",
+    "group_update",
+    "noise_update",
+    "component_update",
+    "mode_prior_update",
+    "offset_prior_update",
+    "learned_prior_update",
+    "effective_rank",
+    "streaming_sweeps",
+    "probit_site",
+    "start_sweeps",
+    "fit_cp",
+    "absorb_batch",
+    "predict_cp",
+    "elbo",
+    "site_likelihood",
+    "initial_thresholds",
+    "ordinal_start",
 ]
 
 CHUNK_SIZE = 8192
@@ -319,7 +353,10 @@ class GaussianRows:
         if cache is None or cache[0] is not self.prior_precision:
             P = self.prior_precision
             if P.shape[0] > 1 and np.array_equal(P, np.broadcast_to(P[:1], P.shape)):  # one prior for all rows
-                prior_cov, logdet = np.broadcast_to(batched_inverse(P[:1]), P.shape), np.repeat(_logdet(P[:1]), P.shape[0])
+                prior_cov, logdet = (
+                    np.broadcast_to(batched_inverse(P[:1]), P.shape),
+                    np.repeat(_logdet(P[:1]), P.shape[0]),
+                )
             else:
                 prior_cov, logdet = batched_inverse(P), _logdet(P)
             prior_mean = np.einsum("sij,sj->si", prior_cov, self.prior_shift)
@@ -425,15 +462,27 @@ class CPPosterior:
         return (f.mean, f.cov) if term is None else effective_moments(f.mean, f.cov, term)
 
     def copy(self):
-        return replace(self, factors=[f.copy() for f in self.factors], offsets=[g.copy() for g in self.offsets],
-                       offset_modes=list(self.offset_modes), mode_priors=_copied(self.mode_priors),
-                       offset_priors=_copied(self.offset_priors), implicit=[t.copy() for t in self.implicit])
+        return replace(
+            self,
+            factors=[f.copy() for f in self.factors],
+            offsets=[g.copy() for g in self.offsets],
+            offset_modes=list(self.offset_modes),
+            mode_priors=_copied(self.mode_priors),
+            offset_priors=_copied(self.offset_priors),
+            implicit=[t.copy() for t in self.implicit],
+        )
 
     def as_prior(self):
-        return replace(self, factors=[f.as_prior() for f in self.factors],
-                       offsets=[g.as_prior() for g in self.offsets], offset_modes=list(self.offset_modes),
-                       noise_prior=self.noise, mode_priors=_copied(self.mode_priors),
-                       offset_priors=_copied(self.offset_priors), implicit=[t.copy() for t in self.implicit])
+        return replace(
+            self,
+            factors=[f.as_prior() for f in self.factors],
+            offsets=[g.as_prior() for g in self.offsets],
+            offset_modes=list(self.offset_modes),
+            noise_prior=self.noise,
+            mode_priors=_copied(self.mode_priors),
+            offset_priors=_copied(self.offset_priors),
+            implicit=[t.copy() for t in self.implicit],
+        )
 
 
 def _copied(states):
@@ -449,12 +498,16 @@ def take_rows(post, rows):
     q(λ) and no learned priors: its rows' priors hold them fixed (they depend on every row;
     :func:`absorb_batch` updates them after the batch).
     """
+
     def take(g, r):
         return GaussianRows(g.mean[r], g.cov[r], g.prior_precision[r], g.prior_shift[r])
 
     return CPPosterior(
         [take(f, r) for f, r in zip(post.factors, rows)],
-        [take(g, np.zeros(1, dtype=np.intp) if m is None else rows[m]) for g, m in zip(post.offsets, post.offset_modes)],
+        [
+            take(g, np.zeros(1, dtype=np.intp) if m is None else rows[m])
+            for g, m in zip(post.offsets, post.offset_modes)
+        ],
         list(post.offset_modes),
         post.noise,
         post.noise_prior,
@@ -464,6 +517,7 @@ def take_rows(post, rows):
 
 def put_rows(post, rows, sub):
     """Write the sub-model ``sub`` of :func:`take_rows` back into ``post``, in place."""
+
     def put(g, r, h):
         g.mean[r], g.cov[r], g.prior_precision[r], g.prior_shift[r] = h.mean, h.cov, h.prior_precision, h.prior_shift
 
@@ -497,8 +551,10 @@ def _check_modulating(modes, variance, n_modes):
     if len(set(modes)) != len(modes) or min(modes) < 0 or max(modes) >= n_modes:
         raise ValueError(f"modulating_modes must be distinct modes in 0..{n_modes - 1}; got {modes!r}.")
     if len(modes) == n_modes:
-        raise ValueError("At least one mode must not be modulating: with every factor near 1 the CP term "
-                         "would have no zero-mean factor to carry its components.")
+        raise ValueError(
+            "At least one mode must not be modulating: with every factor near 1 the CP term "
+            "would have no zero-mean factor to carry its components."
+        )
     if variance is None or not variance > 0:
         raise ValueError(f"modulation_variance must be positive; got {variance!r}.")
     return modes
@@ -513,8 +569,14 @@ def _random_rows(n_rows, rank, variance, init_scale, rng, prior_mean=0.0):
         return _prior_rows(n_rows, rank, variance, start.copy(), prior_mean=prior_mean)
     if rng is None:
         raise ValueError("random working means (init_scale > 0) need a random generator rng.")
-    return _prior_rows(n_rows, rank, variance, start + init_scale * rng.standard_normal((n_rows, rank)),
-                       init_scale**2, prior_mean=prior_mean)
+    return _prior_rows(
+        n_rows,
+        rank,
+        variance,
+        start + init_scale * rng.standard_normal((n_rows, rank)),
+        init_scale**2,
+        prior_mean=prior_mean,
+    )
 
 
 def _learned_offset_variance(post, j):
@@ -529,10 +591,25 @@ def _learned_prior(post, k):
     return m, b / a
 
 
-def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_offset=None,
-                   mode_offsets=None, noise_prior=None, noise_init=None, component_prior=None, precision_floor=0.0,
-                   offset_init=0.0, modulating_modes=(), modulation_variance=None, mode_prior=None,
-                   offset_prior=None):
+def init_posterior(
+    shape,
+    rank,
+    *,
+    prior_variance,
+    init_scale,
+    rng=None,
+    global_offset=None,
+    mode_offsets=None,
+    noise_prior=None,
+    noise_init=None,
+    component_prior=None,
+    precision_floor=0.0,
+    offset_init=0.0,
+    modulating_modes=(),
+    modulation_variance=None,
+    mode_prior=None,
+    offset_prior=None,
+):
     """Posterior to start from: embeddings N(m, init_scale²·I) with random m ~ N(0, init_scale²)
     drawn from ``rng`` under priors N(0, prior_variance·I).  All-zero means are a fixed point,
     and so, in practice, is a start at the prior covariance: partners that uncertain give every
@@ -566,20 +643,35 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
     modulating = _check_modulating(modulating_modes, modulation_variance, len(shape))
     governed = len(shape) - len(modulating)
     start = rank ** (-1.0 / governed) if mode_prior is not None else 0.0
-    factors = [_modulating_rows(d, rank, modulation_variance) if k in modulating
-               else _random_rows(d, rank, prior_variance, init_scale, rng) for k, d in enumerate(shape)]
+    factors = [
+        _modulating_rows(d, rank, modulation_variance)
+        if k in modulating
+        else _random_rows(d, rank, prior_variance, init_scale, rng)
+        for k, d in enumerate(shape)
+    ]
     for k, f in enumerate(factors):
         if k not in modulating and start:  # the prior's mean only: the rows start around 0 as ever
             f.prior_shift = np.full(f.mean.shape, start / prior_variance)
-    post = CPPosterior(factors, noise_prior=noise_prior, modulating_modes=modulating,
-                       modulation_variance=float(modulation_variance) if modulating else None)
+    post = CPPosterior(
+        factors,
+        noise_prior=noise_prior,
+        modulating_modes=modulating,
+        modulation_variance=float(modulation_variance) if modulating else None,
+    )
     if mode_prior is not None:
         a0, b0, v = (float(x) for x in mode_prior)
         post.mode_prior_hyper = (a0, b0, v)
-        post.mode_priors = [None if k in modulating else
-                            (np.full(rank, start), 1.0 / (1.0 / v + d / prior_variance),
-                             a0 + 0.5 * d * rank, (a0 + 0.5 * d * rank) * prior_variance)
-                            for k, d in enumerate(shape)]
+        post.mode_priors = [
+            None
+            if k in modulating
+            else (
+                np.full(rank, start),
+                1.0 / (1.0 / v + d / prior_variance),
+                a0 + 0.5 * d * rank,
+                (a0 + 0.5 * d * rank) * prior_variance,
+            )
+            for k, d in enumerate(shape)
+        ]
     if component_prior is not None:
         a = np.full(rank, float(component_prior[0]) + 0.5 * sum(shape[k] for k in post.ard_modes))
         post.components, post.component_prior = (a, a * prior_variance), tuple(map(float, component_prior))
@@ -594,8 +686,10 @@ def init_posterior(shape, rank, *, prior_variance, init_scale, rng=None, global_
         if offset_prior is not None:
             a0, b0 = (float(x) for x in offset_prior)
             post.offset_prior_hyper = (a0, b0)
-            post.offset_priors = [None if k is None else (a0 + 0.5 * g.n_rows, (a0 + 0.5 * g.n_rows) * mode_offsets)
-                                  for k, g in zip(post.offset_modes, post.offsets)]
+            post.offset_priors = [
+                None if k is None else (a0 + 0.5 * g.n_rows, (a0 + 0.5 * g.n_rows) * mode_offsets)
+                for k, g in zip(post.offset_modes, post.offsets)
+            ]
     if noise_prior is not None:
         a0, b0 = noise_prior
         tau = a0 / b0 if noise_init is None else noise_init
@@ -651,8 +745,14 @@ def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mod
 
 
 def _concat_rows(a, b):
-    return GaussianRows(*(np.concatenate([x, y]) for x, y in zip(
-        (a.mean, a.cov, a.prior_precision, a.prior_shift), (b.mean, b.cov, b.prior_precision, b.prior_shift))))
+    return GaussianRows(
+        *(
+            np.concatenate([x, y])
+            for x, y in zip(
+                (a.mean, a.cov, a.prior_precision, a.prior_shift), (b.mean, b.cov, b.prior_precision, b.prior_shift)
+            )
+        )
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -729,7 +829,7 @@ def mode_chunks(index, shape, k, size=CHUNK_SIZE, sparse=True):
     starts = np.union1d(np.flatnonzero(rows[1:] != rows[:-1]) + 1, bounds)
     cut = np.searchsorted(starts, np.r_[bounds, n])
     return [
-        ModeChunk(order[c0:c0 + size], columns[:, c0:c0 + size], starts[a:b] - c0, rows[starts[a:b]])
+        ModeChunk(order[c0 : c0 + size], columns[:, c0 : c0 + size], starts[a:b] - c0, rows[starts[a:b]])
         for c0, a, b in zip(bounds, cut[:-1], cut[1:])
     ]
 
@@ -747,8 +847,18 @@ def _sparse_chunks(index, shape, k, small, big, size):
     for r0, r1 in zip(cuts[:-1], cuts[1:]):
         e0, e1 = row_start[r0], row_start[r1]
         entries = order[e0:e1]
-        chunks.append(SparseChunk(entries, np.arange(r0, r1), small, big, d_small, shape[big],
-                                  indptr[r0 * d_small:r1 * d_small + 1] - e0, index[entries, big]))
+        chunks.append(
+            SparseChunk(
+                entries,
+                np.arange(r0, r1),
+                small,
+                big,
+                d_small,
+                shape[big],
+                indptr[r0 * d_small : r1 * d_small + 1] - e0,
+                index[entries, big],
+            )
+        )
     return chunks
 
 
@@ -790,8 +900,9 @@ def gaussian_statistics(chunk, k, means, second, target, weight=None):
     target = _weigh(target, weight)
     if isinstance(chunk, SparseChunk):
         shape = (chunk.rows.size * chunk.n_small, chunk.n_big)
-        A = sp.csr_matrix((np.ones(target.size) if weight is None else weight, chunk.indices, chunk.indptr),
-                          shape=shape)
+        A = sp.csr_matrix(
+            (np.ones(target.size) if weight is None else weight, chunk.indices, chunk.indptr), shape=shape
+        )
         A_t = sp.csr_matrix((target, chunk.indices, chunk.indptr), shape=shape)
         T = (A @ second[chunk.big]).reshape(chunk.rows.size, chunk.n_small, -1)
         G = np.einsum("dcp,cp->dp", T, second[chunk.small])
@@ -800,8 +911,9 @@ def gaussian_statistics(chunk, k, means, second, target, weight=None):
     xbar = _hadamard(means, chunk.columns, skip=k)
     xx = _weigh(_hadamard(second, chunk.columns, skip=k), weight)
     xbar *= target[:, None]
-    return RowStatistics(chunk.rows, np.add.reduceat(xx, chunk.starts, axis=0),
-                         np.add.reduceat(xbar, chunk.starts, axis=0))
+    return RowStatistics(
+        chunk.rows, np.add.reduceat(xx, chunk.starts, axis=0), np.add.reduceat(xbar, chunk.starts, axis=0)
+    )
 
 
 def _rank_one_site(t, a, alpha, c):
@@ -871,8 +983,9 @@ def _cavity_terms(cov, mean, e, pi, beta, xbar, xx, packing):
     return m, a, q2, ok
 
 
-def probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites, damping=1.0, weight=None,
-                           likelihood=_PROBIT):
+def probit_site_statistics(
+    chunk, k, mean, cov, means, second, rest, sign, sites, damping=1.0, weight=None, likelihood=_PROBIT
+):
     """Probit group CEP for the chunk's entries in mode k (Wang & Zhe, supplement §8.1.2).
 
     Every site is recomputed from the cavity q(u_s) / (its current site), with q of mode k
@@ -893,9 +1006,11 @@ def probit_site_statistics(chunk, k, mean, cov, means, second, rest, sign, sites
     if ok is not True:
         xbar = np.where(ok[:, None], xbar, direction)
     copies_pi, copies_beta = _weigh(pi, weight), _weigh(beta, weight)
-    statistics = RowStatistics(chunk.rows,
-                               np.add.reduceat(packing.outer(xbar) * copies_pi[:, None], chunk.starts, axis=0),
-                               np.add.reduceat(xbar * copies_beta[:, None], chunk.starts, axis=0))
+    statistics = RowStatistics(
+        chunk.rows,
+        np.add.reduceat(packing.outer(xbar) * copies_pi[:, None], chunk.starts, axis=0),
+        np.add.reduceat(xbar * copies_beta[:, None], chunk.starts, axis=0),
+    )
     return (xbar, pi, beta), statistics, _n_skipped(ok)
 
 
@@ -905,15 +1020,19 @@ def probit_offset_sites(rows, mean, cov, rest, sign, sites, damping=1.0, likelih
     precision = 1.0 / cov[rows, 0, 0]
     cav_prec, cav_shift, ok = cavity_natural(precision, precision * mean[rows, 0], *sites)
     variance = 1.0 / cav_prec
-    pi, beta = _damped_probit_site(cav_shift / cav_prec, variance, variance, sign, rest, *sites, damping, ok,
-                                   likelihood)
+    pi, beta = _damped_probit_site(
+        cav_shift / cav_prec, variance, variance, sign, rest, *sites, damping, ok, likelihood
+    )
     return (pi, beta), _n_skipped(ok)
 
 
 def offset_statistics(rows, precision, shift, n_rows):
     """Σ precision_i and Σ shift_i per row of a rank-1 offset group (all of its rows)."""
-    return RowStatistics(np.arange(n_rows), np.bincount(rows, precision, minlength=n_rows)[:, None],
-                         np.bincount(rows, shift, minlength=n_rows)[:, None])
+    return RowStatistics(
+        np.arange(n_rows),
+        np.bincount(rows, precision, minlength=n_rows)[:, None],
+        np.bincount(rows, shift, minlength=n_rows)[:, None],
+    )
 
 
 def entry_mean(columns, means):
@@ -1256,8 +1375,11 @@ def _offset_prior_kl(post):
     (the expected log prior against the rows' prior N(0, E[β]⁻¹)) plus KL(q(β) ‖ Gam(a0, b0))."""
     if post.offset_priors is None:
         return 0.0
-    return sum(_learned_precision_kl(g.n_rows, *prior, *post.offset_prior_hyper)
-               for g, prior in zip(post.offsets, post.offset_priors) if prior is not None)
+    return sum(
+        _learned_precision_kl(g.n_rows, *prior, *post.offset_prior_hyper)
+        for g, prior in zip(post.offsets, post.offset_priors)
+        if prior is not None
+    )
 
 
 def _implicit_kl(post):
@@ -1289,8 +1411,9 @@ class EntrySums(NamedTuple):
     mean_square: float
 
 
-def _entry_sums(index, y, cp_mean, cp_second, offsets, offset_modes, previous, likelihood, weight=None,
-                thresholds=None):
+def _entry_sums(
+    index, y, cp_mean, cp_second, offsets, offset_modes, previous, likelihood, weight=None, thresholds=None
+):
     """:class:`EntrySums` of the entries ``index`` with values ``y`` and weights ``weight``
     (None: all 1), from E[1ᵀz_i], E[(1ᵀz_i)²] (None: not needed, 0 is summed), the offset
     groups' (mean, cov) and the predictor means of the sweep before (``previous``; None: no
@@ -1303,17 +1426,24 @@ def _entry_sums(index, y, cp_mean, cp_second, offsets, offset_modes, previous, l
         log_lik = 0.0
     else:  # log P(y_i | E f_i), the augmented model's bound (probit: log Φ(s_i E f_i))
         labels = _labels(y, likelihood)
-        log_lik = np.sum(_weigh(site_likelihood(likelihood, thresholds).derivatives(mean, 0.0, labels, order=0)[0],
-                                weight))
+        log_lik = np.sum(
+            _weigh(site_likelihood(likelihood, thresholds).derivatives(mean, 0.0, labels, order=0)[0], weight)
+        )
     if previous is None:
         change = np.nan
     else:
         delta = mean - previous
         change = _weigh(delta, weight).dot(delta)
-    sums = EntrySums(y.size if weight is None else weight.sum(), float(_weigh(resid, weight) @ resid),
-                     0.0 if cp_second is None else np.sum(_weigh(cp_second, weight)),
-                     _weigh(cp_mean, weight) @ cp_mean, _weigh(off_var, weight).sum(), log_lik, change,
-                     _weigh(mean, weight).dot(mean))
+    sums = EntrySums(
+        y.size if weight is None else weight.sum(),
+        float(_weigh(resid, weight) @ resid),
+        0.0 if cp_second is None else np.sum(_weigh(cp_second, weight)),
+        _weigh(cp_mean, weight) @ cp_mean,
+        _weigh(off_var, weight).sum(),
+        log_lik,
+        change,
+        _weigh(mean, weight).dot(mean),
+    )
     return sums, mean
 
 
@@ -1321,9 +1451,18 @@ def posterior_sums(post, index, y, likelihood, n_jobs=None, previous=None, weigh
     """:class:`EntrySums` of the entries (index, y) of weights ``weight`` (None: all 1) under q
     ``post`` (``previous``: the predictor means to measure the change from), and the predictor
     means E f_i."""
-    return _entry_sums(index, y, _cp_mean(post, index, n_jobs), _cp_second(post, index, n_jobs),
-                       [(g.mean, g.cov) for g in post.offsets], post.offset_modes, previous, likelihood, weight,
-                       post.thresholds)
+    return _entry_sums(
+        index,
+        y,
+        _cp_mean(post, index, n_jobs),
+        _cp_second(post, index, n_jobs),
+        [(g.mean, g.cov) for g in post.offsets],
+        post.offset_modes,
+        previous,
+        likelihood,
+        weight,
+        post.thresholds,
+    )
 
 
 @dataclass
@@ -1412,8 +1551,20 @@ class EntryPartition:
     original intact, as a Dask task must (its inputs may be shared).
     """
 
-    def __init__(self, index, y, *, shape, offset_modes, likelihood, method, damping=1.0, n_jobs=None,
-                 chunk_size=CHUNK_SIZE, weight=None):
+    def __init__(
+        self,
+        index,
+        y,
+        *,
+        shape,
+        offset_modes,
+        likelihood,
+        method,
+        damping=1.0,
+        n_jobs=None,
+        chunk_size=CHUNK_SIZE,
+        weight=None,
+    ):
         self.index, self.y, self.shape, self.offset_modes = index, y, tuple(shape), list(offset_modes)
         self.weight = weight
         self.likelihood, self.method, self.damping = likelihood, method, damping
@@ -1471,23 +1622,39 @@ class EntryPartition:
         resid = self.target - self.off_mean
         means, second = self.means, self.second
         weight = self.weight
-        parts = map_chunks(lambda c: gaussian_statistics(c, k, means, second, resid[c.entries],
-                                                         None if weight is None else weight[c.entries]),
-                           self.chunks(k, True, self.chunk_size), self.n_jobs)
+        parts = map_chunks(
+            lambda c: gaussian_statistics(
+                c, k, means, second, resid[c.entries], None if weight is None else weight[c.entries]
+            ),
+            self.chunks(k, True, self.chunk_size),
+            self.n_jobs,
+        )
         return parts, 0
 
     def _probit_factor(self, k, cov):
         mean = self.means[k]
         rank = mean.shape[1]
         chunks = self.chunks(k, False, _site_chunk_size(rank, self.chunk_size))
-        sites = self.factor_sites[k] or [(np.zeros((c.entries.size, rank)), np.zeros(c.entries.size),
-                                          np.zeros(c.entries.size)) for c in chunks]
+        sites = self.factor_sites[k] or [
+            (np.zeros((c.entries.size, rank)), np.zeros(c.entries.size), np.zeros(c.entries.size)) for c in chunks
+        ]
 
         def step(i):
             c = chunks[i]
-            return probit_site_statistics(c, k, mean, cov, self.means, self.second, self.off_mean[c.entries],
-                                          self.sign[c.entries], sites[i], self.damping,
-                                          None if self.weight is None else self.weight[c.entries], self.lik)
+            return probit_site_statistics(
+                c,
+                k,
+                mean,
+                cov,
+                self.means,
+                self.second,
+                self.off_mean[c.entries],
+                self.sign[c.entries],
+                sites[i],
+                self.damping,
+                None if self.weight is None else self.weight[c.entries],
+                self.lik,
+            )
 
         parts = map_chunks(step, range(len(chunks)), self.n_jobs)
         self.factor_sites[k] = [p[0] for p in parts]
@@ -1506,8 +1673,9 @@ class EntryPartition:
         rows = _offset_rows(self.offset_modes[j], self.index)
         self.rows, self.rest = rows, self.total - mean[rows, 0]
         if self.probit_cep:
-            sites, skipped = probit_offset_sites(rows, mean, cov, self.rest, self.sign, self.offset_sites[j],
-                                                 self.damping, self.lik)
+            sites, skipped = probit_offset_sites(
+                rows, mean, cov, self.rest, self.sign, self.offset_sites[j], self.damping, self.lik
+            )
             self.offset_sites[j] = sites
             return offset_statistics(rows, *(_weigh(site, self.weight) for site in sites), mean.shape[0]), skipped
         precision = np.ones(self.y.size) if self.weight is None else self.weight
@@ -1520,9 +1688,18 @@ class EntryPartition:
         if not self.offset_modes or any(group < len(self.shape) for group, _ in changes):  # a factor changed
             self.cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
         cp_second = _cp_second_of(self.second, self.index, self.n_jobs) if with_second else None
-        sums, self.previous = _entry_sums(self.index, self.y, self.cp_mean, cp_second, self.offsets,
-                                          self.offset_modes, self.previous, self.likelihood, self.weight,
-                                          self.thresholds)
+        sums, self.previous = _entry_sums(
+            self.index,
+            self.y,
+            self.cp_mean,
+            cp_second,
+            self.offsets,
+            self.offset_modes,
+            self.previous,
+            self.likelihood,
+            self.weight,
+            self.thresholds,
+        )
         return sums
 
     def cut_points(self, n_levels):
@@ -1640,8 +1817,10 @@ def _cut_points_of(parts, thresholds):
     objective Σ_i log P(y_i) is not a sum of per-partition maxima)."""
     results = parts.step("cut_points", thresholds.size + 1)
     if len(results) != 1:
-        raise ValueError("Ordinal entries need their cut points fitted on all entries at once: pass them in "
-                         "memory, not as partitions.")
+        raise ValueError(
+            "Ordinal entries need their cut points fitted on all entries at once: pass them in "
+            "memory, not as partitions."
+        )
     return results[0]
 
 
@@ -1732,7 +1911,7 @@ class _EntrySweeps:
 
     def sweep(self, update_noise=True, update_priors=True):
         for b0 in range(0, self.order.size, self.block_size):
-            self.block(np.sort(self.order[b0:b0 + self.block_size]))
+            self.block(np.sort(self.order[b0 : b0 + self.block_size]))
         post, y = self.posterior, self.y
         if post.components is not None:  # q = prior × sites: the new prior enters every row's q
             delta = np.diag(component_update(post))
@@ -1751,8 +1930,9 @@ class _EntrySweeps:
             for j, d_prec in offsets:
                 self.offset_natural[j][0] = self.offset_natural[j][0] + d_prec
                 post.offsets[j].set_natural(*self.offset_natural[j], slice(None))
-        sums, self.previous = posterior_sums(post, self.index, y, self.likelihood, self.n_jobs, self.previous,
-                                             self.weight)
+        sums, self.previous = posterior_sums(
+            post, self.index, y, self.likelihood, self.n_jobs, self.previous, self.weight
+        )
         stats = SweepTotals.combine([sums], post, self.likelihood)
         if post.noise is not None and update_noise:
             post.noise = noise_update(post.noise_prior, sums.n, stats.sum_squared_error())
@@ -1808,8 +1988,9 @@ class _EntrySweeps:
                 q_prec, q_shift = prec[rows_all, 0, 0], shift[rows_all, 0]
                 cav_prec, cav_shift, ok = cavity_natural(q_prec, q_shift, old_prec, old_shift)
                 variance = 1.0 / cav_prec
-                new_prec, new_shift = _damped_probit_site(cav_shift / cav_prec, variance, variance, obs, rest,
-                                                          old_prec, old_shift, self.damping, ok)
+                new_prec, new_shift = _damped_probit_site(
+                    cav_shift / cav_prec, variance, variance, obs, rest, old_prec, old_shift, self.damping, ok
+                )
                 self.n_skipped += _n_skipped(ok)
             rows, inverse = np.unique(rows_all, return_inverse=True)
             prec[rows, 0, 0] += np.bincount(inverse, _weigh(new_prec - old_prec, w), minlength=rows.size)
@@ -1818,9 +1999,23 @@ class _EntrySweeps:
             g.set_natural(prec[rows], shift[rows], rows)
 
 
-def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", damping=1.0,
-                 block_size=None, rng=None, n_jobs=None, chunk_size=CHUNK_SIZE, partitions=None, weight=None,
-                 simultaneous=False):
+def start_sweeps(
+    post,
+    index,
+    y,
+    *,
+    likelihood="gaussian",
+    method="vmp",
+    schedule="group",
+    damping=1.0,
+    block_size=None,
+    rng=None,
+    n_jobs=None,
+    chunk_size=CHUNK_SIZE,
+    partitions=None,
+    weight=None,
+    simultaneous=False,
+):
     """The sweeps :func:`fit_cp` runs, on a copy of ``post``: an object whose
     ``sweep(update_noise=True)`` runs one sweep and returns its :class:`SweepTotals`, and
     whose ``posterior`` is q after the last sweep (updated in place).
@@ -1837,24 +2032,38 @@ def start_sweeps(post, index, y, *, likelihood="gaussian", method="vmp", schedul
     post = post.copy()
     if likelihood == "ordinal" and (post.thresholds is None or np.size(post.thresholds) < 1):
         raise ValueError("Ordinal entries need the posterior's cut points (post.thresholds, at least one).")
-    if post.implicit and (schedule == "entry" or partitions is not None or (likelihood != "gaussian"
-                                                                            and method == "cep")):
-        raise ValueError("Implicit feedback takes the group schedule in memory, with VMP for probit and ordinal "
-                         "entries (method='vmp'): its update solves for every row of a mode at once.")
+    if post.implicit and (
+        schedule == "entry" or partitions is not None or (likelihood != "gaussian" and method == "cep")
+    ):
+        raise ValueError(
+            "Implicit feedback takes the group schedule in memory, with VMP for probit and ordinal "
+            "entries (method='vmp'): its update solves for every row of a mode at once."
+        )
     if schedule == "entry":
         if likelihood == "ordinal":
-            raise ValueError("The entry schedule takes Gaussian and probit entries; use schedule='group' for "
-                             "ordinal ones.")
+            raise ValueError(
+                "The entry schedule takes Gaussian and probit entries; use schedule='group' for ordinal ones."
+            )
         if simultaneous:
-            raise ValueError("simultaneous updates are a variant of the group schedule; the entry schedule updates "
-                             "block after block.")
+            raise ValueError(
+                "simultaneous updates are a variant of the group schedule; the entry schedule updates "
+                "block after block."
+            )
         if partitions is not None:
-            raise ValueError("The entry schedule updates the sites block after block, each from the q left by the "
-                             "one before: it needs the entries in memory. Use schedule='group' for partitioned "
-                             "entries.")
+            raise ValueError(
+                "The entry schedule updates the sites block after block, each from the q left by the "
+                "one before: it needs the entries in memory. Use schedule='group' for partitioned "
+                "entries."
+            )
         return _EntrySweeps(post, index, y, likelihood, damping, block_size, rng, n_jobs, weight)
-    options = dict(shape=post.shape, offset_modes=post.offset_modes, likelihood=likelihood, method=method,
-                   damping=damping, chunk_size=chunk_size)
+    options = dict(
+        shape=post.shape,
+        offset_modes=post.offset_modes,
+        likelihood=likelihood,
+        method=method,
+        damping=damping,
+        chunk_size=chunk_size,
+    )
     if partitions is None:
         parts = InMemoryEntries(EntryPartition(index, y, n_jobs=n_jobs, weight=weight, **options))
     else:
@@ -1882,10 +2091,29 @@ class CPFitResult:
     n_skipped: int = 0
 
 
-def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="group", max_iter=100,
-           tol=1e-4, damping=1.0, block_size=None, rng=None, n_jobs=None, callback=None, track_elbo=True,
-           hold_noise=0, hold_priors=0, chunk_size=CHUNK_SIZE, partitions=None, weight=None,
-           simultaneous=False):
+def fit_cp(
+    post,
+    index,
+    y,
+    *,
+    likelihood="gaussian",
+    method="vmp",
+    schedule="group",
+    max_iter=100,
+    tol=1e-4,
+    damping=1.0,
+    block_size=None,
+    rng=None,
+    n_jobs=None,
+    callback=None,
+    track_elbo=True,
+    hold_noise=0,
+    hold_priors=0,
+    chunk_size=CHUNK_SIZE,
+    partitions=None,
+    weight=None,
+    simultaneous=False,
+):
     """Fit q on the entries (index, y), starting from and with the priors of ``post``.
 
     Iterates until the relative change of the training predictor means is below ``tol`` or
@@ -1899,14 +2127,28 @@ def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="gro
     early residuals of a random start would make E[τ] small and shrink every embedding to the
     zero fixed point.  Learned priors (:func:`mode_prior_update`) are held at their start for the
     first ``hold_priors`` sweeps: a precision learned from rows still near their random start
-    would be large, and would pin them there.  ``partitions``: the entries held elsewhere, ``simultaneous``: Jacobi sweeps
+    would be large, and would pin them there.  ``partitions``: the entries held elsewhere, ``simultaneous``:
+    Jacobi sweeps
     (see :func:`start_sweeps`).  ``weight`` (n,): entry weights w ≥ 0, each entry's likelihood to
     the power w (None: all 1).
     Returns a :class:`CPFitResult` holding a new posterior (``post`` is not modified).
     """
-    sweeps = start_sweeps(post, index, y, likelihood=likelihood, method=method, schedule=schedule,
-                          damping=damping, block_size=block_size, rng=rng, n_jobs=n_jobs, chunk_size=chunk_size,
-                          partitions=partitions, weight=weight, simultaneous=simultaneous)
+    sweeps = start_sweeps(
+        post,
+        index,
+        y,
+        likelihood=likelihood,
+        method=method,
+        schedule=schedule,
+        damping=damping,
+        block_size=block_size,
+        rng=rng,
+        n_jobs=n_jobs,
+        chunk_size=chunk_size,
+        partitions=partitions,
+        weight=weight,
+        simultaneous=simultaneous,
+    )
     post = sweeps.posterior
     trace, converged, n_iter = [], False, 0
     for n_iter in range(1, max_iter + 1):
@@ -1924,8 +2166,20 @@ def fit_cp(post, index, y, *, likelihood="gaussian", method="vmp", schedule="gro
     return CPFitResult(post, n_iter, converged, trace, sweeps.n_skipped)
 
 
-def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, rng=None,
-                 mode_offset_variance=None, weight=None, **fit_options):
+def absorb_batch(
+    post,
+    index,
+    y,
+    n_seen,
+    *,
+    shape,
+    prior_variance,
+    init_scale,
+    rng=None,
+    mode_offset_variance=None,
+    weight=None,
+    **fit_options,
+):
     """Fold a batch of entries into ``post`` (assumed density filtering; Li et al. §4.4 eq. 30,
     Wang & Zhe §6.3): the current posterior is the prior of the batch.
 
@@ -1946,8 +2200,10 @@ def absorb_batch(post, index, y, n_seen, *, shape, prior_variance, init_scale, r
     Returns the :class:`CPFitResult` with the whole new posterior, and the updated ``n_seen``.
     """
     if post.implicit:
-        raise ValueError("Implicit feedback is fitted on all entries at once (each row's term sums over every "
-                         "object it shares an entry with); a stream cannot fold it in batch by batch.")
+        raise ValueError(
+            "Implicit feedback is fitted on all entries at once (each row's term sums over every "
+            "object it shares an entry with); a stream cannot fold it in batch by batch."
+        )
     full = grow_posterior(post, shape, prior_variance=prior_variance, mode_offset_variance=mode_offset_variance)
     n_seen = [np.r_[c, np.zeros(d - c.size, dtype=np.int64)] for c, d in zip(n_seen, shape)]
     rows = [np.unique(index[:, k]) for k in range(index.shape[1])]

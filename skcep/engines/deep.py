@@ -96,8 +96,19 @@ import scipy.sparse as sp
 from scipy.special import expit, logit
 from scipy.stats import truncnorm
 
-from ._deep_kernel import (GAUSSIAN, ORDINAL, PROBIT, adf_loop, delta_method, evidence_derivatives,
-                           forward_backward, moment_update, noise_update, power_step, workspace_buffers)
+from ._deep_kernel import (
+    GAUSSIAN,
+    ORDINAL,
+    PROBIT,
+    adf_loop,
+    delta_method,
+    evidence_derivatives,
+    forward_backward,
+    moment_update,
+    noise_update,
+    power_step,
+    workspace_buffers,
+)
 from .gaussian import cavity_natural, damped_update
 from .likelihoods import Gaussian, Probit
 from .ordinal import OrderedProbit, fit_thresholds
@@ -180,12 +191,12 @@ class ImplicitFeedback:
         """(2, d_j, r_k) view of the means and variances of term t's vectors y."""
         k, j, column, _ = (int(v) for v in self.terms[t])
         d, r = self.shape[j], self.ranks[k]
-        return self.y[:, column:column + d * r].reshape(2, d, r)
+        return self.y[:, column : column + d * r].reshape(2, d, r)
 
     def neighbours(self, t, s):
         """N(s) of term t, in the order its members joined."""
         first, count = self.table[:2, self.terms[t, 3] + s]
-        return self.pool[first:first + count]
+        return self.pool[first : first + count]
 
     def sums(self, t, rows):
         """c_s Σ_{m∈N(s)} E y_m and c_s² Σ Var y_m of term t for the mode-k ``rows`` (zero for a
@@ -193,14 +204,23 @@ class ImplicitFeedback:
         first, count = self.table[:2, self.terms[t, 3] + np.asarray(rows, dtype=np.int64)]
         factors = self.factors(t)
         c = 1.0 / np.sqrt(np.maximum(count, 1))
-        C = sp.csr_matrix((np.repeat(c, count), self.pool[_ranges(first, count)], np.r_[0, np.cumsum(count)]),
-                          shape=(count.size, factors.shape[1]))
+        C = sp.csr_matrix(
+            (np.repeat(c, count), self.pool[_ranges(first, count)], np.r_[0, np.cumsum(count)]),
+            shape=(count.size, factors.shape[1]),
+        )
         C2 = sp.csr_matrix((C.data * C.data, C.indices, C.indptr), shape=C.shape)
         return C @ factors[0], C2 @ factors[1]
 
     def copy(self):
-        return ImplicitFeedback(self.terms, self.shape, self.ranks, self.y.copy(), self.table.copy(),
-                                self.pool[:self.used].copy(), self.used)
+        return ImplicitFeedback(
+            self.terms,
+            self.shape,
+            self.ranks,
+            self.y.copy(),
+            self.table.copy(),
+            self.pool[: self.used].copy(),
+            self.used,
+        )
 
 
 def new_implicit(shape, ranks, modes):
@@ -215,12 +235,24 @@ def new_implicit(shape, ranks, modes):
         row += shape[k]
     y = np.ones((2, column))
     y[0] = 0.0
-    return ImplicitFeedback(np.array(terms, dtype=np.int64).reshape(-1, 4), tuple(shape), tuple(ranks), y,
-                            np.zeros((3, row), dtype=np.int64), np.zeros(0, dtype=np.int64))
+    return ImplicitFeedback(
+        np.array(terms, dtype=np.int64).reshape(-1, 4),
+        tuple(shape),
+        tuple(ranks),
+        y,
+        np.zeros((3, row), dtype=np.int64),
+        np.zeros(0, dtype=np.int64),
+    )
 
 
-_NO_IMPLICIT = ImplicitFeedback(np.zeros((0, 4), dtype=np.int64), (), (), np.zeros((2, 0)),
-                                np.zeros((3, 0), dtype=np.int64), np.zeros(0, dtype=np.int64))  # the loop's T = 0
+_NO_IMPLICIT = ImplicitFeedback(
+    np.zeros((0, 4), dtype=np.int64),
+    (),
+    (),
+    np.zeros((2, 0)),
+    np.zeros((3, 0), dtype=np.int64),
+    np.zeros(0, dtype=np.int64),
+)  # the loop's T = 0
 
 
 def grow_implicit(state, shape):
@@ -231,9 +263,9 @@ def grow_implicit(state, shape):
     grown = new_implicit(shape, state.ranks, state.modes)
     for t, (k, _, _, row) in enumerate(state.terms):
         old = state.factors(t)
-        grown.factors(t)[:, :old.shape[1]] = old
+        grown.factors(t)[:, : old.shape[1]] = old
         start = grown.terms[t, 3]
-        grown.table[:, start:start + state.shape[k]] = state.table[:, row:row + state.shape[k]]
+        grown.table[:, start : start + state.shape[k]] = state.table[:, row : row + state.shape[k]]
     grown.pool, grown.used = state.pool, state.used
     return grown
 
@@ -254,7 +286,9 @@ def reserve_neighbours(state, X):
     first = state.used + np.cumsum(room) - room
     end = state.used + int(room.sum())
     if end > state.pool.size:
-        state.pool = np.concatenate([state.pool[:state.used], np.empty(max(end, 2 * state.used) - state.used, dtype=np.int64)])
+        state.pool = np.concatenate(
+            [state.pool[: state.used], np.empty(max(end, 2 * state.used) - state.used, dtype=np.int64)]
+        )
     count = table[1, rows]
     state.pool[_ranges(first, count)] = state.pool[_ranges(table[0, rows], count)]
     table[0, rows], table[2, rows] = first, room
@@ -327,7 +361,7 @@ class DeepPosterior:
         """(V_m, V_{m−1} + 1) views of a flat weight vector, one per layer."""
         out, start = [], 0
         for rows, cols in self.shapes:
-            out.append(flat[start:start + rows * cols].reshape(rows, cols))
+            out.append(flat[start : start + rows * cols].reshape(rows, cols))
             start += rows * cols
         return out
 
@@ -350,11 +384,23 @@ class DeepPosterior:
 
     def copy(self):
         return DeepPosterior(
-            self.layer_sizes, self.ranks, self.activation, self.theta.copy(),
-            self.site_precision.copy(), self.site_shift.copy(), self.site_logit.copy(),
-            self.prior_logit, self.slab_variance, [e.copy() for e in self.emb],
-            self.noise, self.n_seen, self.n_skipped, self.n_batches, self.log_evidence,
-            None if self.thresholds is None else self.thresholds.copy(), self.threshold_weight,
+            self.layer_sizes,
+            self.ranks,
+            self.activation,
+            self.theta.copy(),
+            self.site_precision.copy(),
+            self.site_shift.copy(),
+            self.site_logit.copy(),
+            self.prior_logit,
+            self.slab_variance,
+            [e.copy() for e in self.emb],
+            self.noise,
+            self.n_seen,
+            self.n_skipped,
+            self.n_batches,
+            self.log_evidence,
+            None if self.thresholds is None else self.thresholds.copy(),
+            self.threshold_weight,
             None if self.implicit is None else self.implicit.copy(),
         )
 
@@ -366,8 +412,20 @@ def _new_embeddings(d, r, rng, scale):
     return e
 
 
-def init_posterior(shape, ranks, hidden_layer_sizes, activation, *, spike_prob, slab_variance,
-                   noise_prior, rng, init_scale=0.0, intercept_variance=0.0, implicit_modes=None):
+def init_posterior(
+    shape,
+    ranks,
+    hidden_layer_sizes,
+    activation,
+    *,
+    spike_prob,
+    slab_variance,
+    noise_prior,
+    rng,
+    init_scale=0.0,
+    intercept_variance=0.0,
+    implicit_modes=None,
+):
     """The start of Alg. 1 (line 1): the spike-and-slab term A initialised as in the paper's
     §4.2 and multiplied with the other priors.
 
@@ -393,10 +451,16 @@ def init_posterior(shape, ranks, hidden_layer_sizes, activation, *, spike_prob, 
     theta[1, -1] = intercept_variance
     emb = [_new_embeddings(d, r, rng, init_scale) for d, r in zip(shape, ranks)]
     return DeepPosterior(
-        layer_sizes=sizes, ranks=ranks, activation=activation, theta=theta,
-        site_precision=np.full(n_weights, 1.0 / slab_variance), site_shift=site_mean / slab_variance,
-        site_logit=np.zeros(n_weights), prior_logit=float(logit(spike_prob)),
-        slab_variance=float(slab_variance), emb=emb,
+        layer_sizes=sizes,
+        ranks=ranks,
+        activation=activation,
+        theta=theta,
+        site_precision=np.full(n_weights, 1.0 / slab_variance),
+        site_shift=site_mean / slab_variance,
+        site_logit=np.zeros(n_weights),
+        prior_logit=float(logit(spike_prob)),
+        slab_variance=float(slab_variance),
+        emb=emb,
         noise=None if noise_prior is None else (float(noise_prior[0]), float(noise_prior[1])),
         implicit=new_implicit(shape, ranks, implicit_modes),
     )
@@ -460,21 +524,21 @@ class Workspace:
         self.mean, self.var = post.theta[0], post.theta[1]
         self.grad = np.zeros(post.theta.shape[1])
         self.gW = post.layer_views(self.grad)
-        self.gx = self.grad[P:P + n_in]
-        self.x_mean = self.mean[P:P + n_in]
-        self.x_both = post.theta[:, P:P + n_in]
+        self.gx = self.grad[P : P + n_in]
+        self.x_mean = self.mean[P : P + n_in]
+        self.x_both = post.theta[:, P : P + n_in]
 
     def forward_backward(self):
         """α = f(E[W], E[x]) + E[b] at the current means, and the gradient g of f into
         ``self.grad`` by backpropagation (eq. 8): :func:`~skcep.engines._deep_kernel.forward_backward`."""
-        return forward_backward(self.mean, self.grad, self.sizes, self.relu, self.h, self.deriv, self.delta,
-                                self.back)
+        return forward_backward(self.mean, self.grad, self.sizes, self.relu, self.h, self.deriv, self.delta, self.back)
 
     def delta_method(self):
         """Eqs. 8–9 at the current entry: (α, β) with β = Σ_j g_j² var_j
         (:func:`~skcep.engines._deep_kernel.delta_method`)."""
-        return delta_method(self.mean, self.var, self.grad, self.sizes, self.relu, self.h, self.deriv,
-                            self.delta, self.back)
+        return delta_method(
+            self.mean, self.var, self.grad, self.sizes, self.relu, self.h, self.deriv, self.delta, self.back
+        )
 
 
 def _act(a, activation):
@@ -533,8 +597,7 @@ def predict_moments(post, X):
     """Delta-method mean α and variance β of f at the entries X (n, K) under the posterior;
     indices beyond the fitted shape use the prior N(0, I)."""
     x_mean, x_var = entry_inputs(post, X)
-    return delta_moments(post.weight_mean, post.weight_var, x_mean, x_var, post.activation,
-                         intercept=post.intercept)
+    return delta_moments(post.weight_mean, post.weight_var, x_mean, x_var, post.activation, intercept=post.intercept)
 
 
 # --------------------------------------------------------------------------------------------
@@ -592,8 +655,10 @@ def _gather_rows(post, X):
     for k, e in enumerate(post.emb):
         objects, inverse = np.unique(X[:, k], return_inverse=True)
         if objects.size and (objects[0] < 0 or objects[-1] >= e.shape[1]):
-            raise IndexError(f"entry indices must lie inside the posterior's shape {post.shape}; "
-                             f"mode {k} has index {objects[0] if objects[0] < 0 else objects[-1]}.")
+            raise IndexError(
+                f"entry indices must lie inside the posterior's shape {post.shape}; "
+                f"mode {k} has index {objects[0] if objects[0] < 0 else objects[-1]}."
+            )
         r = e.shape[2]
         parts.append(e[:, objects].reshape(2, -1))
         starts[:, k] = offset + r * inverse.reshape(-1)
@@ -610,7 +675,8 @@ def adf_pass(post, X, y, likelihood, weight=None, return_moments=False):
     its embeddings into the input slots, the delta method, the evidence derivatives, the noise
     update (Gaussian), eq. 7 for every weight, the entry's embeddings and the offset, and the
     embeddings back.  With implicit terms, the entry's pairs join N(s) first (room reserved by
-    :func:`reserve_neighbours`) and eq. 7 also moves every y of N(s) (module docstring).  The entries' log Z are added to ``post.log_evidence`` after the loop
+    :func:`reserve_neighbours`) and eq. 7 also moves every y of N(s) (module docstring).  The entries' log Z
+    are added to ``post.log_evidence`` after the loop
     (vectorised, from the recorded α, β and noise variances).  Ordinal entries are absorbed at
     the posterior's cut points ``post.thresholds``, fixed during the pass.
 
@@ -649,14 +715,35 @@ def adf_pass(post, X, y, likelihood, weight=None, return_moments=False):
     noise = (float(post.noise[0]), float(post.noise[1])) if gaussian else (1.0, 1.0)
     moments = np.empty((3, n))
     weights = np.ones(n) if weight is None else np.require(weight, dtype=float, requirements=["C"]).reshape(-1)
-    noise = adf_loop(ws.mean, ws.var, rows, starts, np.asarray(post.ranks, dtype=np.int64), y, weights,
-                     LIKELIHOODS[likelihood], cut if ordinal else _NO_CUT, ws.relu, ws.sizes, noise, ws.grad, ws.h,
-                     ws.deriv, ws.delta, ws.back, moments, np.asarray(X, dtype=np.int64), implicit.terms, implicit.y,
-                     implicit.table, implicit.pool)
+    noise = adf_loop(
+        ws.mean,
+        ws.var,
+        rows,
+        starts,
+        np.asarray(post.ranks, dtype=np.int64),
+        y,
+        weights,
+        LIKELIHOODS[likelihood],
+        cut if ordinal else _NO_CUT,
+        ws.relu,
+        ws.sizes,
+        noise,
+        ws.grad,
+        ws.h,
+        ws.deriv,
+        ws.delta,
+        ws.back,
+        moments,
+        np.asarray(X, dtype=np.int64),
+        implicit.terms,
+        implicit.y,
+        implicit.table,
+        implicit.pool,
+    )
     offset = 0
     for e, objects in zip(post.emb, touched):  # the updated embeddings back
         width = objects.size * e.shape[2]
-        e[:, objects] = rows[:, offset:offset + width].reshape(2, objects.size, e.shape[2])
+        e[:, objects] = rows[:, offset : offset + width].reshape(2, objects.size, e.shape[2])
         offset += width
     if gaussian:
         post.noise = (float(noise[0]), float(noise[1]))
@@ -717,8 +804,9 @@ def refine_spike_slab(post, damping=1.0):
     P = post.n_weights
     mean, var = post.mean[:P], post.var[:P]
     precision = 1.0 / var
-    cav_prec, cav_shift, ok = cavity_natural(precision, mean * precision, post.site_precision,
-                                             post.site_shift, flat_ok=True)
+    cav_prec, cav_shift, ok = cavity_natural(
+        precision, mean * precision, post.site_precision, post.site_shift, flat_ok=True
+    )
     rho, new_mean, new_var = spike_slab_tilted(cav_prec, cav_shift, post.prior_logit, post.slab_variance)
     new_var = np.maximum(new_var, _TINY_VAR)
     site_precision = damped_update(post.site_precision, 1.0 / new_var - cav_prec, damping, ok)

@@ -59,8 +59,15 @@ from scipy.optimize import linprog, minimize_scalar
 
 from ._glm_kernel import dense_cavity_terms
 from .full_dual import dual_applies, fit_full_dual, log_evidence_dual
-from .gaussian import (batched_inverse, cavity, cavity_natural, gaussian_log_normalizer, is_diagonal,
-                       precision_of, weighted_sum)
+from .gaussian import (
+    batched_inverse,
+    cavity,
+    cavity_natural,
+    gaussian_log_normalizer,
+    is_diagonal,
+    precision_of,
+    weighted_sum,
+)
 from .glm import (
     _Design,
     _site_shape,
@@ -124,8 +131,7 @@ def _full_log_normalizer(mean, cov):
     return 0.5 * float(z @ z) + float(np.sum(np.log(np.diag(chol[0]))))
 
 
-def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, likelihood,
-                          sample_weight=None):
+def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, likelihood, sample_weight=None):
     """Partition step of (E1), factorized q: Σ_i [log Z_i + Σ_m (A₁(q_m − site_im) − A₁(q_m))]
     over the rows of one partition (a ``_Design`` of :mod:`skcep.engines.glm`), block by block
     (memory O(block)).  ``likelihood`` gives log Z_i (the accurate one: for the logistic, the
@@ -157,13 +163,11 @@ def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, like
         s_a = block.row_sum(block.x2 * var_c)
         log_z = likelihood.derivatives(m_a, s_a, y[rows], order=0)[0]
         change = gaussian_log_normalizer(cav_prec, cav_shift) - gaussian_log_normalizer(q_prec, q_shift)
-        total += weighted_sum(log_z, weight) + weighted_sum(
-            change, None if weight is None else block.at_rows(weight))
+        total += weighted_sum(log_z, weight) + weighted_sum(change, None if weight is None else block.at_rows(weight))
     return total
 
 
-def full_site_terms(X, y, site_prec, site_shift, mean, cov, *, likelihood, block_size=None,
-                    sample_weight=None):
+def full_site_terms(X, y, site_prec, site_shift, mean, cov, *, likelihood, block_size=None, sample_weight=None):
     """Partition step of (E1), full q = N(mean, cov): Σ_i [log Z_i(m\\, s\\) + A₁(cavity of a_i) −
     A₁(marginal of a_i)] over the rows of X (dense or CSR), in blocks of rows.  An all-zero row
     (s_i = 0) keeps a zero site and adds log Z(0, ·) = log ½ for these symmetric links.
@@ -236,16 +240,14 @@ def fixed_site_evidence(site_totals, prior_mean, prior_spread, n_weights):
     e = np.zeros_like(prior_mean)
     e[weights] = prior_mean[weights]
     posterior = _separable_form(p0 + site_prec, b0 + site_shift, e, n_weights)
-    value = _shifted_log_normalizer([posterior, _separable_form(p0, b0, e, n_weights)],
-                                    [1.0, -1.0])
+    value = _shifted_log_normalizer([posterior, _separable_form(p0, b0, e, n_weights)], [1.0, -1.0])
     return lambda theta: value(np.exp(-theta))
 
 
 def fixed_site_argmax(value, bounds):
     """The θ in ``bounds`` that maximises ``value`` = :func:`fixed_site_evidence`, by
     :func:`scipy.optimize.minimize_scalar` (bounded)."""
-    return float(minimize_scalar(lambda t: -value(t), bounds=bounds, method="bounded",
-                                 options=dict(xatol=1e-3)).x)
+    return float(minimize_scalar(lambda t: -value(t), bounds=bounds, method="bounded", options=dict(xatol=1e-3)).x)
 
 
 def _separable_form(P, b, e, n):
@@ -290,6 +292,7 @@ def _shifted_log_normalizer(forms, signs):
         if D.min() <= 0.0:
             return -np.inf
         return const + float(weight @ gaussian_log_normalizer(D, h + s * g))
+
     return value
 
 
@@ -303,12 +306,18 @@ def _hermite_max(a, c, margin=0.0):
     B = 6.0 * (fc - fa) - h * (4.0 * ga + 2.0 * gc)
     C = h * ga
     roots = np.roots([A, B, C]) if abs(A) + abs(B) > 0 else np.array([])
-    ts = [margin, 1.0 - margin] + [float(r.real) for r in roots
-                                   if abs(r.imag) < 1e-12 and margin < r.real < 1.0 - margin]
+    ts = [margin, 1.0 - margin] + [
+        float(r.real) for r in roots if abs(r.imag) < 1e-12 and margin < r.real < 1.0 - margin
+    ]
 
     def p(t):
-        return ((2 * t**3 - 3 * t**2 + 1) * fa + (t**3 - 2 * t**2 + t) * h * ga
-                + (-2 * t**3 + 3 * t**2) * fc + (t**3 - t**2) * h * gc)
+        return (
+            (2 * t**3 - 3 * t**2 + 1) * fa
+            + (t**3 - 2 * t**2 + t) * h * ga
+            + (-2 * t**3 + 3 * t**2) * fc
+            + (t**3 - t**2) * h * gc
+        )
+
     t = max(ts, key=p)
     return ta + h * t, float(p(t))
 
@@ -333,9 +342,22 @@ def _interval_bound(a, c):
     return max(cubic, min(fa, fc + gc * (ta - tc)), min(fa + ga * (tc - ta), fc))
 
 
-def maximize_evidence(fit_at, slope_of, step_of, log_variance, *, bounds=LOG_VARIANCE_BOUNDS,
-                      gain_tol=SEARCH_GAIN_TOL, max_step=4.0, first_step=1.0, warm_within=1.0,
-                      max_fits=10, budget=None, probe=True, refine=None):
+def maximize_evidence(
+    fit_at,
+    slope_of,
+    step_of,
+    log_variance,
+    *,
+    bounds=LOG_VARIANCE_BOUNDS,
+    gain_tol=SEARCH_GAIN_TOL,
+    max_step=4.0,
+    first_step=1.0,
+    warm_within=1.0,
+    max_fits=10,
+    budget=None,
+    probe=True,
+    refine=None,
+):
     r"""Type-II maximum likelihood of the EP evidence (E1) over θ = log λ in ``bounds``.
 
     ``fit_at(θ, warm, max_sweeps=None)`` fits at λ = e^θ, starting from the sites of the fitted
@@ -401,7 +423,7 @@ def maximize_evidence(fit_at, slope_of, step_of, log_variance, *, bounds=LOG_VAR
         log λ = 9.6: (E2) −0.16 where the evidence still rises by 0.17 a unit of log λ)."""
         seen, out = sorted(evidence), {}
         for i, t in enumerate(seen):
-            near = [u for u in seen[max(i - 1, 0):i + 2] if u != t and np.isfinite(evidence[u])]
+            near = [u for u in seen[max(i - 1, 0) : i + 2] if u != t and np.isfinite(evidence[u])]
             out[t] = slope[t]
             if not getattr(fitted[t], "converged", True) and near and np.isfinite(evidence[t]):
                 out[t] = float(np.mean([(evidence[u] - evidence[t]) / (u - t) for u in near]))
@@ -443,8 +465,7 @@ def maximize_evidence(fit_at, slope_of, step_of, log_variance, *, bounds=LOG_VAR
         for side, end in ((1, points[-1]), (-1, points[0])):
             if end[2] * side > 0 and np.isfinite(end[1]):  # rising beyond the outermost fit
                 edge = high if side > 0 else low
-                gains.append((end[1] + abs(end[2]) * abs(edge - end[0]) - evidence[best],
-                              end, side))
+                gains.append((end[1] + abs(end[2]) * abs(edge - end[0]) - evidence[best], end, side))
         gains.sort(key=lambda item: item[0], reverse=True)
         if not room():
             break
@@ -456,8 +477,11 @@ def maximize_evidence(fit_at, slope_of, step_of, log_variance, *, bounds=LOG_VAR
         if not gains or gains[0][0] <= gain_tol:
             if refine is not None:  # the best fit and its neighbours refined, then judged again
                 i = [t for t, _, _ in points].index(best)
-                rough = [t for t, value, _ in points[max(i - 1, 0):i + 2]
-                         if t not in fine and value >= evidence[best] - REFINE_WITHIN]
+                rough = [
+                    t
+                    for t, value, _ in points[max(i - 1, 0) : i + 2]
+                    if t not in fine and value >= evidence[best] - REFINE_WITHIN
+                ]
                 for t in rough:
                     fitted[t] = refine(t, fitted[t])
                     slope[t] = float(slope_of(t, fitted[t]))
@@ -466,8 +490,12 @@ def maximize_evidence(fit_at, slope_of, step_of, log_variance, *, bounds=LOG_VAR
                     continue
             # the peak is bracketed: on separable data the evidence tends to a finite limit as
             # λ → ∞ (the prior's mass on the separating directions), which can lie above it
-            if (probed or high in fitted or (best == points[-1][0] and g[best] > 0)
-                    or not (probe() if callable(probe) else probe)):
+            if (
+                probed
+                or high in fitted
+                or (best == points[-1][0] and g[best] > 0)
+                or not (probe() if callable(probe) else probe)
+            ):
                 break
             probed = True  # at most as many sweeps as any fit so far, and only if it converged
             fit(high, max_sweeps=max(f.n_iter for f in fitted.values()))
@@ -487,8 +515,19 @@ def maximize_evidence(fit_at, slope_of, step_of, log_variance, *, bounds=LOG_VAR
     return best, fitted, rising if np.isfinite(evidence[best]) else None
 
 
-def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likelihood,
-            tune_weights=None, sample_weight=None, **options):
+def fit_glm(
+    X,
+    y,
+    likelihood,
+    prior_mean,
+    prior_spread,
+    *,
+    full,
+    evidence_likelihood,
+    tune_weights=None,
+    sample_weight=None,
+    **options,
+):
     """One binary model on in-memory rows: :func:`~skcep.engines.glm.fit_full` (with fewer rows than
     features :func:`~skcep.engines.full_dual.fit_full_dual`, the same EP) or
     :func:`~skcep.engines.glm.fit_factorized` and its evidence (E1) in ``log_evidence``,
@@ -511,18 +550,38 @@ def fit_glm(X, y, likelihood, prior_mean, prior_spread, *, full, evidence_likeli
         if full:  # n < d: the same EP in the predictor space (full_dual)
             fit = fit_full_dual if dual_applies(X, kw.get("init_sites")) else fit_full
         post = fit(X, y, lik, prior_mean, spread, sample_weight=sample_weight, **kw)
-        post.log_evidence = evidence_of(X, y, post, prior_mean, spread, evidence_likelihood,
-                                        sample_weight)
+        post.log_evidence = evidence_of(X, y, post, prior_mean, spread, evidence_likelihood, sample_weight)
         return post
 
-    return fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior_spread,
-                             full=full, tune_weights=tune_weights,
-                             separable=lambda: separable(X, y, sample_weight), **options)
+    return fit_with_evidence(
+        fit_at,
+        likelihood,
+        evidence_likelihood,
+        prior_mean,
+        prior_spread,
+        full=full,
+        tune_weights=tune_weights,
+        separable=lambda: separable(X, y, sample_weight),
+        **options,
+    )
 
 
-def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior_spread, *,
-                      full, tune_weights=None, method="cep1", tol=1e-4, max_iter=100,
-                      callback=None, separable=None, **options):
+def fit_with_evidence(
+    fit_at,
+    likelihood,
+    evidence_likelihood,
+    prior_mean,
+    prior_spread,
+    *,
+    full,
+    tune_weights=None,
+    method="cep1",
+    tol=1e-4,
+    max_iter=100,
+    callback=None,
+    separable=None,
+    **options,
+):
     """One binary model fitted by ``fit_at`` at the prior ``prior_spread``, or at the prior
     variance λ of its first ``tune_weights`` coordinates chosen by the evidence.
 
@@ -559,9 +618,9 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
     ``callback`` (the estimator's progress printer) gets, where it has a ``section`` method, a
     line before and after each of the search's fits and one naming the λ chosen.
     """
+
     def fit(spread, lik, warm=None, **kw):
-        return fit_at(spread, lik, warm if warm is not None and warm.sites is not None else None,
-                      **{**options, **kw})
+        return fit_at(spread, lik, warm if warm is not None and warm.sites is not None else None, **{**options, **kw})
 
     own = dict(tol=tol, max_iter=max_iter, callback=callback, **({} if full else dict(method=method)))
     if not tune_weights:
@@ -572,7 +631,10 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
         if method != "ep":  # EP's own damping (the user's applies to ``method``)
             search["damping"] = None
     section = getattr(callback, "section", None) if callback is not None else None
-    spread_at = (lambda t: _with_variance(prior_spread, tune_weights, np.exp(t)))
+
+    def spread_at(t):
+        return _with_variance(prior_spread, tune_weights, np.exp(t))
+
     done = {}  # θ: the search's latest fit there
     count = [0]
 
@@ -581,7 +643,7 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
         the best one and its neighbours in θ: the workers' or this process' memory."""
         seen = sorted(done)
         i = seen.index(max(done, key=lambda t: done[t].log_evidence))
-        keep = set(seen[max(i - 1, 0):i + 2]) | set(list(done)[-KEEP_SITES:])
+        keep = set(seen[max(i - 1, 0) : i + 2]) | set(list(done)[-KEEP_SITES:])
         for t, post in done.items():
             if t not in keep:
                 post.sites = None
@@ -622,26 +684,37 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
 
     def step_of(t, post, lo, hi):
         fixed = post.fixed_site_evidence  # full EP on n < d rows: in the predictor space
-        value = (fixed(prior_mean, spread_at(t), tune_weights) if fixed is not None else
-                 fixed_site_evidence(site_totals(post, prior_mean, spread_at(t)), prior_mean,
-                                     spread_at(t), tune_weights))
+        value = (
+            fixed(prior_mean, spread_at(t), tune_weights)
+            if fixed is not None
+            else fixed_site_evidence(
+                site_totals(post, prior_mean, spread_at(t)), prior_mean, spread_at(t), tune_weights
+            )
+        )
         return fixed_site_argmax(value, (lo, hi))
 
     start = np.log((np.diag(prior_spread) if full else prior_spread)[0])
-    theta, fitted, rising = maximize_evidence(trial, slope_of, step_of, start,
-                                              warm_within=FULL_WARM_WITHIN if full else 1.0,
-                                              budget=lambda first: SEARCH_BUDGET * max_iter,
-                                              probe=bool(full) and (separable or False),
-                                              refine=refine)
+    theta, fitted, rising = maximize_evidence(
+        trial,
+        slope_of,
+        step_of,
+        start,
+        warm_within=FULL_WARM_WITHIN if full else 1.0,
+        budget=lambda first: SEARCH_BUDGET * max_iter,
+        probe=bool(full) and (separable or False),
+        refine=refine,
+    )
     spent = sum(f.n_iter for f in fitted.values())
     chosen, searched = fitted[theta], theta
     for post in fitted.values():
         if post is not chosen:
             post.sites = None
     if section is not None:
-        section(f"λ search: λ = {np.exp(theta):.4g} chosen (log evidence "
-                f"{chosen.log_evidence:.6g}, {len(fitted)} trials), fitting "
-                f"{'EP' if full or method == 'ep' else method.upper()} there")
+        section(
+            f"λ search: λ = {np.exp(theta):.4g} chosen (log evidence "
+            f"{chosen.log_evidence:.6g}, {len(fitted)} trials), fitting "
+            f"{'EP' if full or method == 'ep' else method.upper()} there"
+        )
     if (full or method == "ep") and likelihood is evidence_likelihood and _settled(chosen, tol):
         spent -= chosen.n_iter  # the search's fit is already within ``tol``: it is the fit
         post = chosen
@@ -653,8 +726,7 @@ def fit_with_evidence(fit_at, likelihood, evidence_likelihood, prior_mean, prior
     elif method == "ep":  # other sites (a learned operator's): from the prior
         post = fit(spread_at(theta), likelihood, **own)
     else:
-        post, theta, spent = _cep_after_search(fit, spread_at, likelihood, own, theta, start,
-                                               max_iter, spent)
+        post, theta, spent = _cep_after_search(fit, spread_at, likelihood, own, theta, start, max_iter, spent)
     post.prior_variance = float(np.exp(theta))
     post.n_iter += spent
     if rising is not None:
@@ -683,17 +755,25 @@ def _warn_rising(result, best, slope, theta):
     if best == edge:
         why = "at the search's bound"
     elif abs(slope) * abs(edge - best) <= SEARCH_GAIN_TOL:
-        why = (f"the evidence could gain at most {abs(slope) * abs(edge - best):.2g} nats more "
-               f"up to the bound λ = {np.exp(edge):.0e}")
+        why = (
+            f"the evidence could gain at most {abs(slope) * abs(edge - best):.2g} nats more "
+            f"up to the bound λ = {np.exp(edge):.0e}"
+        )
     else:
         why = "the search's budget was spent"
-    way, hint = (("grows", "the classes may be separable") if slope > 0 else
-                 ("shrinks", "the features may say little about the labels"))
+    way, hint = (
+        ("grows", "the classes may be separable")
+        if slope > 0
+        else ("shrinks", "the features may say little about the labels")
+    )
     warnings.warn(
         f"The EP evidence keeps rising as λ {way} ({slope:+.3g} nats per unit of log λ at "
         f"λ = {np.exp(best):.4g}, log evidence {result.log_evidence:.6g}); λ = "
         f"{np.exp(theta):.4g} was taken ({why}): {hint}. Pass a number as prior_variance to "
-        "fix λ.", EvidenceRisingWarning, stacklevel=4)
+        "fix λ.",
+        EvidenceRisingWarning,
+        stacklevel=4,
+    )
 
 
 def site_totals(post, prior_mean, prior_spread):
@@ -756,16 +836,24 @@ def stream_candidates(prior_mean, prior_spread, n_weights, earlier=None, grid=ST
     lams = np.asarray(grid, dtype=float)
     if earlier is None:
         spreads = np.stack([_with_variance(prior_spread, n_weights, lam) for lam in lams])
-        return dict(prior_variance=lams, mean=np.tile(prior_mean, (lams.size, 1)), spread=spreads,
-                    log_evidence=np.zeros(lams.size))
+        return dict(
+            prior_variance=lams,
+            mean=np.tile(prior_mean, (lams.size, 1)),
+            spread=spreads,
+            log_evidence=np.zeros(lams.size),
+        )
     mean, spread, lam0, log_evidence = earlier
     at = _in_form(_with_variance(prior_spread, n_weights, lam0), np.ndim(spread) == 2)
     totals = natural_totals(mean, spread, prior_mean, at)
     moved = [with_prior_variance(totals, prior_mean, prior_spread, n_weights, lam) for lam in lams]
     value = fixed_site_evidence(totals, prior_mean, at, n_weights)
     gain = np.array([value(np.log(lam)) for lam in lams]) - value(np.log(lam0))
-    return dict(prior_variance=lams, mean=np.stack([m for m, _ in moved]),
-                spread=np.stack([v for _, v in moved]), log_evidence=log_evidence + gain)
+    return dict(
+        prior_variance=lams,
+        mean=np.stack([m for m, _ in moved]),
+        spread=np.stack([v for _, v in moved]),
+        log_evidence=log_evidence + gain,
+    )
 
 
 def _peak(log_lams, values, best):
@@ -773,7 +861,7 @@ def _peak(log_lams, values, best):
     neighbours peaks, and its value there; the best point itself at an end of the grid or
     where the three are not concave."""
     if 0 < best < len(values) - 1:
-        x, v = log_lams[best - 1:best + 2], values[best - 1:best + 2]
+        x, v = log_lams[best - 1 : best + 2], values[best - 1 : best + 2]
         c = np.polyfit(x - x[1], v, 2)
         if c[0] < 0:
             theta = float(np.clip(-c[1] / (2 * c[0]), x[0] - x[1], x[2] - x[1]))
@@ -781,8 +869,7 @@ def _peak(log_lams, values, best):
     return float(log_lams[best]), float(values[best])
 
 
-def stream_batch(fit_from, candidates, prior_mean, prior_spread, n_weights, *,
-                 prune=STREAM_PRUNE_NATS):
+def stream_batch(fit_from, candidates, prior_mean, prior_spread, n_weights, *, prune=STREAM_PRUNE_NATS):
     """One batch of a stream whose prior variance λ is learned: assumed density filtering
     (Minka 2001 §3.1: the posterior after the earlier batches is the batch's prior) run at every
     candidate λ side by side (:func:`stream_candidates`).
@@ -807,15 +894,17 @@ def stream_batch(fit_from, candidates, prior_mean, prior_spread, n_weights, *,
     best = int(np.argmax(evidence))
     keep = (evidence >= evidence[best] - prune) | (np.abs(np.arange(lams.size) - best) <= 1)
     kept = [p for p, k in zip(posts, keep) if k]
-    after = dict(prior_variance=lams[keep], mean=np.stack([p.mean for p in kept]),
-                 spread=np.stack([p.cov if full else p.var for p in kept]),
-                 log_evidence=evidence[keep])
+    after = dict(
+        prior_variance=lams[keep],
+        mean=np.stack([p.mean for p in kept]),
+        spread=np.stack([p.cov if full else p.var for p in kept]),
+        log_evidence=evidence[keep],
+    )
     theta, value = _peak(np.log(lams), evidence, best)
     near = int(np.argmin(np.abs(np.log(lams) - theta)))
     post = posts[near]
     at = _in_form(_with_variance(prior_spread, n_weights, lams[near]), full)
-    totals = natural_totals(post.mean, post.cov if full else post.var, prior_mean, at,
-                            post.precision if full else None)
+    totals = natural_totals(post.mean, post.cov if full else post.var, prior_mean, at, post.precision if full else None)
     lam = float(np.exp(theta))
     post.mean, fitted = with_prior_variance(totals, prior_mean, prior_spread, n_weights, lam)
     if full:
@@ -830,8 +919,7 @@ class _RunAway(Exception):
     """A CEP fit started at EP's fixed point left it by more than ``RUNAWAY`` sd in a sweep."""
 
 
-def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter, spent,
-                      retries=3):
+def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter, spent, retries=3):
     """CEP-1 / CEP-2 at the searched θ: from the prior through factorized EP's warm-up sweeps
     (:func:`~skcep.engines.glm.fit_factorized`), then ``method``'s.  At the large λ that the
     evidence asks for on separable data CEP can have no stable fixed point near EP's and run away
@@ -876,8 +964,9 @@ def separable(X, y, sample_weight=None, max_rows=SEPARABLE_ROWS):
         subset = rows[:: -(-len(rows) // limit)] if len(rows) > limit else rows
         A = X[subset]
         A = -(A.multiply(y[subset][:, None]).tocsr() if sp.issparse(A) else y[subset][:, None] * A)
-        res = linprog(np.zeros(X.shape[1]), A_ub=A, b_ub=-np.ones(len(subset)),
-                      bounds=[(None, None)] * X.shape[1], method="highs")
+        res = linprog(
+            np.zeros(X.shape[1]), A_ub=A, b_ub=-np.ones(len(subset)), bounds=[(None, None)] * X.shape[1], method="highs"
+        )
         if res.status != 0 or len(subset) == len(rows):
             break
     return res.status == 0
@@ -888,15 +977,18 @@ def evidence_of(X, y, post, prior_mean, prior_spread, likelihood, sample_weight=
     ``sample_weight``."""
     if post.cov is not None:
         if dual_applies(X):
-            return log_evidence_dual(X, y, *post.sites, prior_mean, prior_spread,
-                                     likelihood=likelihood, sample_weight=sample_weight)
-        terms = full_site_terms(X, y, *post.sites, post.mean, post.cov, likelihood=likelihood,
-                                sample_weight=sample_weight)
+            return log_evidence_dual(
+                X, y, *post.sites, prior_mean, prior_spread, likelihood=likelihood, sample_weight=sample_weight
+            )
+        terms = full_site_terms(
+            X, y, *post.sites, post.mean, post.cov, likelihood=likelihood, sample_weight=sample_weight
+        )
         return log_evidence(prior_mean, prior_spread, post.mean, post.cov, terms)
     design = _Design(X, default_block_size(X.shape[0], int(np.prod(_site_shape(X)))))
     prec, shift = 1.0 / post.var, post.mean / post.var
-    terms = factorized_site_terms(design, y, *post.sites, prec, shift, likelihood=likelihood,
-                                  sample_weight=sample_weight)
+    terms = factorized_site_terms(
+        design, y, *post.sites, prec, shift, likelihood=likelihood, sample_weight=sample_weight
+    )
     return log_evidence(prior_mean, prior_spread, post.mean, post.var, terms)
 
 

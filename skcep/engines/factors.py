@@ -161,9 +161,7 @@ def _exact_statistics(mu, v, a, b):
     lm, le, lvar, l_exp = _truncated_gaussian(ka * mu + 0.5 * ka * ka * v, mu + ka * v, v, -T)
     # right tail z ≥ T, mirrored (z' = −z ≤ −T): N(z'; −μ, v) e^{(b−1) z'}
     kb = b - 1.0
-    rm, re_neg, rvar, r_exp = _truncated_gaussian(
-        kb * (-mu) + 0.5 * kb * kb * v, -mu + kb * v, v, -T
-    )
+    rm, re_neg, rvar, r_exp = _truncated_gaussian(kb * (-mu) + 0.5 * kb * kb * v, -mu + kb * v, v, -T)
     re = -re_neg
     # middle [lo, hi] ∩ [−T, T]
     h_lo = np.minimum(np.minimum(ka, -kb), 0.0)
@@ -179,10 +177,7 @@ def _exact_statistics(mu, v, a, b):
     z = (edges[:, :, None] + half[:, None, None] * (1.0 + _GL_NODES)).reshape(len(mu), -1)
     log_w = np.log(half)[:, None] + np.tile(np.log(_GL_WEIGHTS), panels)[None, :]
     lp, lq = log_expit(z), log_expit(-z)
-    log_f = (
-        log_w + log_norm[:, None] - 0.5 * (z - mu[:, None]) ** 2 / v[:, None]
-        + ka[:, None] * lp + kb[:, None] * lq
-    )
+    log_f = log_w + log_norm[:, None] - 0.5 * (z - mu[:, None]) ** 2 / v[:, None] + ka[:, None] * lp + kb[:, None] * lq
     mm = logsumexp(log_f, axis=1)
     mm = np.where(empty, -np.inf, mm)
     with np.errstate(invalid="ignore"):
@@ -251,9 +246,7 @@ class OperatorSite:
         valid = np.flatnonzero(np.isfinite(m) & np.isfinite(s) & (s > 0))
         if valid.size:
             mv, sv, positive = m[valid], s[valid], y[valid] > 0
-            rows = np.column_stack(
-                [mv, sv, np.where(positive, 2.0, 1.0), np.where(positive, 1.0, 2.0)]
-            )
+            rows = np.column_stack([mv, sv, np.where(positive, 2.0, 1.0), np.where(positive, 1.0, 2.0)])
             out = np.asarray(self.operator.send(rows), dtype=float)
             ez, ez2 = out[:, 0], out[:, 1]
             g1 = (ez - mv) / sv

@@ -191,8 +191,7 @@ def weight_marginals(post):
     diag Σ = diag Σ0 − column sums of W², W = L⁻¹ S X Σ0 (the matrix-inversion lemma on
     P = Σ0⁻¹ + Xᵀ T̃ X; GPML eq. A.9).  Returns ``(mean, var, W)``; O(n² d)."""
     prior = post.prior
-    W = solve_triangular(post.chol[0], post.sqrt_prec[:, None] * prior.XS0, lower=True,
-                         check_finite=False)
+    W = solve_triangular(post.chol[0], post.sqrt_prec[:, None] * prior.XS0, lower=True, check_finite=False)
     return prior.mean + prior.XS0.T @ post.alpha, prior.var - np.einsum("ij,ij->j", W, W), W
 
 
@@ -224,8 +223,7 @@ def _weight_posterior(post):
 # The sweeps.
 
 
-def dual_partition_step(post, y, site_prec, site_shift, *, likelihood, step, block_size,
-                        sample_weight=None):
+def dual_partition_step(post, y, site_prec, site_shift, *, likelihood, step, block_size, sample_weight=None):
     """One sweep over the rows in blocks, in the predictor space: the counterpart of
     :func:`~skcep.engines.glm.full_partition_step`.  Each block's marginals (m_i, s_i) come
     from the running :class:`PredictorPosterior` (``post``, that of the sites at the sweep's
@@ -239,17 +237,36 @@ def dual_partition_step(post, y, site_prec, site_shift, *, likelihood, step, blo
         if start:
             post = PredictorPosterior(prior, site_prec, site_shift)
         d_prec, d_shift, skipped = full_site_update(
-            post.mean(rows), post.var(rows), y[rows], site_prec[rows], site_shift[rows],
-            likelihood, step, None if sample_weight is None else sample_weight[rows])
+            post.mean(rows),
+            post.var(rows),
+            y[rows],
+            site_prec[rows],
+            site_shift[rows],
+            likelihood,
+            step,
+            None if sample_weight is None else sample_weight[rows],
+        )
         site_prec[rows] += d_prec
         site_shift[rows] += d_shift
         n_skipped += skipped
     return n_skipped
 
 
-def fit_full_dual(X, y, likelihood, prior_mean, prior_cov, *, damping=None, max_iter=100,
-                  tol=1e-4, block_size=None, init_sites=None, callback=None,
-                  sample_weight=None):
+def fit_full_dual(
+    X,
+    y,
+    likelihood,
+    prior_mean,
+    prior_cov,
+    *,
+    damping=None,
+    max_iter=100,
+    tol=1e-4,
+    block_size=None,
+    init_sites=None,
+    callback=None,
+    sample_weight=None,
+):
     """:func:`~skcep.engines.glm.fit_full` for n < d: the same EP (the same blocks of rows, site
     updates, damping and :class:`~skcep.engines.glm.SweepControl` verdicts as
     :func:`~skcep.engines.glm.full_sweeps`), its linear algebra on the predictor a = Xw
@@ -283,9 +300,16 @@ def fit_full_dual(X, y, likelihood, prior_mean, prior_cov, *, damping=None, max_
         mean_old, var_old = mean, var
         if control.may_reject:
             saved = (site_prec.copy(), site_shift.copy(), post, mean, var)
-        skipped = dual_partition_step(post, y, site_prec, site_shift, likelihood=likelihood,
-                                      step=control.step, block_size=block_size,
-                                      sample_weight=weight)
+        skipped = dual_partition_step(
+            post,
+            y,
+            site_prec,
+            site_shift,
+            likelihood=likelihood,
+            step=control.step,
+            block_size=block_size,
+            sample_weight=weight,
+        )
         post = PredictorPosterior(prior, site_prec, site_shift)
         mean, var, _ = weight_marginals(post)
         verdict = control.finish(it, skipped, mean_old, var_old, mean, var, callback)
@@ -297,10 +321,18 @@ def fit_full_dual(X, y, likelihood, prior_mean, prior_cov, *, damping=None, max_
             np.copyto(site_shift, saved[1])
             post, mean, var = saved[2:]
     mean, var, cov, precision = _weight_posterior(post)
-    result = GLMPosterior(mean, var, cov, it, converged, control.n_skipped, control.trace,
-                          sites=(site_prec, site_shift), precision=precision)
-    result.fixed_site_evidence = partial(fixed_site_evidence_dual, X, site_prec.copy(),
-                                         site_shift.copy())
+    result = GLMPosterior(
+        mean,
+        var,
+        cov,
+        it,
+        converged,
+        control.n_skipped,
+        control.trace,
+        sites=(site_prec, site_shift),
+        precision=precision,
+    )
+    result.fixed_site_evidence = partial(fixed_site_evidence_dual, X, site_prec.copy(), site_shift.copy())
     return result
 
 
@@ -318,8 +350,7 @@ def _gaussian_part(post):
     return 0.5 * quad - 0.5 * post.log_det_B, m_a
 
 
-def log_evidence_dual(X, y, site_prec, site_shift, prior_mean, prior_cov, *, likelihood,
-                      sample_weight=None):
+def log_evidence_dual(X, y, site_prec, site_shift, prior_mean, prior_cov, *, likelihood, sample_weight=None):
     """The EP evidence (E1) of full-covariance EP at the sites (τ̃, ν̃): the value of
     ``log_evidence(prior_mean, prior_cov, mean, cov, full_site_terms(X, y, τ̃, ν̃, mean, cov,
     …))`` of :mod:`skcep.engines.evidence` with q = N(mean, cov) the posterior of these sites,
@@ -328,8 +359,11 @@ def log_evidence_dual(X, y, site_prec, site_shift, prior_mean, prior_cov, *, lik
     marginals (m_a, diag Σ_a) — GPML eq. 3.65 with a prior mean.  ``sample_weight`` as there
     (E1w).  O(n² d + n³); −inf if not finite."""
 
-    post = PredictorPosterior(prior_predictor(X, prior_mean, prior_cov),
-                              np.asarray(site_prec, dtype=float), np.asarray(site_shift, dtype=float))
+    post = PredictorPosterior(
+        prior_predictor(X, prior_mean, prior_cov),
+        np.asarray(site_prec, dtype=float),
+        np.asarray(site_shift, dtype=float),
+    )
     total, m = _gaussian_part(post)
     s = post.var()
     s = np.where(s <= 0, 1.0, s)
@@ -378,8 +412,7 @@ def fixed_site_evidence_dual(X, site_prec, site_shift, prior_mean, prior_spread,
     lam, V = eigh(S[:, None] * G * S, A0, check_finite=False)  # Vᵀ A0 V = I, Vᵀ S G S V = Λ
     log_det_A0 = 2.0 * float(np.sum(np.log(np.diag(cho_factor(A0, lower=True)[0]))))
     rho_hat, g0, c0 = V.T @ rho, V.T @ (S * (G @ r0)), V.T @ (S * (C @ r0))
-    const = float(nu @ m0 - 0.5 * m0 @ (tau * m0) + 0.5 * rho @ rho + 0.5 * r0 @ C @ r0
-                  - 0.5 * log_det_A0)
+    const = float(nu @ m0 - 0.5 * m0 @ (tau * m0) + 0.5 * rho @ rho + 0.5 * r0 @ C @ r0 - 0.5 * log_det_A0)
     slope = 0.5 * float(r0 @ G @ r0)
 
     def value(theta):
@@ -389,4 +422,5 @@ def fixed_site_evidence_dual(X, site_prec, site_shift, prior_mean, prior_spread,
             return -np.inf
         resid = rho_hat - scale * g0 - c0
         return const + scale * slope - 0.5 * float(np.sum(resid * resid / D + np.log(D)))
+
     return value

@@ -51,8 +51,7 @@ from scipy.linalg import cho_factor, cho_solve, solve_triangular
 
 from ._full_kernel import full_dense_step
 from ._glm_kernel import ep_share, factorized_dense_step
-from .gaussian import (cavity, cavity_natural, damped, precision_of, site_from_marginal,
-                       to_moments)
+from .gaussian import cavity, cavity_natural, damped, precision_of, site_from_marginal, to_moments
 
 __all__ = [
     "GLMPosterior",
@@ -163,7 +162,8 @@ RELAX_GROWTH = 1.25
 # continuous in the sites: sparse CEP-1 of benchmarks/bench_scale.py on 10 % of the rows needed
 # 195 sweeps, and a logistic CEP-1 fit kept a 2-cycle of 6.4e-6 sd at tol 1e-9.  The band
 # (0.5, 2) (measured as the step): ionos −0.041 / −0.046, sonar +0.042 / +0.041; those sparse
-# data 14 sweeps (all 1,000,000 rows: 21, as without a guard); the 2-cycle gone (106 sweeps).  An upper end above 2 loses ionos CEP-2
+# data 14 sweeps (all 1,000,000 rows: 21, as without a guard); the 2-cycle gone (106 sweeps).  An upper end
+# above 2 loses ionos CEP-2
 # ((1, 2.5) −0.049, (0.5, 3) −0.051, (1, 4) −0.064); (1, 2) −0.046, (0.25, 2) −0.045.  Damped at ½,
 # sites inside the band slow the contraction (logistic australian CEP-1 141-179 sweeps, the step
 # 127, no guard 45-54); undamped 47-75, hence CEP_PROBE_SD (above).
@@ -284,8 +284,7 @@ class _Design:
     def compiled(self, likelihood, method):
         """Whether :func:`factorized_partition_step` runs compiled here: a dense design, the
         probit or logistic likelihood, EP or CEP-1."""
-        return (not sp.issparse(self.X) and likelihood.name in ("probit", "logistic")
-                and method in ("ep", "cep1"))
+        return not sp.issparse(self.X) and likelihood.name in ("probit", "logistic") and method in ("ep", "cep1")
 
     def col_total(self, sites):
         if sp.issparse(self.X):
@@ -304,9 +303,7 @@ def _site_shape(X):
 def _cavity_moments(block, prec, shift, site_prec, site_shift):
     """Cavity mean and variance of every site of the block, and where it is proper (the one
     cavity policy, :func:`~skcep.engines.gaussian.cavity_natural`)."""
-    cav_prec, cav_shift, ok = cavity_natural(
-        block.at_cols(prec), block.at_cols(shift), site_prec, site_shift
-    )
+    cav_prec, cav_shift, ok = cavity_natural(block.at_cols(prec), block.at_cols(shift), site_prec, site_shift)
     var_c = 1.0 / cav_prec
     return cav_shift * var_c, var_c, ok
 
@@ -436,9 +433,9 @@ def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, samp
     """
     if sample_weight is not None:
         weight = block.at_rows(sample_weight)
-        new_prec, new_shift, ok = refine_sites(block, y, lik, method, prec, shift,
-                                               site_copy(site_prec, weight),
-                                               site_copy(site_shift, weight))
+        new_prec, new_shift, ok = refine_sites(
+            block, y, lik, method, prec, shift, site_copy(site_prec, weight), site_copy(site_shift, weight)
+        )
         return site_total(new_prec, weight), site_total(new_shift, weight), ok
     mean_c, var_c, ok = _cavity_moments(block, prec, shift, site_prec, site_shift)
     mean = shift / prec
@@ -460,9 +457,7 @@ def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, samp
 
 def _change(mean_old, var_old, mean, var):
     """Largest change of a sweep, in posterior standard deviations and relative variance."""
-    return float(
-        max(np.max(np.abs(mean - mean_old) / np.sqrt(var)), np.max(np.abs(var - var_old) / var))
-    )
+    return float(max(np.max(np.abs(mean - mean_old) / np.sqrt(var)), np.max(np.abs(var - var_old) / var)))
 
 
 class SweepControl:
@@ -504,8 +499,7 @@ class SweepControl:
     with ω_max = 1 (``IN_MEMORY_RELAX``).
     """
 
-    def __init__(self, damping, tol, min_step=1e-3, grace=2, per_step=False, probe=None,
-                 relax=None):
+    def __init__(self, damping, tol, min_step=1e-3, grace=2, per_step=False, probe=None, relax=None):
         self.step = self.max_step = float(damping)
         self.relax = None if per_step else relax
         self.probe = probe
@@ -566,8 +560,9 @@ class SweepControl:
             if self.relax and abs(cosine) > 0.99:  # one mode: the step that removes it
                 r = np.sign(cosine) * (size / used) / (prev_size / self._last_step)  # per unit step
                 if r < 1.0:
-                    self.step = float(np.clip(self._last_step / (1.0 - r), self.min_step,
-                                              min(self.relax, RELAX_GROWTH * used)))
+                    self.step = float(
+                        np.clip(self._last_step / (1.0 - r), self.min_step, min(self.relax, RELAX_GROWTH * used))
+                    )
                 self._calm = 0
             elif change > self._last_change or reversed_:
                 self.step = max(0.5 * self.step, self.min_step)
@@ -582,8 +577,9 @@ class SweepControl:
         return "converged" if converged else verdict
 
 
-def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, likelihood,
-                              method, step, out=None, sample_weight=None):
+def factorized_partition_step(
+    design, y, site_prec, site_shift, prec, shift, *, likelihood, method, step, out=None, sample_weight=None
+):
     """Partition step of factorized EP / CEP: refine the sites of one partition of the rows.
 
     The partition's row blocks are refined in order, each against the partition's running q
@@ -608,10 +604,23 @@ def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, 
         y = np.ascontiguousarray(y, dtype=float)
         weight = np.empty(0) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=float)
         rule = likelihood.quadrature_rule if likelihood.name == "logistic" else None
-        n_skipped = factorized_dense_step(design.X, y, weight, site_prec, site_shift, prec, shift,
-                                          design.compiled_block_size, method == "cep1", float(step),
-                                          *totals, out_prec, out_shift,
-                                          *map(float, CEP_SPREAD_BAND), rule)
+        n_skipped = factorized_dense_step(
+            design.X,
+            y,
+            weight,
+            site_prec,
+            site_shift,
+            prec,
+            shift,
+            design.compiled_block_size,
+            method == "cep1",
+            float(step),
+            *totals,
+            out_prec,
+            out_shift,
+            *map(float, CEP_SPREAD_BAND),
+            rule,
+        )
         return (*totals, n_skipped)
     if out is not None:
         np.copyto(out_prec, site_prec)
@@ -622,7 +631,14 @@ def factorized_partition_step(design, y, site_prec, site_shift, prec, shift, *, 
     for rows, block in design.blocks:
         sl = block.sites
         new_prec, new_shift, ok = refine_sites(
-            block, y[rows], likelihood, method, prec, shift, site_prec[sl], site_shift[sl],
+            block,
+            y[rows],
+            likelihood,
+            method,
+            prec,
+            shift,
+            site_prec[sl],
+            site_shift[sl],
             None if sample_weight is None else sample_weight[rows],
         )
         d_prec = damped(site_prec[sl], new_prec, step, ok)
@@ -731,23 +747,41 @@ def fit_factorized(
         site_prec, site_shift = np.zeros(_site_shape(X)), np.zeros(_site_shape(X))
     else:
         site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
-    design = _Design(X, block_size or default_block_size(n, site_prec.size),
-                     block_size or COMPILED_BLOCK_SIZE)
+    design = _Design(X, block_size or default_block_size(n, site_prec.size), block_size or COMPILED_BLOCK_SIZE)
     weights = {} if sample_weight is None else dict(sample_weight=np.asarray(sample_weight, dtype=float))
-    parts = InMemoryPartitions(factorized_partition_step, design, y, site_prec, site_shift,
-                               **weights)
+    parts = InMemoryPartitions(factorized_partition_step, design, y, site_prec, site_shift, **weights)
     post = fit_factorized_partitions(
-        parts, likelihood, prior_mean, prior_var, method=method, damping=damping,
-        max_iter=max_iter, tol=tol, warmup_sweeps=warmup_sweeps, callback=callback,
+        parts,
+        likelihood,
+        prior_mean,
+        prior_var,
+        method=method,
+        damping=damping,
+        max_iter=max_iter,
+        tol=tol,
+        warmup_sweeps=warmup_sweeps,
+        callback=callback,
         resume=resume,
     )
     post.sites = (parts.site_prec, parts.site_shift)
     return post
 
 
-def fit_factorized_partitions(parts, likelihood, prior_mean, prior_var, *, method="cep1",
-                              damping=None, max_iter=100, tol=1e-4, warmup_sweeps=10,
-                              callback=None, resume=None, relax=IN_MEMORY_RELAX):
+def fit_factorized_partitions(
+    parts,
+    likelihood,
+    prior_mean,
+    prior_var,
+    *,
+    method="cep1",
+    damping=None,
+    max_iter=100,
+    tol=1e-4,
+    warmup_sweeps=10,
+    callback=None,
+    resume=None,
+    relax=IN_MEMORY_RELAX,
+):
     """:func:`fit_factorized` on rows held by ``parts`` (see :func:`factorized_sweeps`): the
     EP warm-up sweeps, then ``method``'s.  ``resume``: the ``run`` of an earlier EP fit whose
     sites ``parts`` holds, continued to ``tol`` (its sweeps are counted in ``n_iter``);
@@ -764,19 +798,50 @@ def fit_factorized_partitions(parts, likelihood, prior_mean, prior_var, *, metho
         if method != "ep":
             probe = (CEP_PROBE_SD, CEP_DAMPING)
     if warmup_sweeps and method != "ep":
-        factorized_sweeps(parts, prior_prec, prior_shift, likelihood=likelihood, method="ep",
-                          damping=1.0, tol=tol, max_iter=warmup_sweeps, relax=relax)
+        factorized_sweeps(
+            parts,
+            prior_prec,
+            prior_shift,
+            likelihood=likelihood,
+            method="ep",
+            damping=1.0,
+            tol=tol,
+            max_iter=warmup_sweeps,
+            relax=relax,
+        )
     prec, shift, it, converged, control = factorized_sweeps(
-        parts, prior_prec, prior_shift, likelihood=likelihood, method=method, damping=damping,
-        tol=tol, max_iter=max_iter, callback=callback, probe=probe, resume=resume, relax=relax,
+        parts,
+        prior_prec,
+        prior_shift,
+        likelihood=likelihood,
+        method=method,
+        damping=damping,
+        tol=tol,
+        max_iter=max_iter,
+        callback=callback,
+        probe=probe,
+        resume=resume,
+        relax=relax,
     )
     mean, var = to_moments(prec, shift)
-    return GLMPosterior(mean, var, None, it, converged, control.n_skipped, control.trace,
-                        run=(control, prec, shift))
+    return GLMPosterior(mean, var, None, it, converged, control.n_skipped, control.trace, run=(control, prec, shift))
 
 
-def factorized_sweeps(parts, prior_prec, prior_shift, *, likelihood, method, damping, tol,
-                      max_iter, callback=None, probe=None, resume=None, relax=None):
+def factorized_sweeps(
+    parts,
+    prior_prec,
+    prior_shift,
+    *,
+    likelihood,
+    method,
+    damping,
+    tol,
+    max_iter,
+    callback=None,
+    probe=None,
+    resume=None,
+    relax=None,
+):
     """The sweeps of factorized EP / CEP over partitioned rows, until ``tol`` or ``max_iter``.
 
     ``parts`` holds the rows and their sites (:class:`InMemoryPartitions` here; Dask chunks in a
@@ -836,12 +901,12 @@ class InMemoryPartitions:
             self._armed = False
             new = self._saved
             self._saved = (self.site_prec, self.site_shift)
-            result = self.partition_step(self.data, self.y, *self._saved, *state, **options,
-                                         out=new, **self.fixed)
+            result = self.partition_step(self.data, self.y, *self._saved, *state, **options, out=new, **self.fixed)
             self.site_prec, self.site_shift = new
             return [result]
-        return [self.partition_step(self.data, self.y, self.site_prec, self.site_shift, *state,
-                                    **options, **self.fixed)]
+        return [
+            self.partition_step(self.data, self.y, self.site_prec, self.site_shift, *state, **options, **self.fixed)
+        ]
 
     def totals(self):
         col_total = self.data.col_total
@@ -858,8 +923,7 @@ class InMemoryPartitions:
 
     def restore(self):
         if self.partition_step is factorized_partition_step:
-            (self.site_prec, self.site_shift), self._saved = self._saved, (self.site_prec,
-                                                                           self.site_shift)
+            (self.site_prec, self.site_shift), self._saved = self._saved, (self.site_prec, self.site_shift)
             return self.totals()
         np.copyto(self.site_prec, self._saved[0])
         np.copyto(self.site_shift, self._saved[1])
@@ -880,8 +944,7 @@ def _dense_rows(X, rows):
 _NO_RULE = (np.empty(0),) * 4
 
 
-def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size,
-                        sample_weight=None):
+def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size, sample_weight=None):
     """Partition step of full-covariance EP: refine the sites of one partition of the rows
     (a dense design with the probit or logistic likelihood: compiled,
     :func:`~skcep.engines._full_kernel.full_dense_step`, the same step to rounding).
@@ -902,15 +965,34 @@ def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, 
     if not sp.issparse(X) and likelihood.name in ("probit", "logistic"):  # one compiled pass
         logistic = likelihood.name == "logistic"
         weight = np.empty(0) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=float)
-        return full_dense_step(np.ascontiguousarray(X, dtype=float), np.ascontiguousarray(y, dtype=float),
-                               weight, site_prec, site_shift, P, b, int(block_size), float(step), logistic,
-                               likelihood.quadrature_rule if logistic else _NO_RULE)
-    return full_partition_numpy(X, y, site_prec, site_shift, P, b, likelihood=likelihood, step=step,
-                                block_size=block_size, sample_weight=sample_weight)
+        return full_dense_step(
+            np.ascontiguousarray(X, dtype=float),
+            np.ascontiguousarray(y, dtype=float),
+            weight,
+            site_prec,
+            site_shift,
+            P,
+            b,
+            int(block_size),
+            float(step),
+            logistic,
+            likelihood.quadrature_rule if logistic else _NO_RULE,
+        )
+    return full_partition_numpy(
+        X,
+        y,
+        site_prec,
+        site_shift,
+        P,
+        b,
+        likelihood=likelihood,
+        step=step,
+        block_size=block_size,
+        sample_weight=sample_weight,
+    )
 
 
-def full_partition_numpy(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size,
-                         sample_weight=None):
+def full_partition_numpy(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size, sample_weight=None):
     """:func:`full_partition_step` in numpy, block by block: sparse designs and every
     likelihood, and the reference the compiled step is tested against."""
     n, d = X.shape
@@ -926,8 +1008,9 @@ def full_partition_numpy(X, y, site_prec, site_shift, P, b, *, likelihood, step,
         m = xs @ b
         s = np.einsum("ij,ij->i", xs, xb)
         weight = None if sample_weight is None else sample_weight[rows]
-        d_prec, d_shift, skipped = full_site_update(m, s, y[rows], site_prec[rows],
-                                                    site_shift[rows], likelihood, step, weight)
+        d_prec, d_shift, skipped = full_site_update(
+            m, s, y[rows], site_prec[rows], site_shift[rows], likelihood, step, weight
+        )
         site_prec[rows] += d_prec
         site_shift[rows] += d_shift
         n_skipped += skipped
@@ -949,14 +1032,10 @@ def full_site_update(m, s, y, site_prec, site_shift, likelihood, step, weight=No
         old_prec, old_shift = site_copy(old_prec, weight), site_copy(old_shift, weight)
     mean_c, var_c, cav_prec, cav_shift, ok = cavity(1.0 / s, m / s, old_prec, old_shift)
     _, l1, l2 = likelihood.derivatives(mean_c, var_c, y, order=2, value=False)
-    new_prec, new_shift, ok = site_from_marginal(
-        mean_c + var_c * l1, var_c + var_c**2 * l2, cav_prec, cav_shift, ok
-    )
+    new_prec, new_shift, ok = site_from_marginal(mean_c + var_c * l1, var_c + var_c**2 * l2, cav_prec, cav_shift, ok)
     if weight is not None:
         new_prec, new_shift = site_total(new_prec, weight), site_total(new_shift, weight)
-    new_prec, new_shift, ok = (
-        np.where(blank, 0.0, new_prec), np.where(blank, 0.0, new_shift), ok | blank
-    )
+    new_prec, new_shift, ok = (np.where(blank, 0.0, new_prec), np.where(blank, 0.0, new_shift), ok | blank)
     d_prec = damped(site_prec, new_prec, step, ok)
     d_shift = damped(site_shift, new_shift, step, ok)
     return d_prec, d_shift, int(ok.size - np.count_nonzero(ok))
@@ -1014,10 +1093,20 @@ def fit_full(
         site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
         start = full_site_totals(X, site_prec, site_shift)
     weights = {} if sample_weight is None else dict(sample_weight=np.asarray(sample_weight, dtype=float))
-    parts = InMemoryPartitions(full_partition_step, X, np.asarray(y, dtype=float), site_prec,
-                               site_shift, block_size=block_size, **weights)
-    post = fit_full_partitions(parts, likelihood, prior_mean, prior_cov, damping=damping,
-                               max_iter=max_iter, tol=tol, callback=callback, start=start)
+    parts = InMemoryPartitions(
+        full_partition_step, X, np.asarray(y, dtype=float), site_prec, site_shift, block_size=block_size, **weights
+    )
+    post = fit_full_partitions(
+        parts,
+        likelihood,
+        prior_mean,
+        prior_cov,
+        damping=damping,
+        max_iter=max_iter,
+        tol=tol,
+        callback=callback,
+        start=start,
+    )
     post.sites = (parts.site_prec, parts.site_shift)
     return post
 
@@ -1033,13 +1122,14 @@ def full_site_totals(X, site_prec, site_shift):
         gram = np.zeros((d, d))
         rows = max(1, 2**16 // max(d, 1))
         for start in range(0, n, rows):
-            xb = X[start:start + rows]
-            gram += xb.T @ (site_prec[start:start + rows, None] * xb)
+            xb = X[start : start + rows]
+            gram += xb.T @ (site_prec[start : start + rows, None] * xb)
     return gram, np.asarray(X.T @ site_shift).ravel()
 
 
-def fit_full_partitions(parts, likelihood, prior_mean, prior_cov, *, damping=None, max_iter=100,
-                        tol=1e-4, callback=None, start=None):
+def fit_full_partitions(
+    parts, likelihood, prior_mean, prior_cov, *, damping=None, max_iter=100, tol=1e-4, callback=None, start=None
+):
     """:func:`fit_full` on rows held by ``parts`` (see :func:`full_sweeps`); ``start`` = the
     summed natural parameters (Xᵀ diag(τ̃) X, Xᵀ ν̃) of the sites ``parts`` starts from, if
     any."""
@@ -1050,17 +1140,21 @@ def fit_full_partitions(parts, likelihood, prior_mean, prior_cov, *, damping=Non
     if start is not None:
         P0, b0 = P0 + start[0], b0 + start[1]
     P, b, chol, mean, var, it, converged, control = full_sweeps(
-        parts, P0, b0, likelihood=likelihood,
-        damping=1.0 if damping is None else damping, tol=tol, max_iter=max_iter, callback=callback,
+        parts,
+        P0,
+        b0,
+        likelihood=likelihood,
+        damping=1.0 if damping is None else damping,
+        tol=tol,
+        max_iter=max_iter,
+        callback=callback,
     )
     cov = cho_solve(chol, np.eye(len(mean)))
     cov = 0.5 * (cov + cov.T)
-    return GLMPosterior(mean, np.diag(cov).copy(), cov, it, converged, control.n_skipped,
-                        control.trace, precision=P)
+    return GLMPosterior(mean, np.diag(cov).copy(), cov, it, converged, control.n_skipped, control.trace, precision=P)
 
 
-def full_sweeps(parts, prior_prec, prior_shift, *, likelihood, damping, tol, max_iter,
-                callback=None):
+def full_sweeps(parts, prior_prec, prior_shift, *, likelihood, damping, tol, max_iter, callback=None):
     """The sweeps of full-covariance EP over partitioned rows (``parts`` as in
     :func:`factorized_sweeps`, its ``step(P, b, **options)`` running
     :func:`full_partition_step` and returning the partitions' changes).

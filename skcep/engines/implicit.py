@@ -25,7 +25,8 @@ concave quadratic in the means, maximised jointly over (E u, E y) by the solutio
 with (P_s, p_s) the natural parameters of u_s's prior and z̄_s = Σ_m c_sm μ_m; the covariances
 are Cov u_s = (P_s + Λ_s)⁻¹ and Σ_m = (E[λ] I + Σ_s c_sm² Λ_s)⁻¹.  The rows are eliminated
 exactly and the system left in the μ_m is solved by preconditioned conjugate gradients (its
-matrix applied through two sparse products with C = (c_sm), never formed).  The fixed point of mean-field coordinate ascent over
+matrix applied through two sparse products with C = (c_sm), never formed).  The fixed point of mean-field
+coordinate ascent over
 the rows and source objects of the block is this joint optimum, so the update is VMP's
 coordinate step on the block: the ELBO does not decrease.  q(λ) then takes VMP's update
 (:func:`implicit_prior_update`).
@@ -39,8 +40,16 @@ import scipy.sparse as sp
 
 from .gaussian import batched_inverse
 
-__all__ = ["ImplicitTerm", "cooccurrence_weights", "new_term", "effective_moments", "implicit_update",
-           "implicit_prior_update", "grow_term", "kl_to_prior"]
+__all__ = [
+    "ImplicitTerm",
+    "cooccurrence_weights",
+    "new_term",
+    "effective_moments",
+    "implicit_update",
+    "implicit_prior_update",
+    "grow_term",
+    "kl_to_prior",
+]
 
 CG_TOL = 1e-8  # relative residual at which the joint solve stops
 CG_MAX_ITER = 10  # at most, per update: each iteration raises the ELBO, and the next sweep goes on
@@ -90,9 +99,15 @@ def new_term(index, shape, mode, source, rank, variance, hyper=None):
     ``variance``·I, q(λ) starting at mean 1/``variance`` (shape a0 + d R/2 when learned)."""
     d = shape[source]
     a = 1.0 if hyper is None else float(hyper[0]) + 0.5 * d * rank
-    return ImplicitTerm(int(mode), int(source), cooccurrence_weights(index, shape, mode, source), np.zeros((d, rank)),
-                        np.broadcast_to(variance * np.eye(rank), (d, rank, rank)).copy(), (a, a * variance),
-                        None if hyper is None else tuple(map(float, hyper)))
+    return ImplicitTerm(
+        int(mode),
+        int(source),
+        cooccurrence_weights(index, shape, mode, source),
+        np.zeros((d, rank)),
+        np.broadcast_to(variance * np.eye(rank), (d, rank, rank)).copy(),
+        (a, a * variance),
+        None if hyper is None else tuple(map(float, hyper)),
+    )
 
 
 def effective_moments(mean, cov, term):
@@ -184,8 +199,10 @@ def grow_term(term, shape):
     if d_mode == term.weights.shape[0] and extra <= 0:
         return term
     C = term.weights
-    C = sp.csr_matrix((C.data, C.indices, np.r_[C.indptr, np.full(d_mode - C.shape[0], C.indptr[-1])]),
-                      shape=(d_mode, max(d_source, C.shape[1])))
+    C = sp.csr_matrix(
+        (C.data, C.indices, np.r_[C.indptr, np.full(d_mode - C.shape[0], C.indptr[-1])]),
+        shape=(d_mode, max(d_source, C.shape[1])),
+    )
     rank = term.mean.shape[1]
     mean, cov = term.mean, term.cov
     if extra > 0:

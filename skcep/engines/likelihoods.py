@@ -12,7 +12,8 @@ smoothing, the tilted moments of a are
 
 and the same identities give the conditional moments of one weight in CEP (Wang & Zhe,
 "Conditional Expectation Propagation", UAI 2020, eq. 7 and supplement §8.2.2, §8.3.2) and,
-through L_3 and L_4, their second derivatives needed by CEP-2 (eq. 11).  Each likelihood returns ``derivatives(m, s, y, order)`` = [L_0, …, L_order]
+through L_3 and L_4, their second derivatives needed by CEP-2 (eq. 11).  Each likelihood returns
+``derivatives(m, s, y, order)`` = [L_0, …, L_order]
 (``value=False`` may skip L_0).
 """
 
@@ -188,10 +189,8 @@ class Logistic:
         sums take the Gauss–Hermite nodes by symmetric pairs: ``hermgauss`` makes them so)."""
         rule = self.__dict__.get("_rule")
         if rule is None:
-            rule = tuple(np.array(a, dtype=float) for a in
-                         (self._t, self._log_w, self._eps, self._log_w_eps))
-            if not (np.array_equal(rule[0], -rule[0][::-1])
-                    and np.array_equal(rule[1], rule[1][::-1])):
+            rule = tuple(np.array(a, dtype=float) for a in (self._t, self._log_w, self._eps, self._log_w_eps))
+            if not (np.array_equal(rule[0], -rule[0][::-1]) and np.array_equal(rule[1], rule[1][::-1])):
                 raise ValueError("the Gauss-Hermite rule is not symmetric")
             self._rule = rule
         return rule
@@ -199,8 +198,12 @@ class Logistic:
     def derivatives(self, m, s, y, order=2, value=True):
         m, s, y = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (m, s, y)))
         flat = (np.ravel(a) for a in (m, s, y))  # read-only ones copied: one compiled signature
-        ders = [d.reshape(m.shape) for d in logistic_derivatives_array(
-            *(a if a.flags.writeable else a.copy() for a in flat), *self.quadrature_rule)]
+        ders = [
+            d.reshape(m.shape)
+            for d in logistic_derivatives_array(
+                *(a if a.flags.writeable else a.copy() for a in flat), *self.quadrature_rule
+            )
+        ]
         if order <= 2:
             return ders[: order + 1]
         # L_3, L_4 by numpy; L_0 … L_2 the compiled ones, so every order's prefix is the same

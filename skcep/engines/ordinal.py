@@ -296,16 +296,18 @@ def fit_thresholds(m, s, y, n_levels, thresholds0=None, weight=None):
     exactly Σ_i log Z_i.  ``weight`` (n,): entry weights w_i, the objective Σ_i w_i log Z_i
     (None: all 1; levels of zero total weight count as unobserved).
     """
-    m, s, y = (np.ravel(v) for v in np.broadcast_arrays(np.asarray(m, dtype=float),
-                                                        np.asarray(s, dtype=float), y))
+    m, s, y = (np.ravel(v) for v in np.broadcast_arrays(np.asarray(m, dtype=float), np.asarray(s, dtype=float), y))
     n_levels = int(n_levels)
     y = _levels(y, n_levels)
     if n_levels < 2:
         return np.empty(0)
     weight = np.ones(m.shape) if weight is None else np.ravel(np.asarray(weight, dtype=float))
     counts = np.bincount(y, weight, minlength=n_levels).astype(float)
-    mean_m, spread = (np.average(m, weights=weight), np.average(s + (m - np.average(m, weights=weight))**2,
-                                                               weights=weight)) if weight.sum() > 0 else (0.0, 1.0)
+    mean_m, spread = (
+        (np.average(m, weights=weight), np.average(s + (m - np.average(m, weights=weight)) ** 2, weights=weight))
+        if weight.sum() > 0
+        else (0.0, 1.0)
+    )
     missing = np.flatnonzero(counts <= 0)
     if missing.size:
         m = np.concatenate((m, np.full(missing.size, mean_m)))
@@ -325,8 +327,9 @@ def fit_thresholds(m, s, y, n_levels, thresholds0=None, weight=None):
     for _ in range(_NEWTON_STEPS):
         step = _tridiagonal_solve(diag, off, -grad)  # H δ = −g, H negative definite
         gain = grad @ step  # twice the gain Newton predicts (≥ 0)
-        small = (np.max(np.abs(step)) <= _NEWTON_TOL * (1.0 + np.max(np.abs(theta)))
-                 or gain <= _ROUNDING * (1.0 + abs(value)))
+        small = np.max(np.abs(step)) <= _NEWTON_TOL * (1.0 + np.max(np.abs(theta))) or gain <= _ROUNDING * (
+            1.0 + abs(value)
+        )
         if small and np.all(np.diff(theta + step) > 0):
             return theta + step  # converged: what is left is below the objective's rounding
         t = 1.0
@@ -356,8 +359,10 @@ def _threshold_terms(theta, m, c, y, weight, n_levels):
     lo_term = np.where(np.isfinite(lo), lo, 0.0) * rho_lo / c
     hi_term = np.where(np.isfinite(hi), hi, 0.0) * rho_hi / c
     grad = np.bincount(y, weight * rho_hi, n_levels)[:-1] - np.bincount(y, weight * rho_lo, n_levels)[1:]
-    diag = (np.bincount(y, weight * (-hi_term - rho_hi**2), n_levels)[:-1]
-            + np.bincount(y, weight * (lo_term - rho_lo**2), n_levels)[1:])
+    diag = (
+        np.bincount(y, weight * (-hi_term - rho_hi**2), n_levels)[:-1]
+        + np.bincount(y, weight * (lo_term - rho_lo**2), n_levels)[1:]
+    )
     off = np.bincount(y, weight * rho_lo * rho_hi, n_levels)[1:-1]
     return float(weight @ log_z), grad, diag, off
 

@@ -85,8 +85,7 @@ from scipy.linalg import blas, cho_factor, cho_solve, eigh, solve_triangular
 from scipy.optimize import minimize_scalar
 from scipy.special import roots_jacobi
 
-from ._rff_kernel import (add_outer, add_rows, clipped_single, reduced_phase, scaled_product,
-                          triangular_sums_of_squares)
+from ._rff_kernel import add_outer, add_rows, clipped_single, reduced_phase, scaled_product, triangular_sums_of_squares
 from .chunks import chunk_slices, map_chunks
 
 __all__ = [
@@ -345,15 +344,11 @@ def message_families(names):
     out = []
     for name in names:
         if not isinstance(name, str) or name not in MESSAGE_FAMILIES:
-            raise ValueError(
-                f"Unknown message family {name!r}; choose from {sorted(MESSAGE_FAMILIES)}."
-            )
+            raise ValueError(f"Unknown message family {name!r}; choose from {sorted(MESSAGE_FAMILIES)}.")
         out.append(MESSAGE_FAMILIES[name])
     if not out:
         raise ValueError("At least one message family is needed.")
     return out
-
-
 
 
 def check_messages(families, X):
@@ -374,9 +369,7 @@ def check_messages(families, X):
     finite = np.isfinite(X)
     if not finite.all():
         row, col = np.argwhere(~finite)[0]
-        raise ValueError(
-            f"X contains NaN or infinity: row {row}, column {col} is {X[row, col]!r}."
-        )
+        raise ValueError(f"X contains NaN or infinity: row {row}, column {col} is {X[row, col]!r}.")
     for l, fam in enumerate(families):
         for k, (pname, positive) in enumerate(zip(fam.parameter_names, fam.positive)):
             col = X[:, 2 * l + k]
@@ -398,16 +391,13 @@ def check_outputs(Y, n_rows, n_outputs=None, what="Y"):
     if not np.all(np.isfinite(Y)):
         raise ValueError(f"{what} contains NaN or infinity.")
     if n_outputs is not None and Y.shape[1] != n_outputs:
-        raise ValueError(
-            f"{what} has {Y.shape[1]} outputs, but the operator was fitted with {n_outputs}."
-        )
+        raise ValueError(f"{what} has {Y.shape[1]} outputs, but the operator was fitted with {n_outputs}.")
     return Y
+
 
 def message_variances(families, X):
     """Variance of every message of every row, shape (n, c)."""
-    return np.column_stack(
-        [fam.variance(X[:, 2 * l], X[:, 2 * l + 1]) for l, fam in enumerate(families)]
-    )
+    return np.column_stack([fam.variance(X[:, 2 * l], X[:, 2 * l + 1]) for l, fam in enumerate(families)])
 
 
 def median_inner_widths(families, X):
@@ -438,8 +428,9 @@ def inner_features(X, families, frequencies, offsets, out=None, work=None):
         shape = (rows.stop - start, d_in)
         total = (work.array("log_amp", shape), work.array("phase", shape))
         for l, fam in enumerate(families):  # Σ_l log |φ_l| and b + Σ_l arg φ_l
-            fam.add_log_characteristic(frequencies[:, l], X[rows, 2 * l], X[rows, 2 * l + 1],
-                                       total, initial if l == 0 else None)
+            fam.add_log_characteristic(
+                frequencies[:, l], X[rows, 2 * l], X[rows, 2 * l + 1], total, initial if l == 0 else None
+            )
         log_amp, phase = total
         scaled_product(_cos(phase, work=work), _exp(log_amp, work), scale, out[rows])
     return out
@@ -479,8 +470,6 @@ def median_outer_width(phi, max_rows=None, random_state=None):
     return med if med > 0 else 1.0
 
 
-
-
 # --------------------------------------------------------------------------------------------
 # the feature map
 
@@ -503,8 +492,7 @@ class RandomFeatures(NamedTuple):
 
     def inner(self, X, out=None, work=None):
         """φ̂ of every row of X, (n, D_in) (steps 1–3)."""
-        return inner_features(X, self.families, self.inner_frequencies, self.inner_offsets,
-                              out, work)
+        return inner_features(X, self.families, self.inner_frequencies, self.inner_offsets, out, work)
 
     def outer(self, phi, out=None, work=None):
         """ψ̂ from inner features, (n, D_out) (steps 4–6)."""
@@ -546,17 +534,12 @@ def draw_features(X, families, n_inner, n_outer, rng, inner_widths=None):
     else:
         widths = np.asarray(inner_widths, dtype=float).ravel()
         if widths.shape != (c,) or not np.all(np.isfinite(widths) & (widths > 0)):
-            raise ValueError(
-                f"inner_widths must hold {c} positive numbers, one per message; "
-                f"got {inner_widths!r}."
-            )
+            raise ValueError(f"inner_widths must hold {c} positive numbers, one per message; got {inner_widths!r}.")
     inner_std = rng.standard_normal((n_inner, c))
     inner_offsets = rng.uniform(0.0, 2.0 * np.pi, n_inner)
     outer_std = rng.standard_normal((n_inner, n_outer))
     outer_offsets = rng.uniform(0.0, 2.0 * np.pi, n_outer)
-    return RandomFeatures(
-        families, widths, inner_std / np.sqrt(widths), inner_offsets, 1.0, outer_std, outer_offsets
-    )
+    return RandomFeatures(families, widths, inner_std / np.sqrt(widths), inner_offsets, 1.0, outer_std, outer_offsets)
 
 
 # --------------------------------------------------------------------------------------------
@@ -779,8 +762,7 @@ class BayesianLinearRegression:
         return mean, np.maximum(var, 0.0, out=var)
 
 
-def predictive_moments(X, features, posterior, return_var=False, n_jobs=None,
-                       chunk_size=PREDICT_CHUNK):
+def predictive_moments(X, features, posterior, return_var=False, n_jobs=None, chunk_size=PREDICT_CHUNK):
     """Predictive mean ψ̂(x)ᵀμ_w (n, D_y) and, if ``return_var``, variance ψ̂(x)ᵀΣ_wψ̂(x) (n,)
     of the regression function (eq. 15 without σ_y²) for message rows X; else None.
 
@@ -851,9 +833,7 @@ def best_noise_variance(stats, prior_variance, bounds=(1e-10, 1e2)):
     values = np.array([_neg_log_evidence(g, *args) for g in grid])
     j = int(np.argmin(values))
     lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]
-    res = minimize_scalar(
-        _neg_log_evidence, bounds=(lo, hi), args=args, method="bounded", options={"xatol": 1e-4}
-    )
+    res = minimize_scalar(_neg_log_evidence, bounds=(lo, hi), args=args, method="bounded", options={"xatol": 1e-4})
     if res.fun <= values[j]:
         return float(np.exp(res.x)), -float(res.fun)
     return float(np.exp(grid[j])), -float(values[j])
@@ -963,7 +943,8 @@ class LeaveOneOut:
         values = self.error(np.exp(grid))
         j = int(np.argmin(values))
         res = minimize_scalar(
-            lambda g: float(self.error(np.exp(g))[0]), method="bounded",
+            lambda g: float(self.error(np.exp(g))[0]),
+            method="bounded",
             bounds=(grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]),
             options={"xatol": 1e-3},
         )
@@ -977,8 +958,9 @@ def _is(value, name):
     return isinstance(value, str) and value == name
 
 
-def select_by_loo(X, Y, features, seed, inner_widths="auto", outer_width="auto",
-                  noise_variance="loo", prior_variance=1.0):
+def select_by_loo(
+    X, Y, features, seed, inner_widths="auto", outer_width="auto", noise_variance="loo", prior_variance=1.0
+):
     """Widths and σ_y² of smallest leave-one-out error (:class:`LeaveOneOut`) on rows X, Y.
 
     A coordinate search over multiples of the median heuristic (supplement A): first σ_l² ×
@@ -988,6 +970,7 @@ def select_by_loo(X, Y, features, seed, inner_widths="auto", outer_width="auto",
     each candidate with its best σ_y² (``noise_variance`` "loo") or the given one.  The draws
     of ``features`` are kept, rescaled.  Returns ``(features, noise_variance, error)``.
     """
+
     def score(candidate, phi):
         loo = LeaveOneOut(candidate.outer(phi), Y, prior_variance)
         if _is(noise_variance, "loo"):
@@ -998,8 +981,7 @@ def select_by_loo(X, Y, features, seed, inner_widths="auto", outer_width="auto",
     for scale in INNER_WIDTH_GRID if _is(inner_widths, "auto") else (1.0,):
         candidate = features.with_inner_widths(features.inner_widths * scale)
         phi = candidate.inner(X)
-        gamma2 = median_outer_width(phi, random_state=seed) if isinstance(outer_width, str) \
-            else float(outer_width)
+        gamma2 = median_outer_width(phi, random_state=seed) if isinstance(outer_width, str) else float(outer_width)
         trial = score(candidate.with_outer_width(gamma2), phi)
         best = trial if best is None or trial[0] < best[0] else best
     if _is(outer_width, "auto"):
@@ -1042,8 +1024,9 @@ class Plan(NamedTuple):
     loo_error: "float | None"
 
 
-def plan_first_batch(features, seed, n_rows, take, inner_widths="auto", outer_width="auto",
-                     noise_variance="loo", prior_variance=1.0):
+def plan_first_batch(
+    features, seed, n_rows, take, inner_widths="auto", outer_width="auto", noise_variance="loo", prior_variance=1.0
+):
     """The widths (and a σ_y² chosen by leave-one-out) of a first batch, from its
     :func:`subsample_rows` alone: ``take(index) -> (X[index], Y[index])`` fetches them.
 
@@ -1054,14 +1037,16 @@ def plan_first_batch(features, seed, n_rows, take, inner_widths="auto", outer_wi
       on the subsample;
     * otherwise the given or median-heuristic widths and the given σ_y².
     """
-    loo = _is(noise_variance, "loo") or (not _is(noise_variance, "evidence") and (
-        _is(inner_widths, "auto") or _is(outer_width, "auto")))
+    loo = _is(noise_variance, "loo") or (
+        not _is(noise_variance, "evidence") and (_is(inner_widths, "auto") or _is(outer_width, "auto"))
+    )
     if not loo and not isinstance(outer_width, str):
         return Plan([features.with_outer_width(outer_width)], noise_variance, False, None)
     X, Y = take(subsample_rows(n_rows, seed))
     if loo:
-        chosen, noise, error = select_by_loo(X, Y, features, seed, inner_widths, outer_width,
-                                             noise_variance, prior_variance)
+        chosen, noise, error = select_by_loo(
+            X, Y, features, seed, inner_widths, outer_width, noise_variance, prior_variance
+        )
         return Plan([chosen], noise, _is(noise_variance, "loo"), error)
     median = median_outer_width(features.inner(X), random_state=seed)
     grid = OUTER_WIDTH_GRID if _is(outer_width, "auto") else (1.0,)
@@ -1103,8 +1088,16 @@ def fit_first_batch(
     """
     given = None if isinstance(inner_widths, str) else inner_widths
     features = draw_features(X, families, n_inner, n_outer, rng, given)
-    plan = plan_first_batch(features, rng.randint(2**31), X.shape[0], lambda i: (X[i], Y[i]),
-                            inner_widths, outer_width, noise_variance, prior_variance)
+    plan = plan_first_batch(
+        features,
+        rng.randint(2**31),
+        X.shape[0],
+        lambda i: (X[i], Y[i]),
+        inner_widths,
+        outer_width,
+        noise_variance,
+        prior_variance,
+    )
     slices = chunk_slices(X.shape[0], chunk_size)
     phi = np.concatenate(map_chunks(lambda rows: plan.candidates[0].inner(X[rows]), slices, n_jobs))
     intercept = Y.mean(axis=0)

@@ -2,8 +2,14 @@
 Propagation", UAI 2020, §4): the estimators (``_classifiers``), their parameter docs
 (``_docstrings``) and the holder of rows on Dask workers (``_dask``).  The inference lives in
 :mod:`skcep.engines` (``glm``, ``evidence``, the compiled kernels)."""
+
 from .._validation import BadlyScaledWarning
 from ._classifiers import FULL_AUTO_FEATURES, CEPLogisticClassifier, CEPProbitClassifier, choose_inference
 
-__all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "BadlyScaledWarning", "choose_inference",
-           "FULL_AUTO_FEATURES"]
+__all__ = [
+    "CEPProbitClassifier",
+    "CEPLogisticClassifier",
+    "BadlyScaledWarning",
+    "choose_inference",
+    "FULL_AUTO_FEATURES",
+]

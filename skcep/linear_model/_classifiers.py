@@ -21,16 +21,15 @@ from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method, warn
 from .._dask import computed
-from ._dask import DaskRows, fit_classifier
-from ._docstrings import FIT_DOC, LOGISTIC_DOC, PARTIAL_FIT_DOC, PROBIT_DOC
-from .._validation import (FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span,
-                          validate_data)
+from .._validation import FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span, validate_data
 from ..engines.chunks import map_chunks
-from ..engines.factors import LogisticFactor, OperatorSite
 from ..engines.evidence import fit_glm, stream_batch, stream_candidates
+from ..engines.factors import LogisticFactor, OperatorSite
 from ..engines.glm import predictor_moments
 from ..engines.likelihoods import Logistic, Probit
 from ..message_operator._operator import KJITMessageOperator
+from ._dask import DaskRows, fit_classifier
+from ._docstrings import FIT_DOC, LOGISTIC_DOC, PARTIAL_FIT_DOC, PROBIT_DOC
 
 __all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "BadlyScaledWarning"]
 
@@ -99,15 +98,30 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         **COMMON_CONSTRAINTS,
     }
     _structural_params = ("method", "covariance", "fit_intercept")
-    _convergence_advice = ("increase max_iter or loosen tol; standardise the features (e.g. "
-                           "StandardScaler in a Pipeline) if their scales differ, or set a "
-                           "small fixed damping (e.g. damping=0.1)")
+    _convergence_advice = (
+        "increase max_iter or loosen tol; standardise the features (e.g. "
+        "StandardScaler in a Pipeline) if their scales differ, or set a "
+        "small fixed damping (e.g. damping=0.1)"
+    )
     _dask_fit = fit_classifier
     _dask_fit_weights = True
 
-    def __init__(self, *, method="auto", covariance="auto", prior_variance="auto",
-                 fit_intercept=True, intercept_prior_variance=100.0, max_iter=300, tol=1e-3,
-                 damping="auto", block_size=None, class_weight=None, n_jobs=None, verbose=0):
+    def __init__(
+        self,
+        *,
+        method="auto",
+        covariance="auto",
+        prior_variance="auto",
+        fit_intercept=True,
+        intercept_prior_variance=100.0,
+        max_iter=300,
+        tol=1e-3,
+        damping="auto",
+        block_size=None,
+        class_weight=None,
+        n_jobs=None,
+        verbose=0,
+    ):
         self.method = method
         self.covariance = covariance
         self.prior_variance = prior_variance
@@ -127,15 +141,24 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         check_classification_targets(y)
         classes = np.unique(y)
         if classes.size < 2:
-            raise ValueError("The training data need samples of at least 2 classes; "
-                             f"got one class: {classes.tolist()[0]!r}.")
+            raise ValueError(
+                f"The training data need samples of at least 2 classes; got one class: {classes.tolist()[0]!r}."
+            )
         weight = self._row_weights(X, y, classes, sample_weight, partial=False)
         if weight is not None and (present := np.unique(y[weight > 0])).size < 2:
-            raise ValueError("The samples with a positive weight (sample_weight × class_weight) "
-                             f"must come from at least 2 classes; got {present.tolist()!r}.")
+            raise ValueError(
+                "The samples with a positive weight (sample_weight × class_weight) "
+                f"must come from at least 2 classes; got {present.tolist()!r}."
+            )
         self._check_options(X.shape[1])
-        check_fit_range(type(self).__name__, X, weight, name="X", advice=FEATURE_RANGE_ADVICE,
-                        weight_name="sample_weight × class_weight")
+        check_fit_range(
+            type(self).__name__,
+            X,
+            weight,
+            name="X",
+            advice=FEATURE_RANGE_ADVICE,
+            weight_name="sample_weight × class_weight",
+        )
         note = self._check_scales(X)
         posterior = self._fit_posteriors(X, y, classes, prior=None, sample_weight=weight, scale_note=note)
         self.classes_ = classes
@@ -155,11 +178,24 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"y contains labels {unknown!r} that are not in classes {self.classes_!r}.")
         weight = self._row_weights(X, y, self.classes_, sample_weight, partial=True)
         self._check_options(X.shape[1])
-        check_fit_range(type(self).__name__, X, weight, name="X", advice=FEATURE_RANGE_ADVICE,
-                        weight_name="sample_weight × class_weight")
+        check_fit_range(
+            type(self).__name__,
+            X,
+            weight,
+            name="X",
+            advice=FEATURE_RANGE_ADVICE,
+            weight_name="sample_weight × class_weight",
+        )
         note = self._check_scales(X) if first else None
-        posterior = self._fit_posteriors(X, y, self.classes_, prior=None if first else self._posterior,
-                                         sample_weight=weight, stream=True, scale_note=note)
+        posterior = self._fit_posteriors(
+            X,
+            y,
+            self.classes_,
+            prior=None if first else self._posterior,
+            sample_weight=weight,
+            stream=True,
+            scale_note=note,
+        )
         self._set_posterior(posterior)
         return self
 
@@ -187,9 +223,11 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
                 "class_weight='balanced' is not supported for partial_fit: the class "
                 "frequencies of a stream are unknown. Compute the weights on a sample of the "
                 "labels, e.g. sklearn.utils.class_weight.compute_class_weight('balanced', "
-                "classes=classes, y=y_sample), and pass them as a dict to class_weight.")
-        weight = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True,
-                                      allow_all_zero_weights=partial, copy=True)
+                "classes=classes, y=y_sample), and pass them as a dict to class_weight."
+            )
+        weight = _check_sample_weight(
+            sample_weight, X, dtype=np.float64, ensure_non_negative=True, allow_all_zero_weights=partial, copy=True
+        )
         if self.class_weight is not None:
             code = np.searchsorted(classes, y)
             totals = np.bincount(code, weights=weight, minlength=classes.size)
@@ -201,18 +239,21 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         ``sample_weight`` ``totals`` (what ``"balanced"`` needs): scikit-learn's
         :func:`~sklearn.utils.class_weight.compute_class_weight`, checked."""
         if isinstance(self.class_weight, dict) and (
-                unknown := [k for k in self.class_weight if not np.isin(k, classes)]):
-            raise ValueError(f"class_weight has keys {unknown!r} that are not classes "
-                             f"{classes.tolist()!r}.")
+            unknown := [k for k in self.class_weight if not np.isin(k, classes)]
+        ):
+            raise ValueError(f"class_weight has keys {unknown!r} that are not classes {classes.tolist()!r}.")
         if isinstance(self.class_weight, str) and not np.all(totals > 0):
-            raise ValueError("class_weight='balanced' needs a positive sample_weight in every "
-                             f"class; classes {classes[totals <= 0].tolist()!r} have none.")
-        per_class = compute_class_weight(self.class_weight, classes=classes, y=classes,
-                                         sample_weight=totals)
+            raise ValueError(
+                "class_weight='balanced' needs a positive sample_weight in every "
+                f"class; classes {classes[totals <= 0].tolist()!r} have none."
+            )
+        per_class = compute_class_weight(self.class_weight, classes=classes, y=classes, sample_weight=totals)
         per_class = np.asarray(per_class, dtype=np.float64)
         if not np.all(np.isfinite(per_class) & (per_class >= 0)):
-            raise ValueError("class_weight must map every class to a finite, non-negative "
-                             f"weight; got {per_class.tolist()!r} for classes {classes.tolist()!r}.")
+            raise ValueError(
+                "class_weight must map every class to a finite, non-negative "
+                f"weight; got {per_class.tolist()!r} for classes {classes.tolist()!r}."
+            )
         return per_class
 
     def _inference(self, n_features):
@@ -225,13 +266,15 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         if covariance == "full":
             if method != "ep":
                 hint = " (method='kjit' needs covariance='diagonal')" if method == "kjit" else ""
-                raise ValueError("covariance='full' is weight-space EP and needs method='ep'; "
-                                 f"got method={method!r}{hint}.")
+                raise ValueError(
+                    f"covariance='full' is weight-space EP and needs method='ep'; got method={method!r}{hint}."
+                )
             dim = n_features + int(self.fit_intercept)
             if 8 * dim * dim > _MAX_FULL_BYTES:
                 raise ValueError(
                     f"covariance='full' needs a {dim}×{dim} covariance ({8 * dim * dim / 2**30:.1f} "
-                    "GiB); use covariance='diagonal' for this many features.")
+                    "GiB); use covariance='diagonal' for this many features."
+                )
 
     def _design(self, X):
         """X with a trailing column of ones when an intercept is fitted; a dense design in C
@@ -248,8 +291,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         A[:, -1] = 1.0
         return A
 
-    def _fit_posteriors(self, X, y, classes, prior, site_lik=None, sample_weight=None, stream=False,
-                        scale_note=None):
+    def _fit_posteriors(self, X, y, classes, prior, site_lik=None, sample_weight=None, stream=False, scale_note=None):
         """One binary posterior per model (one for two classes, else one-vs-rest), the models
         spread over ``n_jobs`` threads.  ``site_lik`` overrides the likelihood whose tilted
         moments refine the sites (the operator site of ``method="kjit"``); every model sees
@@ -262,11 +304,18 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         own_lik, evidence_lik = self._likelihoods(method)  # evidence: the accurate (predictive) rule
         site_lik = site_lik or own_lik
         progress = self._progress()
-        options = dict(damping=None if self.damping == "auto" else self.damping, tol=self.tol,
-                       max_iter=self.max_iter, block_size=self.block_size, callback=progress)
+        options = dict(
+            damping=None if self.damping == "auto" else self.damping,
+            tol=self.tol,
+            max_iter=self.max_iter,
+            block_size=self.block_size,
+            callback=progress,
+        )
         auto = self.prior_variance == "auto"
-        prior_var = np.r_[np.full(n_weights, 1.0 if auto else float(self.prior_variance)),
-                          [self.intercept_prior_variance] * self.fit_intercept]
+        prior_var = np.r_[
+            np.full(n_weights, 1.0 if auto else float(self.prior_variance)),
+            [self.intercept_prior_variance] * self.fit_intercept,
+        ]
         full = covariance == "full"
         if not full:
             options["method"] = "ep" if method == "kjit" else method
@@ -274,12 +323,20 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
 
         def fit_from(k, mean0, spread0):
             if isinstance(A, DaskRows):  # rows and sites held on Dask workers
-                return A.fit(positives[k], site_lik, evidence_lik, mean0, spread0,
-                             tune_weights=tune, **options)
+                return A.fit(positives[k], site_lik, evidence_lik, mean0, spread0, tune_weights=tune, **options)
             sign = np.where(y == positives[k], 1.0, -1.0)
-            return fit_glm(A, sign, site_lik, mean0, spread0, full=full,
-                           evidence_likelihood=evidence_lik, tune_weights=tune,
-                           sample_weight=sample_weight, **options)
+            return fit_glm(
+                A,
+                sign,
+                site_lik,
+                mean0,
+                spread0,
+                full=full,
+                evidence_likelihood=evidence_lik,
+                tune_weights=tune,
+                sample_weight=sample_weight,
+                **options,
+            )
 
         def fit_one(k):
             mean0 = np.zeros(dim) if prior is None else prior["mean"][k]
@@ -289,8 +346,9 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             # λ follows the stream: ADF at every candidate λ, each with its own evidence
             candidates = None if prior is None else (prior.get("stream") or [None] * (k + 1))[k]
             if candidates is None:
-                earlier = None if prior is None else (mean0, spread0, prior["prior_variance"][k],
-                                                      prior["log_evidence"][k])
+                earlier = (
+                    None if prior is None else (mean0, spread0, prior["prior_variance"][k], prior["log_evidence"][k])
+                )
                 candidates = stream_candidates(np.zeros(dim), prior_var, n_weights, earlier)
             return stream_batch(partial(fit_from, k), candidates, np.zeros(dim), prior_var, n_weights)
 
@@ -300,20 +358,28 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         if progress is not None:  # the objective of each model: its EP evidence (E1)
             for k, r in enumerate(results):
                 label = f"class {positives[k]!r}: " if len(results) > 1 else ""
-                progress.section(f"{label}log evidence {r.log_evidence:.6g} at prior variance "
-                                 f"{r.prior_variance or prior_var[0]:.4g}, {r.n_iter} sweeps")
+                progress.section(
+                    f"{label}log evidence {r.log_evidence:.6g} at prior variance "
+                    f"{r.prior_variance or prior_var[0]:.4g}, {r.n_iter} sweeps"
+                )
         if not all(r.converged for r in results):
             self._warn_not_converged(self.max_iter, cause=_large_variance_cause(results) or scale_note)
-        stack = {name: np.array([getattr(r, name) for r in results])
-                 for name in ("mean", "var", "cov", "n_iter", "converged", "log_evidence")}
+        stack = {
+            name: np.array([getattr(r, name) for r in results])
+            for name in ("mean", "var", "cov", "n_iter", "converged", "log_evidence")
+        }
         stack["prior_variance"] = np.array([r.prior_variance or prior_var[0] for r in results])
         learned = candidates[0] is not None  # a stream's candidates hold its summed evidence
         if prior is not None and not learned:  # streaming at a fixed λ: the evidence accumulates
             stack["log_evidence"] = prior["log_evidence"] + stack["log_evidence"]
             if not auto:
                 stack["prior_variance"] = prior["prior_variance"]
-        return {**stack, "cov": stack["cov"] if full else None, "method": method,
-                "stream": list(candidates) if learned else None}
+        return {
+            **stack,
+            "cov": stack["cov"] if full else None,
+            "method": method,
+            "stream": list(candidates) if learned else None,
+        }
 
     def _set_posterior(self, posterior):
         for name in ("message_operator_", "coef_cov_"):  # left by a fit with other options
@@ -415,10 +481,14 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         paths); full-covariance EP passes every check."""
         if choose_inference(self.method, self.covariance, dim=10)[1] == "full":
             return {}  # the checks' data have a few features
-        reason = ("integer weights and repeated rows reach the same fixed point only to tol: "
-                  "factorized sweeps refine rows in blocks, so the two take different paths")
-        return {"check_sample_weight_equivalence_on_dense_data": reason,
-                "check_sample_weight_equivalence_on_sparse_data": reason}
+        reason = (
+            "integer weights and repeated rows reach the same fixed point only to tol: "
+            "factorized sweeps refine rows in blocks, so the two take different paths"
+        )
+        return {
+            "check_sample_weight_equivalence_on_dense_data": reason,
+            "check_sample_weight_equivalence_on_sparse_data": reason,
+        }
 
 
 #: A prior variance chosen by the evidence above this, for a fit that did not converge, is
@@ -433,10 +503,12 @@ def _large_variance_cause(results):
     chosen = [r.prior_variance for r in results if not r.converged and r.prior_variance]
     if not chosen or max(chosen) <= LARGE_PRIOR_VARIANCE:
         return None
-    return (f"the evidence chose prior_variance {max(chosen):.3g}: the classes may be "
-            "(nearly) separable, where the evidence keeps rising with the prior variance and "
-            "EP moves slowly along the separating direction; pass a number as prior_variance "
-            "(e.g. 100.0) for a fit that converges sooner, or increase max_iter")
+    return (
+        f"the evidence chose prior_variance {max(chosen):.3g}: the classes may be "
+        "(nearly) separable, where the evidence keeps rising with the prior variance and "
+        "EP moves slowly along the separating direction; pass a number as prior_variance "
+        "(e.g. 100.0) for a fit that converges sooner, or increase max_iter"
+    )
 
 
 class CEPProbitClassifier(_CEPClassifierBase):
@@ -458,14 +530,39 @@ class CEPLogisticClassifier(_CEPClassifierBase):
         "random_state": ["random_state"],
     }
 
-    def __init__(self, *, method="auto", covariance="auto", prior_variance="auto",
-                 fit_intercept=True, intercept_prior_variance=100.0, max_iter=300, tol=1e-3,
-                 damping="auto", block_size=None, class_weight=None, n_quadrature=9,
-                 message_operator=None, random_state=None, n_jobs=None, verbose=0):
-        super().__init__(method=method, covariance=covariance, prior_variance=prior_variance,
-                         fit_intercept=fit_intercept, intercept_prior_variance=intercept_prior_variance,
-                         max_iter=max_iter, tol=tol, damping=damping, block_size=block_size,
-                         class_weight=class_weight, n_jobs=n_jobs, verbose=verbose)
+    def __init__(
+        self,
+        *,
+        method="auto",
+        covariance="auto",
+        prior_variance="auto",
+        fit_intercept=True,
+        intercept_prior_variance=100.0,
+        max_iter=300,
+        tol=1e-3,
+        damping="auto",
+        block_size=None,
+        class_weight=None,
+        n_quadrature=9,
+        message_operator=None,
+        random_state=None,
+        n_jobs=None,
+        verbose=0,
+    ):
+        super().__init__(
+            method=method,
+            covariance=covariance,
+            prior_variance=prior_variance,
+            fit_intercept=fit_intercept,
+            intercept_prior_variance=intercept_prior_variance,
+            max_iter=max_iter,
+            tol=tol,
+            damping=damping,
+            block_size=block_size,
+            class_weight=class_weight,
+            n_jobs=n_jobs,
+            verbose=verbose,
+        )
         self.n_quadrature = n_quadrature
         self.message_operator = message_operator
         self.random_state = random_state
@@ -481,7 +578,8 @@ class CEPLogisticClassifier(_CEPClassifierBase):
         if self.message_operator is not None and self.method != "kjit":
             raise ValueError(
                 f"message_operator is only used by method='kjit'; got method={self.method!r}. "
-                "Set method='kjit' or message_operator=None.")
+                "Set method='kjit' or message_operator=None."
+            )
 
     def _fit_posteriors(self, X, y, classes, prior, site_lik=None, **options):
         if self.method != "kjit":
@@ -493,10 +591,12 @@ class CEPLogisticClassifier(_CEPClassifierBase):
             operator = copy.deepcopy(previous if previous is not None else self.message_operator)
         else:  # the exact oracle has no noise: a tiny noise variance and a strict threshold
             operator = KJITMessageOperator(
-                message_families=("gaussian", "beta"), oracle=LogisticFactor().exact,
-                noise_variance=1e-8, uncertainty_threshold=-16.0, random_state=self.random_state)
-        posterior = super()._fit_posteriors(X, y, classes, prior, site_lik=OperatorSite(operator),
-                                            **options)
+                message_families=("gaussian", "beta"),
+                oracle=LogisticFactor().exact,
+                noise_variance=1e-8,
+                uncertainty_threshold=-16.0,
+                random_state=self.random_state,
+            )
+        posterior = super()._fit_posteriors(X, y, classes, prior, site_lik=OperatorSite(operator), **options)
         posterior["message_operator"] = operator
         return posterior
-

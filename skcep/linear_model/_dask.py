@@ -72,10 +72,8 @@ def _weight_summary(labels, sample_weight, classes):
     weight = np.asarray(sample_weight, dtype=float)
     if weight.ndim != 1 or weight.shape[0] != np.shape(labels)[0]:
         raise ValueError(f"sample_weight must be 1-D with one weight per row; got shape {weight.shape}.")
-    totals = np.bincount(np.searchsorted(classes, np.asarray(labels)), weights=weight,
-                         minlength=classes.size)
-    return (totals, weight.min(initial=np.inf), weight.max(initial=-np.inf),
-            bool(np.all(np.isfinite(weight))))
+    totals = np.bincount(np.searchsorted(classes, np.asarray(labels)), weights=weight, minlength=classes.size)
+    return (totals, weight.min(initial=np.inf), weight.max(initial=-np.inf), bool(np.all(np.isfinite(weight))))
 
 
 def _signs(labels, positive):
@@ -93,13 +91,14 @@ def _factorized_chunk(design, labels, sites, prec, shift, *, positive, evidence=
     if fresh:
         sites = np.zeros(_site_shape(design.X)), np.zeros(_site_shape(design.X))
     if evidence is not None:
-        return sites, factorized_site_terms(design, sign, *sites, prec, shift,
-                                            likelihood=evidence, sample_weight=weight)
+        return sites, factorized_site_terms(
+            design, sign, *sites, prec, shift, likelihood=evidence, sample_weight=weight
+        )
     # new sites: in place into fresh zeros, else into new arrays (the step reads the old ones)
     new = sites if fresh else (np.empty_like(sites[0]), np.empty_like(sites[1]))
-    totals = factorized_partition_step(design, sign, *sites, prec, shift,
-                                       out=None if fresh else new, sample_weight=weight,
-                                       **options)
+    totals = factorized_partition_step(
+        design, sign, *sites, prec, shift, out=None if fresh else new, sample_weight=weight, **options
+    )
     return new, totals
 
 
@@ -111,11 +110,9 @@ def _full_chunk(X, labels, sites, P, b, *, positive, evidence=None, **options):
     if sites is None:
         sites = np.zeros(n), np.zeros(n)
     if evidence is not None:
-        return sites, full_site_terms(X, sign, *sites, P, b, likelihood=evidence,
-                                      sample_weight=weight)
+        return sites, full_site_terms(X, sign, *sites, P, b, likelihood=evidence, sample_weight=weight)
     site_prec, site_shift = (a.copy() for a in sites)  # updated in place by the step
-    change = full_partition_step(X, sign, site_prec, site_shift, P, b, sample_weight=weight,
-                                 **options)
+    change = full_partition_step(X, sign, site_prec, site_shift, P, b, sample_weight=weight, **options)
     return (site_prec, site_shift), change
 
 
@@ -132,13 +129,11 @@ class DaskRows:
         # the single-machine block size, from the whole data, so each chunk runs the same blocks
         block = full_block_size(n, dim) if full else default_block_size(n, n * dim)
         self.block_size = block
-        chunks = [dask.delayed(_design_chunk)(xb, fit_intercept, None if full else block)
-                  for xb in row_blocks(X)]
+        chunks = [dask.delayed(_design_chunk)(xb, fit_intercept, None if full else block) for xb in row_blocks(X)]
         self.data = list(dask.persist(*chunks))
         self.ys = list(dask.persist(*(row_blocks(y) if weights is None else weights)))
 
-    def fit(self, positive, likelihood, evidence_likelihood, prior_mean, prior_spread,
-            tune_weights=None, **options):
+    def fit(self, positive, likelihood, evidence_likelihood, prior_mean, prior_spread, tune_weights=None, **options):
         """The engine's fit of one binary model (``positive`` against the rest) and its EP
         evidence (one more pass, in which each chunk sums its rows' site terms, a float each),
         through :func:`~skcep.engines.evidence.fit_with_evidence`: with ``tune_weights`` the
@@ -147,12 +142,20 @@ class DaskRows:
         options.pop("block_size", None)
         if self.full and np.ndim(prior_spread) == 1:
             prior_spread = np.diag(prior_spread)
-        return fit_with_evidence(partial(self._fit_at, positive, prior_mean, evidence_likelihood),
-                                 likelihood, evidence_likelihood, prior_mean, prior_spread,
-                                 full=self.full, tune_weights=tune_weights, **options)
+        return fit_with_evidence(
+            partial(self._fit_at, positive, prior_mean, evidence_likelihood),
+            likelihood,
+            evidence_likelihood,
+            prior_mean,
+            prior_spread,
+            full=self.full,
+            tune_weights=tune_weights,
+            **options,
+        )
 
-    def _fit_at(self, positive, prior_mean, evidence_likelihood, spread, likelihood, warm=None,
-                resume=False, **options):
+    def _fit_at(
+        self, positive, prior_mean, evidence_likelihood, spread, likelihood, warm=None, resume=False, **options
+    ):
         """One distributed fit at the prior N(prior_mean, spread), from the sites of ``warm``
         or from zero (with ``resume``: ``warm``'s EP sweeps continued, as in
         :func:`~skcep.engines.evidence.fit_with_evidence`); ``sites`` of the result is (the
@@ -160,15 +163,21 @@ class DaskRows:
         referenced."""
         start = None if warm is None else warm.sites
         if self.full:
-            parts = DaskPartitions(_full_chunk, self.data, self.ys, _zero_change(self.shape[1]),
-                                   start=start, positive=positive, block_size=self.block_size)
+            parts = DaskPartitions(
+                _full_chunk,
+                self.data,
+                self.ys,
+                _zero_change(self.shape[1]),
+                start=start,
+                positive=positive,
+                block_size=self.block_size,
+            )
             first = None if warm is None else site_totals(warm, prior_mean, warm.prior_spread)
             post = fit_full_partitions(parts, likelihood, prior_mean, spread, start=first, **options)
             moments = (post.mean, post.cov)
         else:
             zero = (np.zeros(self.shape[1]), np.zeros(self.shape[1]), 0)
-            parts = DaskPartitions(_factorized_chunk, self.data, self.ys, zero, start=start,
-                                   positive=positive)
+            parts = DaskPartitions(_factorized_chunk, self.data, self.ys, zero, start=start, positive=positive)
             if warm is not None:
                 options["warmup_sweeps"] = 0
                 if resume:
@@ -179,8 +188,9 @@ class DaskRows:
             moments = (1.0 / post.var, post.mean / post.var)
         totals = parts.totals()  # the sites' reductions (on the client), before the evidence
         terms = parts.step(*moments, evidence=evidence_likelihood)  # returns the same sites
-        post.log_evidence = log_evidence(prior_mean, spread, post.mean,
-                                         post.var if post.cov is None else post.cov, terms)
+        post.log_evidence = log_evidence(
+            prior_mean, spread, post.mean, post.var if post.cov is None else post.cov, terms
+        )
         post.sites, post.prior_spread = (parts.state, totals), spread
         return post
 
@@ -205,38 +215,39 @@ def _weighted_labels(estimator, X, y, classes, sample_weight):
         if not is_dask_collection(sample_weight):
             sample_weight = np.asarray(sample_weight, dtype=float)
             if sample_weight.shape != (X.shape[0],):
-                raise ValueError(f"sample_weight.shape == {sample_weight.shape}, expected "
-                                 f"({X.shape[0]},)!")
+                raise ValueError(f"sample_weight.shape == {sample_weight.shape}, expected ({X.shape[0]},)!")
             sample_weight = da.from_array(sample_weight, chunks=(X.chunks[0],))
         sample_weight, _ = rows(sample_weight, "sample_weight")
         if sample_weight.shape != (X.shape[0],):
             raise ValueError(f"sample_weight.shape == {sample_weight.shape}, expected ({X.shape[0]},)!")
         sample_weight, _ = rows(sample_weight, "sample_weight", X.chunks[0])
         w_blocks = row_blocks(sample_weight)
-        summaries = dask.compute(*[dask.delayed(_weight_summary)(yb, wb, classes)
-                                   for yb, wb in zip(y_blocks, w_blocks)])
+        summaries = dask.compute(
+            *[dask.delayed(_weight_summary)(yb, wb, classes) for yb, wb in zip(y_blocks, w_blocks)]
+        )
         totals = np.sum([t for t, _, _, _ in summaries], axis=0)
         if not all(finite for _, _, _, finite in summaries):
             raise ValueError("Input sample_weight contains NaN or infinity.")
         if min(low for _, low, _, _ in summaries) < 0:
             raise ValueError("Negative values in data passed to `sample_weight`.")
-        check_fit_range(type(estimator).__name__,
-                        weight=np.array([high for _, _, high, _ in summaries]))
+        check_fit_range(type(estimator).__name__, weight=np.array([high for _, _, high, _ in summaries]))
         if not np.any(totals > 0):
             raise ValueError("Sample weights must contain at least one non-zero number.")
     per_class = None
     if estimator.class_weight is not None:
         if sample_weight is None:
-            counts = dask.compute(*[dask.delayed(_weight_summary)(yb, np.ones(n), classes)
-                                    for yb, n in zip(y_blocks, y.chunks[0])])
+            counts = dask.compute(
+                *[dask.delayed(_weight_summary)(yb, np.ones(n), classes) for yb, n in zip(y_blocks, y.chunks[0])]
+            )
             totals = np.sum([t for t, _, _, _ in counts], axis=0)
         per_class = estimator._per_class_weight(classes, totals)
         totals = totals * per_class
     if np.count_nonzero(totals > 0) < 2:
-        raise ValueError("The samples with a positive weight (sample_weight × class_weight) "
-                         f"must come from at least 2 classes; got {classes[totals > 0].tolist()!r}.")
-    return [dask.delayed(_weighted_rows)(yb, wb, classes, per_class)
-            for yb, wb in zip(y_blocks, w_blocks)]
+        raise ValueError(
+            "The samples with a positive weight (sample_weight × class_weight) "
+            f"must come from at least 2 classes; got {classes[totals > 0].tolist()!r}."
+        )
+    return [dask.delayed(_weighted_rows)(yb, wb, classes, per_class) for yb, wb in zip(y_blocks, w_blocks)]
 
 
 def fit_classifier(estimator, X, y, sample_weight=None):
@@ -259,8 +270,9 @@ def fit_classifier(estimator, X, y, sample_weight=None):
     classes = np.unique(da.unique(y).compute())
     check_classification_targets(classes)
     if classes.size < 2:
-        raise ValueError("The training data need samples of at least 2 classes; "
-                         f"got one class: {classes.tolist()[0]!r}.")
+        raise ValueError(
+            f"The training data need samples of at least 2 classes; got one class: {classes.tolist()[0]!r}."
+        )
     estimator._check_options(X.shape[1])
     weights = _weighted_labels(estimator, X, y, classes, sample_weight)
     held = DaskRows(X, y, estimator.fit_intercept, estimator._inference(X.shape[1])[1] == "full", weights)

@@ -50,7 +50,8 @@ PARTIAL_FIT_DOC = """Fold one batch into the posterior (assumed density filterin
 
 _METHOD_DOC = """    method : {"auto", "cep1", "cep2", "ep"}, default="auto"
         Site refinement: conditional EP with the first-order (Wang & Zhe, "Conditional
-        Expectation Propagation", UAI 2020, eq. 10) or second-order (eq. 11) expectation of the conditional moments, or EP.
+        Expectation Propagation", UAI 2020, eq. 10) or second-order (eq. 11) expectation of the conditional
+        moments, or EP.
         "auto": EP with the full covariance where that is affordable, else CEP-1 (see
         ``covariance``); the choice is in ``method_``.
 """
@@ -69,7 +70,8 @@ _LOGISTIC_METHOD_DOC = """    method : {"auto", "cep1", "cep2", "ep", "kjit"}, d
         ``covariance="diagonal"``.
 """
 
-_PARAMS_DOC = """
+_PARAMS_DOC = (
+    """
     Parameters
     ----------
 {method}    covariance : {"auto", "diagonal", "full"}, default="auto"
@@ -98,7 +100,8 @@ _PARAMS_DOC = """
         alive, so a number is 10–17 times cheaper there).  On Dask collections each trial is
         a distributed fit, warm started from the sites an earlier trial left on the workers,
         and the search is the in-memory one.  It is the default because on the seven data
-        sets of ``benchmarks/bench_classification.py`` it predicts better on average than λ = 1 for every method and link; it costs about
+        sets of ``benchmarks/bench_classification.py`` it predicts better on average than λ = 1 for every
+        method and link; it costs about
         1.2–5 fits (more on separable data, where EP needs hundreds of sweeps at the large λ
         the evidence asks for).  A number fixes λ (and skips the
         search): e.g. 1.0, the prior of the CEP paper's experiments, or a value read from
@@ -131,7 +134,10 @@ _PARAMS_DOC = """
         ``sample_weight`` (:func:`sklearn.utils.class_weight.compute_class_weight`).  Every
         one-vs-rest model sees the same per-sample weights.  ``partial_fit`` refuses
         "balanced" (a stream's class frequencies are unknown); pass a dict.
-""" + N_JOBS_DOC.replace("chunks of a sweep", "one-vs-rest models") + VERBOSE_DOC
+"""
+    + N_JOBS_DOC.replace("chunks of a sweep", "one-vs-rest models")
+    + VERBOSE_DOC
+)
 
 _ATTRS_DOC = """
     Attributes
@@ -155,7 +161,8 @@ _ATTRS_DOC = """
     log_evidence_ : ndarray of shape (1 or n_classes,)
         EP approximation of each model's log evidence log p(y | X) (Minka, "A family of
         algorithms for approximate Bayesian inference", 2001, §3.3; Rasmussen & Williams,
-        "Gaussian Processes for Machine Learning", 2006, §3.6.3, eq. 3.65): log Z_EP = A(q) − A(prior) + Σ_i [log Z_i + A(q\\i) − A(q)],
+        "Gaussian Processes for Machine Learning", 2006, §3.6.3, eq. 3.65): log Z_EP = A(q) − A(prior) + Σ_i
+        [log Z_i + A(q\\i) − A(q)],
         A the log-normaliser of a Gaussian, q\\i the cavity of sample i, Z_i its tilted
         normaliser.  Within a few thousandths of a nat of the exact value for
         ``covariance="full"``; the factorized forms miss the mutual information

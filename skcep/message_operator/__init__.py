@@ -2,6 +2,7 @@
 Passing Expectation Propagation Messages", UAI 2015): the estimator (``_operator``) and its
 holder of messages on Dask workers (``_dask``).  The random-feature regression and the
 factors live in :mod:`skcep.engines` (``random_features``, ``factors``)."""
+
 from ..engines.factors import LogisticFactor, OperatorSite
 from ._operator import KJITMessageOperator
 

@@ -98,8 +98,19 @@ def _gather(chunks, index):
     return out
 
 
-def fit_chunks(X, Y, families, n_inner, n_outer, rng, inner_widths="auto", outer_width="auto",
-               noise_variance="loo", prior_variance=1.0, n_jobs=None):
+def fit_chunks(
+    X,
+    Y,
+    families,
+    n_inner,
+    n_outer,
+    rng,
+    inner_widths="auto",
+    outer_width="auto",
+    noise_variance="loo",
+    prior_variance=1.0,
+    n_jobs=None,
+):
     """:func:`skcep.engines.random_features.fit_first_batch` on rows held in chunks.
 
     ``X`` and ``Y`` are :class:`RowChunks` of checked messages and outputs (n, D_y); the other
@@ -117,13 +128,21 @@ def fit_chunks(X, Y, families, n_inner, n_outer, rng, inner_widths="auto", outer
         widths = np.sum([s[0] for s in sums], axis=0) / n_rows
         widths = np.where(np.isfinite(widths) & (widths > 0), widths, 1.0)
     features = rf.draw_features(None, families, n_inner, n_outer, rng, widths)
-    plan = rf.plan_first_batch(features, rng.randint(2**31), n_rows,
-                               lambda index: (_gather(X, index), _gather(Y, index)),
-                               inner_widths, outer_width, noise_variance, prior_variance)
+    plan = rf.plan_first_batch(
+        features,
+        rng.randint(2**31),
+        n_rows,
+        lambda index: (_gather(X, index), _gather(Y, index)),
+        inner_widths,
+        outer_width,
+        noise_variance,
+        prior_variance,
+    )
     intercept = np.sum([s[1] for s in sums], axis=0) / n_rows
     shared = dask.delayed(plan.candidates, traverse=False)
-    parts = dask.compute(*[dask.delayed(_chunk_statistics)(x, y, intercept, shared)
-                           for x, y in zip(X.blocks, Y.blocks)])
+    parts = dask.compute(
+        *[dask.delayed(_chunk_statistics)(x, y, intercept, shared) for x, y in zip(X.blocks, Y.blocks)]
+    )
     statistics = [rf.sum_statistics(part[i] for part in parts) for i in range(len(plan.candidates))]
     return rf.choose_first_batch(plan, statistics, intercept, prior_variance)
 
@@ -154,8 +173,9 @@ def fit_operator(estimator, X, Y):
     estimator.__dict__.pop("n_outputs_", None)
     checker = type(estimator)(message_families=estimator.message_families)
     starts = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]])
-    checked = dask.persist(*[dask.delayed(_checked_chunk)(x, y, checker, int(s))
-                             for x, y, s in zip(row_blocks(X), row_blocks(Y), starts)])
+    checked = dask.persist(
+        *[dask.delayed(_checked_chunk)(x, y, checker, int(s)) for x, y, s in zip(row_blocks(X), row_blocks(Y), starts)]
+    )
     for error in dask.compute(*[c[2] for c in checked]):
         if error is not None:
             raise error

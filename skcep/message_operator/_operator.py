@@ -13,10 +13,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, SkcepMixin, fit_method, predict_method
-from ._dask import fit_operator
 from .._validation import MESSAGE_ROWS, check_fit_range, validate_data
 from ..engines import random_features as rf
 from ..engines.factors import LogisticFactor, OperatorSite
+from ._dask import fit_operator
 
 __all__ = ["KJITMessageOperator", "LogisticFactor", "OperatorSite"]
 _POSITIVE = Interval(Real, 0, None, closed="neither")
@@ -24,114 +24,133 @@ _POSITIVE = Interval(Real, 0, None, closed="neither")
 #: The X of the scikit-learn checks that cannot be rows of messages: its number of columns and
 #: whether it holds negative numbers (as of scikit-learn 1.9).
 _CHECK_X = {
-    "check_fit_score_takes_y": (3, False), "check_estimators_overwrite_params": (2, True),
-    "check_dont_overwrite_parameters": (3, False), "check_estimators_fit_returns_self": (2, True),
-    "check_readonly_memmap_input": (2, True), "check_n_features_in_after_fitting": (4, True),
-    "check_positive_only_tag_during_fit": (4, True), "check_estimators_dtypes": (5, False),
-    "check_dtype_object": (10, False), "check_pipeline_consistency": (3, True),
-    "check_estimators_nan_inf": (3, False), "check_estimators_pickle": (3, True),
-    "check_f_contiguous_array_estimator": (3, False), "check_regressors_train": (10, True),
-    "check_regressor_data_not_an_array": (10, True), "check_estimators_partial_fit_n_features": (2, True),
-    "check_regressor_multioutput": (10, True), "check_regressors_no_decision_function": (4, True),
-    "check_supervised_y_2d": (3, False), "check_regressors_int": (10, True),
-    "check_methods_sample_order_invariance": (3, False), "check_methods_subset_invariance": (3, False),
-    "check_fit2d_1sample": (10, False), "check_fit2d_1feature": (1, False),
-    "check_dict_unchanged": (3, False), "check_fit_idempotent": (2, False),
-    "check_fit_check_is_fitted": (2, False), "check_n_features_in": (2, False),
+    "check_fit_score_takes_y": (3, False),
+    "check_estimators_overwrite_params": (2, True),
+    "check_dont_overwrite_parameters": (3, False),
+    "check_estimators_fit_returns_self": (2, True),
+    "check_readonly_memmap_input": (2, True),
+    "check_n_features_in_after_fitting": (4, True),
+    "check_positive_only_tag_during_fit": (4, True),
+    "check_estimators_dtypes": (5, False),
+    "check_dtype_object": (10, False),
+    "check_pipeline_consistency": (3, True),
+    "check_estimators_nan_inf": (3, False),
+    "check_estimators_pickle": (3, True),
+    "check_f_contiguous_array_estimator": (3, False),
+    "check_regressors_train": (10, True),
+    "check_regressor_data_not_an_array": (10, True),
+    "check_estimators_partial_fit_n_features": (2, True),
+    "check_regressor_multioutput": (10, True),
+    "check_regressors_no_decision_function": (4, True),
+    "check_supervised_y_2d": (3, False),
+    "check_regressors_int": (10, True),
+    "check_methods_sample_order_invariance": (3, False),
+    "check_methods_subset_invariance": (3, False),
+    "check_fit2d_1sample": (10, False),
+    "check_fit2d_1feature": (1, False),
+    "check_dict_unchanged": (3, False),
+    "check_fit_idempotent": (2, False),
+    "check_fit_check_is_fitted": (2, False),
+    "check_n_features_in": (2, False),
     "check_fit2d_predict1d": (3, False),
 }
 #: What to do about message parameters beyond the range the operator takes.
-_MESSAGE_ADVICE = (" A parameter this large usually comes from a message that diverged upstream: drop or "
-                   "repair that row.")
+_MESSAGE_ADVICE = (
+    " A parameter this large usually comes from a message that diverged upstream: drop or repair that row."
+)
 #: What to do about outputs beyond the range a fit takes.
-_OUTPUT_ADVICE = (" Statistics this large usually come from a message that diverged upstream; else "
-                  "express them in other units.")
+_OUTPUT_ADVICE = (
+    " Statistics this large usually come from a message that diverged upstream; else express them in other units."
+)
 #: Why the positive_only tag check cannot hold, whatever the families.
 _NO_POSITIVE_TAG = (
     "check limitation: variances and Beta or Gamma parameters must be > 0 and a Gaussian mean may be any "
-    "number, which neither 'any X' nor the positive_only tag (X ≥ 0) says; the check's negative X is refused")
+    "number, which neither 'any X' nor the positive_only tag (X ≥ 0) says; the check's negative X is refused"
+)
 
 
 class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     r"""Kernel-based just-in-time learned EP message operator (Jitkrittum et al., UAI 2015).
 
-    Maps a tuple of c incoming one-dimensional messages to the D_y expected sufficient
-    statistics of the projected belief (numerator of eq. 1) with a predictive variance:
-    Bayesian linear regression (§3.3, eqs. 9–17) on two-stage random Fourier features of the
-    messages' mean embeddings (§3.1–3.2, Algorithm 1).  A row of ``X`` concatenates the
-    messages' parameters in ``message_families`` order: Gaussian (mean, variance), Beta (α, β),
-    Gamma (shape, rate).  Outputs are centred by the first batch's mean, not rescaled.
-    Message parameters and outputs must lie within ±1e50 (a ValueError names the limit).
+        Maps a tuple of c incoming one-dimensional messages to the D_y expected sufficient
+        statistics of the projected belief (numerator of eq. 1) with a predictive variance:
+        Bayesian linear regression (§3.3, eqs. 9–17) on two-stage random Fourier features of the
+        messages' mean embeddings (§3.1–3.2, Algorithm 1).  A row of ``X`` concatenates the
+        messages' parameters in ``message_families`` order: Gaussian (mean, variance), Beta (α, β),
+        Gamma (shape, rate).  Outputs are centred by the first batch's mean, not rescaled.
+        Message parameters and outputs must lie within ±1e50 (a ValueError names the limit).
 
-    Parameters
-    ----------
-    message_families : tuple of {"gaussian", "beta", "gamma"}, default=("gaussian", "beta")
-        The family of each incoming message, in column order.
-    n_inner_features : int, default=300
-        D_in, random features of the mean embeddings (Algorithm 1, steps 1–3).
-    n_outer_features : int, default=500
-        D_out, random features of the kernel on embeddings (steps 4–6); cost grows as D_out².
-    noise_variance : float, "loo" or "evidence", default="loo"
-        σ_y², the oracle's noise variance (eq. 10).  "loo": smallest leave-one-out error of the
-        predicted message (≤ 1,000 rows of the first batch): mean log KL of the Gaussian whose
-        (E[x], E[x²]) are the first two outputs (else log mean squared error); σ_y² ≥ 1e-8 σ₀²
-        λ_max(ΨᵀΨ).  "evidence" (alias "auto"): the first batch's marginal likelihood.
-    prior_variance : float, default=1.0
-        σ₀², prior variance of every regression weight (eq. 9).
-    inner_widths, outer_width : "auto", "median", array-like (n_messages,) / float, default="auto"
-        σ_l² per message and γ² (eq. 7), squared kernel widths.  "median": the heuristic of
-        supplement A; "auto": that × 4^k (k = −2, …, 2) of smallest leave-one-out error — γ²
-        by the evidence and σ_l² "median" if ``noise_variance="evidence"``.
-    uncertainty_threshold : float, default=-10.0
-        :meth:`send` asks the oracle where log(ψᵀΣ_wψ + σ_y²), in output units, exceeds it (§4;
-        the paper's −8.5 was set beside σ_y² = 1e-4).  Keep it above log σ_y².
-    oracle : callable, default=None
-        ``oracle(X) -> Y``, Y of shape (n, D_y) or (n,); needed by :meth:`send` only.
-    n_initial : int, default=300
-        Rows the oracle answers before :meth:`send` fits its first batch.
-<N_JOBS><VERBOSE>    random_state : int, RandomState instance or None, default=None
-        Seeds the random frequencies and phases.
+        Parameters
+        ----------
+        message_families : tuple of {"gaussian", "beta", "gamma"}, default=("gaussian", "beta")
+            The family of each incoming message, in column order.
+        n_inner_features : int, default=300
+            D_in, random features of the mean embeddings (Algorithm 1, steps 1–3).
+        n_outer_features : int, default=500
+            D_out, random features of the kernel on embeddings (steps 4–6); cost grows as D_out².
+        noise_variance : float, "loo" or "evidence", default="loo"
+            σ_y², the oracle's noise variance (eq. 10).  "loo": smallest leave-one-out error of the
+            predicted message (≤ 1,000 rows of the first batch): mean log KL of the Gaussian whose
+            (E[x], E[x²]) are the first two outputs (else log mean squared error); σ_y² ≥ 1e-8 σ₀²
+            λ_max(ΨᵀΨ).  "evidence" (alias "auto"): the first batch's marginal likelihood.
+        prior_variance : float, default=1.0
+            σ₀², prior variance of every regression weight (eq. 9).
+        inner_widths, outer_width : "auto", "median", array-like (n_messages,) / float, default="auto"
+            σ_l² per message and γ² (eq. 7), squared kernel widths.  "median": the heuristic of
+            supplement A; "auto": that × 4^k (k = −2, …, 2) of smallest leave-one-out error — γ²
+            by the evidence and σ_l² "median" if ``noise_variance="evidence"``.
+        uncertainty_threshold : float, default=-10.0
+            :meth:`send` asks the oracle where log(ψᵀΣ_wψ + σ_y²), in output units, exceeds it (§4;
+            the paper's −8.5 was set beside σ_y² = 1e-4).  Keep it above log σ_y².
+        oracle : callable, default=None
+            ``oracle(X) -> Y``, Y of shape (n, D_y) or (n,); needed by :meth:`send` only.
+        n_initial : int, default=300
+            Rows the oracle answers before :meth:`send` fits its first batch.
+    <N_JOBS><VERBOSE>    random_state : int, RandomState instance or None, default=None
+            Seeds the random frequencies and phases.
 
-    Attributes
-    ----------
-    inner_widths_, outer_width_, noise_variance_ : ndarray of shape (n_messages,), float, float
-        σ_l², γ² and σ_y² in use (fitted values where chosen by a heuristic or a criterion).
-    loo_error_ : float or None
-        Leave-one-out error of the chosen widths and σ_y² (``noise_variance``); None if unused.
-    inner_frequencies_, inner_offsets_ : ndarray
-        ω_i ∼ N(0, diag(σ_l⁻²)) as rows of shape (n_inner_features, n_messages); b_i ∼ U[0, 2π].
-    outer_frequencies_, outer_offsets_ : ndarray
-        ν_j ∼ N(0, γ⁻² I) as columns of shape (n_inner_features, n_outer_features); c_j ∼ U[0, 2π].
-    coef_ : ndarray of shape (n_outer_features, n_outputs)
-        Posterior mean of the weights μ_w (eq. 13).
-    coef_cov_ : ndarray of shape (n_outer_features, n_outer_features)
-        Posterior covariance Σ_w (eq. 12), shared by the outputs.
-    intercept_ : ndarray of shape (n_outputs,)
-        Output offset (mean of the first batch's outputs).
-    n_oracle_calls_ : int
-        Rows answered by the oracle in :meth:`send`.
-    log_predictive_variance_ : ndarray of shape (n_rows_sent,)
-        Per row sent: the log predictive variance before the update (NaN for initial rows).
-    n_features_in_, n_outputs_ : int
+        Attributes
+        ----------
+        inner_widths_, outer_width_, noise_variance_ : ndarray of shape (n_messages,), float, float
+            σ_l², γ² and σ_y² in use (fitted values where chosen by a heuristic or a criterion).
+        loo_error_ : float or None
+            Leave-one-out error of the chosen widths and σ_y² (``noise_variance``); None if unused.
+        inner_frequencies_, inner_offsets_ : ndarray
+            ω_i ∼ N(0, diag(σ_l⁻²)) as rows of shape (n_inner_features, n_messages); b_i ∼ U[0, 2π].
+        outer_frequencies_, outer_offsets_ : ndarray
+            ν_j ∼ N(0, γ⁻² I) as columns of shape (n_inner_features, n_outer_features); c_j ∼ U[0, 2π].
+        coef_ : ndarray of shape (n_outer_features, n_outputs)
+            Posterior mean of the weights μ_w (eq. 13).
+        coef_cov_ : ndarray of shape (n_outer_features, n_outer_features)
+            Posterior covariance Σ_w (eq. 12), shared by the outputs.
+        intercept_ : ndarray of shape (n_outputs,)
+            Output offset (mean of the first batch's outputs).
+        n_oracle_calls_ : int
+            Rows answered by the oracle in :meth:`send`.
+        log_predictive_variance_ : ndarray of shape (n_rows_sent,)
+            Per row sent: the log predictive variance before the update (NaN for initial rows).
+        n_features_in_, n_outputs_ : int
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skcep.message_operator import KJITMessageOperator, LogisticFactor
-    >>> rng = np.random.default_rng(0)
-    >>> X = np.column_stack([rng.normal(0, 2, 1000), rng.uniform(0.5, 4, 1000),
-    ...                      np.full(1000, 2.0), np.ones(1000)])  # N(z; μ, σ²), Beta(p; 2, 1)
-    >>> factor = LogisticFactor()                          # exact oracle, 4 statistics
-    >>> op = KJITMessageOperator(oracle=lambda X: factor(X)[:, :2], random_state=0)
-    >>> Y = op.send(X)                                     # (E[z], E[z²]) of every row
-    >>> bool(op.n_oracle_calls_ < 400)                     # 300 initial rows + the uncertain
-    True
-    >>> bool(np.abs(Y - factor(X)[:, :2]).max() < 0.1)
-    True
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from skcep.message_operator import KJITMessageOperator, LogisticFactor
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.column_stack([rng.normal(0, 2, 1000), rng.uniform(0.5, 4, 1000),
+        ...                      np.full(1000, 2.0), np.ones(1000)])  # N(z; μ, σ²), Beta(p; 2, 1)
+        >>> factor = LogisticFactor()                          # exact oracle, 4 statistics
+        >>> op = KJITMessageOperator(oracle=lambda X: factor(X)[:, :2], random_state=0)
+        >>> Y = op.send(X)                                     # (E[z], E[z²]) of every row
+        >>> bool(op.n_oracle_calls_ < 400)                     # 300 initial rows + the uncertain
+        True
+        >>> bool(np.abs(Y - factor(X)[:, :2]).max() < 0.1)
+        True
     """
 
-    __doc__ = __doc__.replace("<N_JOBS>", N_JOBS_DOC).replace("<VERBOSE>", VERBOSE_DOC + (
-        "        A batch is one fit, partial_fit or send call: its rows and the oracle calls.\n"))
+    __doc__ = __doc__.replace("<N_JOBS>", N_JOBS_DOC).replace(
+        "<VERBOSE>",
+        VERBOSE_DOC + ("        A batch is one fit, partial_fit or send call: its rows and the oracle calls.\n"),
+    )
 
     _parameter_constraints = {
         "message_families": [tuple, list],
@@ -150,16 +169,27 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     _structural_params = ("message_families", "n_inner_features", "n_outer_features")
     _dask_fit = fit_operator
 
-    def __init__(self, message_families=("gaussian", "beta"), n_inner_features=300,
-                 n_outer_features=500, noise_variance="loo", prior_variance=1.0,
-                 inner_widths="auto", outer_width="auto", uncertainty_threshold=-10.0,
-                 oracle=None, n_initial=300, n_jobs=None, verbose=0, random_state=None):
+    def __init__(
+        self,
+        message_families=("gaussian", "beta"),
+        n_inner_features=300,
+        n_outer_features=500,
+        noise_variance="loo",
+        prior_variance=1.0,
+        inner_widths="auto",
+        outer_width="auto",
+        uncertainty_threshold=-10.0,
+        oracle=None,
+        n_initial=300,
+        n_jobs=None,
+        verbose=0,
+        random_state=None,
+    ):
         self.message_families, self.uncertainty_threshold = message_families, uncertainty_threshold
         self.n_inner_features, self.n_outer_features = n_inner_features, n_outer_features
         self.noise_variance, self.prior_variance = noise_variance, prior_variance
         self.inner_widths, self.outer_width, self.oracle = inner_widths, outer_width, oracle
-        self.n_initial, self.n_jobs, self.verbose, self.random_state = (
-            n_initial, n_jobs, verbose, random_state)
+        self.n_initial, self.n_jobs, self.verbose, self.random_state = (n_initial, n_jobs, verbose, random_state)
 
     def _expected_failed_checks(self):
         """The checks whose X are not rows of messages of ``message_families``: the wrong number
@@ -167,18 +197,21 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         families = rf.message_families(self.message_families)
         width = 2 * len(families)
         columns = ", ".join(f"{f.name} ({', '.join(f.parameter_names)})" for f in families)
-        positive = ", ".join(f"{f.name} {p}" for f in families
-                             for p, pos in zip(f.parameter_names, f.positive) if pos)
+        positive = ", ".join(f"{f.name} {p}" for f in families for p, pos in zip(f.parameter_names, f.positive) if pos)
         failures = {}
         for check, (n_columns, negative) in _CHECK_X.items():
             if n_columns != width:
-                failures[check] = (f"check limitation: it feeds {n_columns} column(s) of random numbers; a "
-                                   f"row of messages has {width}: {columns}")
+                failures[check] = (
+                    f"check limitation: it feeds {n_columns} column(s) of random numbers; a "
+                    f"row of messages has {width}: {columns}"
+                )
             elif check == "check_positive_only_tag_during_fit":
                 failures[check] = _NO_POSITIVE_TAG
             elif negative:
-                failures[check] = (f"check limitation: it feeds random numbers, negative ones too, where a "
-                                   f"row of messages needs {positive} > 0")
+                failures[check] = (
+                    f"check limitation: it feeds random numbers, negative ones too, where a "
+                    f"row of messages needs {positive} > 0"
+                )
         return failures
 
     def __sklearn_is_fitted__(self):
@@ -216,11 +249,17 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
 
     def _fit_batch(self, X, Y, y_1d, batch_fit=rf.fit_first_batch):
         fitted = batch_fit(
-            X, Y, rf.message_families(self.message_families), self.n_inner_features,
-            self.n_outer_features, check_random_state(self.random_state),
-            inner_widths=self.inner_widths, outer_width=self.outer_width,
+            X,
+            Y,
+            rf.message_families(self.message_families),
+            self.n_inner_features,
+            self.n_outer_features,
+            check_random_state(self.random_state),
+            inner_widths=self.inner_widths,
+            outer_width=self.outer_width,
             noise_variance={"auto": "evidence"}.get(self.noise_variance, self.noise_variance),
-            prior_variance=float(self.prior_variance), n_jobs=self._n_threads(),
+            prior_variance=float(self.prior_variance),
+            n_jobs=self._n_threads(),
         )
         f = self._feature_map = fitted.features
         self._families_, self._y_1d, self.n_outputs_ = list(f.families), y_1d, fitted.intercept.size
@@ -281,8 +320,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     # prediction --------------------------------------------------------------------------------
     def _predict(self, X, return_std):
         """Mean (n, D_y) and predictive variance (n,) with the noise, or None; reads only."""
-        mean, var = rf.predictive_moments(X, self._feature_map, self._blr, return_std,
-                                          n_jobs=self._n_threads())
+        mean, var = rf.predictive_moments(X, self._feature_map, self._blr, return_std, n_jobs=self._n_threads())
         return mean + self.intercept_, None if var is None else var + self._blr.noise_variance
 
     @predict_method

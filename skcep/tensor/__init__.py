@@ -4,6 +4,7 @@ factorization (``_sbdt``; Fang et al., ICML 2021), their shared estimator base (
 index and target checks, scaling, prediction) and their holders of entries on Dask workers
 (``_dask_cp``, ``_dask_sbdt``).  The inference lives in :mod:`skcep.engines` (``cp``, ``deep``,
 ``ordinal``, ``implicit``)."""
+
 from ._cp import BayesianCPTensor
 from ._sbdt import StreamingDeepTensor
 

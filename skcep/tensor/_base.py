@@ -21,6 +21,7 @@ from .._validation import MAX_FIT_VALUE, OBSERVED_ENTRIES, check_finite, check_f
 from ..engines.cp import effective_rank
 from ..engines.likelihoods import Probit
 
+
 def _check_noise_prior(noise_prior, name="noise_prior"):
     """A Gamma prior (a0, b0) with finite positive shape and rate."""
     try:
@@ -110,10 +111,12 @@ def scale_or_one(sd):
 _MAX_INDEX = 2**40  # far beyond any tensor whose factors fit in memory; guards the int cast
 _MAX_STATE_BYTES = 2**31  # factor state above 2 GiB implied by the indices (not by a given shape) is refused
 
-ENCODE_HINT = ("Tensor indices must be integer codes 0..n_objects-1 in every mode: encode the ids "
-               "of each column with pandas.factorize (codes, ids = pd.factorize(df[column]); a "
-               "categorical column's codes are df[column].cat.codes) or with "
-               "sklearn.preprocessing.OrdinalEncoder(dtype=int)")
+ENCODE_HINT = (
+    "Tensor indices must be integer codes 0..n_objects-1 in every mode: encode the ids "
+    "of each column with pandas.factorize (codes, ids = pd.factorize(df[column]); a "
+    "categorical column's codes are df[column].cat.codes) or with "
+    "sklearn.preprocessing.OrdinalEncoder(dtype=int)"
+)
 
 
 def _mode_name(k, feature_names):
@@ -140,8 +143,10 @@ def as_index_codes(X, estimator_name="BayesianCPTensor", feature_names=None):
             except (TypeError, ValueError) as exc:  # e.g. could not convert string to float: 'u37'
                 mode, where, error = index[-1] if X.ndim == 2 else 0, f" at row {index[0]}", str(exc)
                 break
-    raise TypeError(f"{estimator_name} got ids that are not integer codes in {_mode_name(mode, feature_names)}"
-                    f"{where}: {error}. {ENCODE_HINT}.")
+    raise TypeError(
+        f"{estimator_name} got ids that are not integer codes in {_mode_name(mode, feature_names)}"
+        f"{where}: {error}. {ENCODE_HINT}."
+    )
 
 
 def check_tensor_index(X, shape=None, estimator_name="BayesianCPTensor"):
@@ -155,8 +160,9 @@ def check_tensor_index(X, shape=None, estimator_name="BayesianCPTensor"):
     elif X.dtype.kind not in "iub":
         raise TypeError(f"Tensor indices must be integers; X has dtype {X.dtype}.")
     if X.size and X.min() < 0:
-        raise ValueError(f"Negative values in data passed to {estimator_name}: tensor indices must be "
-                         f"non-negative; X has {X.min()}.")
+        raise ValueError(
+            f"Negative values in data passed to {estimator_name}: tensor indices must be non-negative; X has {X.min()}."
+        )
     if X.size and X.max() >= _MAX_INDEX:
         raise ValueError(f"Tensor index {X.max():,.0f} is too large (limit {_MAX_INDEX:,}). {ENCODE_HINT}.")
     X = X.astype(np.intp)
@@ -164,9 +170,7 @@ def check_tensor_index(X, shape=None, estimator_name="BayesianCPTensor"):
         too_big = X >= np.asarray(shape)
         if np.any(too_big):
             k = int(np.flatnonzero(too_big.any(axis=0))[0])
-            raise ValueError(
-                f"Tensor index {int(X[:, k].max())} in mode {k} is beyond shape[{k}] = {shape[k]}."
-            )
+            raise ValueError(f"Tensor index {int(X[:, k].max())} in mode {k} is beyond shape[{k}] = {shape[k]}.")
     return X
 
 
@@ -178,14 +182,18 @@ def check_state_size(shape, bytes_per_object, X=None, estimator_name="BayesianCP
     if sizes.sum() <= _MAX_STATE_BYTES:
         return
     k = int(np.argmax(sizes))
-    message = (f"{estimator_name}: tensor index {shape[k] - 1:,} in mode {k} implies shape "
-               f"{tuple(int(d) for d in shape)}, whose factor state would need {_gib(sizes.sum())} "
-               f"(limit {_gib(_MAX_STATE_BYTES)}). {ENCODE_HINT}.")
+    message = (
+        f"{estimator_name}: tensor index {shape[k] - 1:,} in mode {k} implies shape "
+        f"{tuple(int(d) for d in shape)}, whose factor state would need {_gib(sizes.sum())} "
+        f"(limit {_gib(_MAX_STATE_BYTES)}). {ENCODE_HINT}."
+    )
     if X is not None and X.shape[0]:
         n_ids = np.unique(X[:, k]).size
         if 10 * n_ids < shape[k]:
-            message += (f" Mode {k} has only {n_ids:,} distinct ids in X but indices up to "
-                        f"{shape[k] - 1:,}: sparse ids like these (user or item numbers) need encoding.")
+            message += (
+                f" Mode {k} has only {n_ids:,} distinct ids in X but indices up to "
+                f"{shape[k] - 1:,}: sparse ids like these (user or item numbers) need encoding."
+            )
     message += " If the tensor really is this large, give its shape (shape=...): the limit then does not apply."
     raise ValueError(message)
 
@@ -194,8 +202,9 @@ def _gib(n_bytes):
     return f"{n_bytes / 2**30:,.1f} GiB"
 
 
-_CONTINUOUS_X = ("check limitation: it feeds continuous {} X, ignoring the categorical tag, and tensor "
-                 "indices must be integers")
+_CONTINUOUS_X = (
+    "check limitation: it feeds continuous {} X, ignoring the categorical tag, and tensor indices must be integers"
+)
 
 
 class TensorEstimator(SkcepMixin, BaseEstimator):
@@ -230,13 +239,16 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             failures["check_regressors_no_decision_function"] = (
                 "ordered levels are predicted as their expected value, a regression scored by R², and "
                 "predict_proba gives the probability of every level (columns classes_): a regressor with "
-                "predict_proba, which the check forbids")
+                "predict_proba, which the check forbids"
+            )
         if self.likelihood == "probit":
             failures["check_classifiers_one_label_sample_weights"] = _CONTINUOUS_X.format("uniform") + (
-                "; on integer indices the one class left is predicted, as the check asks")
+                "; on integer indices the one class left is predicted, as the check asks"
+            )
             failures["check_decision_proba_consistency"] = _CONTINUOUS_X.format("make_blobs") + (
                 "; and predict_proba, Φ(mean / √(1 + variance)) of the latent entry, weighs each entry's "
-                "uncertainty, so it need not rank entries as decision_function's mean does")
+                "uncertainty, so it need not rank entries as decision_function's mean does"
+            )
         return failures
 
     def _validate(self, X, y="no_validation", reset=True):
@@ -267,8 +279,9 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
 
     def _check_fit_range(self, y, weight):
         """ValueError naming the limit if Gaussian |y| or a weight is beyond what a fit takes."""
-        check_fit_range(type(self).__name__, y if self.likelihood == "gaussian" else None, weight,
-                        advice=_TARGET_ADVICE)
+        check_fit_range(
+            type(self).__name__, y if self.likelihood == "gaussian" else None, weight, advice=_TARGET_ADVICE
+        )
 
     def _set_scaling(self, y, weight=None):
         """``y_offset_`` and ``y_scale_`` from the (weighted) entries of a fit or a stream's
@@ -311,9 +324,11 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
                 )
             self.classes_ = labels
         elif classes is not None and not np.array_equal(np.unique(classes), self.classes_):
-            raise ValueError(f"classes={np.unique(classes).tolist()!r} is not the same as on the "
-                             f"first call to partial_fit, {self.classes_.tolist()!r}; call fit to "
-                             "start again with other classes.")
+            raise ValueError(
+                f"classes={np.unique(classes).tolist()!r} is not the same as on the "
+                f"first call to partial_fit, {self.classes_.tolist()!r}; call fit to "
+                "start again with other classes."
+            )
         unknown = np.setdiff1d(np.unique(y), self.classes_)
         if unknown.size:
             raise ValueError(f"y has labels {unknown.tolist()} not in classes_ {self.classes_.tolist()}.")
@@ -325,18 +340,25 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         if first_call:
             levels = np.unique(y if classes is None else np.asarray(classes, dtype=float))
             if levels.size < 2:
-                raise ValueError("likelihood='ordinal' needs at least two levels; got 1 class. Pass "
-                                 "classes= (every level) to partial_fit if the first batch holds only one.")
+                raise ValueError(
+                    "likelihood='ordinal' needs at least two levels; got 1 class. Pass "
+                    "classes= (every level) to partial_fit if the first batch holds only one."
+                )
             self.classes_ = levels
         elif classes is not None and not np.array_equal(np.unique(classes), self.classes_):
-            raise ValueError(f"classes={np.unique(classes).tolist()!r} is not the same as on the first call to "
-                             f"partial_fit, {self.classes_.tolist()!r}; call fit to start again with other levels.")
+            raise ValueError(
+                f"classes={np.unique(classes).tolist()!r} is not the same as on the first call to "
+                f"partial_fit, {self.classes_.tolist()!r}; call fit to start again with other levels."
+            )
         codes = np.searchsorted(self.classes_, y)
-        unknown = np.unique(y[(codes >= self.classes_.size) | (self.classes_[np.minimum(codes, self.classes_.size - 1)]
-                                                                 != y)])
+        unknown = np.unique(
+            y[(codes >= self.classes_.size) | (self.classes_[np.minimum(codes, self.classes_.size - 1)] != y)]
+        )
         if unknown.size:
-            raise ValueError(f"y has levels {unknown.tolist()} not in classes_ {self.classes_.tolist()}; pass "
-                             "every level as classes= on the first call to partial_fit.")
+            raise ValueError(
+                f"y has levels {unknown.tolist()} not in classes_ {self.classes_.tolist()}; pass "
+                "every level as classes= on the first call to partial_fit."
+            )
         return codes.astype(float)
 
     def _level_probabilities(self, mean, var):
@@ -372,7 +394,8 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             Also return the predictive standard deviation (Gaussian: of y, noise included;
             probit: of the latent f; ordinal: of the level value under the level probabilities).
             Ordinal entries predict the expected level value Σ_k P(level k)·level_k (the
-            RMSE-optimal choice), or the most probable level (``ordinal_prediction="mode"``).  For StreamingDeepTensor the variance of f is the
+            RMSE-optimal choice), or the most probable level (``ordinal_prediction="mode"``).  For
+            StreamingDeepTensor the variance of f is the
             delta method's β (Fang et al., "Streaming Bayesian Deep Tensor Factorization",
             ICML 2021, eq. 9).
 
@@ -394,7 +417,7 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             return pred
         mean = self.y_offset_ + self.y_scale_ * mean  # in y's units (normalize_y)
         if return_std:
-            return mean, np.sqrt(self.y_scale_ ** 2 * var + 1.0 / self.noise_precision_)
+            return mean, np.sqrt(self.y_scale_**2 * var + 1.0 / self.noise_precision_)
         return mean
 
     @available_if(lambda self: self.likelihood != "gaussian")
@@ -450,22 +473,30 @@ def cp_attributes(result, offset=0.0, scale=1.0):
     biases = dict(zip(post.offset_modes, post.offsets))  # None: the global offset, k: mode k's
     b = biases.pop(None, None)
     return dict(
-        factors_=[f.mean for f in post.factors], factor_covariances_=[f.cov for f in post.factors],
+        factors_=[f.mean for f in post.factors],
+        factor_covariances_=[f.cov for f in post.factors],
         intercept_=offset + (0.0 if b is None else scale * float(b.mean[0, 0])),
-        intercept_var_=0.0 if b is None else scale ** 2 * float(b.cov[0, 0, 0]),
+        intercept_var_=0.0 if b is None else scale**2 * float(b.cov[0, 0, 0]),
         biases_=[scale * g.mean[:, 0] for g in biases.values()],
-        biases_var_=[scale ** 2 * g.cov[:, 0, 0] for g in biases.values()],
+        biases_var_=[scale**2 * g.cov[:, 0, 0] for g in biases.values()],
         thresholds_=None if post.thresholds is None else np.array(post.thresholds),
-        noise_precision_=float(post.noise_precision) / scale ** 2, component_precision_=post.component_precision,
-        factor_prior_means_=None if post.mode_priors is None else [
-            None if p is None else p[0] for p in post.mode_priors],
-        factor_prior_precisions_=None if post.mode_priors is None else [
-            None if p is None else p[2] / p[3] for p in post.mode_priors],
-        bias_prior_precisions_=None if post.offset_priors is None else [
-            p[0] / p[1] / scale ** 2 for p in post.offset_priors if p is not None],
+        noise_precision_=float(post.noise_precision) / scale**2,
+        component_precision_=post.component_precision,
+        factor_prior_means_=None
+        if post.mode_priors is None
+        else [None if p is None else p[0] for p in post.mode_priors],
+        factor_prior_precisions_=None
+        if post.mode_priors is None
+        else [None if p is None else p[2] / p[3] for p in post.mode_priors],
+        bias_prior_precisions_=None
+        if post.offset_priors is None
+        else [p[0] / p[1] / scale**2 for p in post.offset_priors if p is not None],
         implicit_factors_={t.mode: t.mean for t in post.implicit},
-        effective_rank_=effective_rank(post), elbo_=list(result.elbo), n_iter_=result.n_iter,
-        converged_=bool(result.converged))
+        effective_rank_=effective_rank(post),
+        elbo_=list(result.elbo),
+        n_iter_=result.n_iter,
+        converged_=bool(result.converged),
+    )
 
 
 def link_mean(y, likelihood, weight=None):

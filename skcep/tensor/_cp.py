@@ -12,12 +12,20 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method, warn
-from ._dask_cp import fit_tensor
-from ._base import (TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes, link_mean,
-                      target_scaling)
-from ..engines.cp import (absorb_batch, elbo, fit_cp, grow_posterior, init_posterior, ordinal_start, predict_cp,
-                         starting_noise_precision, streaming_sweeps)
+from ..engines.cp import (
+    absorb_batch,
+    elbo,
+    fit_cp,
+    grow_posterior,
+    init_posterior,
+    ordinal_start,
+    predict_cp,
+    starting_noise_precision,
+    streaming_sweeps,
+)
 from ..engines.implicit import new_term
+from ._base import TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes, link_mean, target_scaling
+from ._dask_cp import fit_tensor
 
 __all__ = ["BayesianCPTensor"]
 
@@ -29,11 +37,13 @@ OFFSET_PRIOR = (1e-3, 1e-3)  # bias_prior_variance="auto": β_k ~ Gam(a0, b0), t
 HOLD_PRIORS = 3  # sweeps of a fit (or of a batch) before the learned priors start moving
 WARM_UP_GAUSSIAN = 50_000  # warm_up_entries="auto" for Gaussian entries (docs/tensor.md, "The warm-up buffer")
 
-_DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
+_DOC = (
+    r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
 
     Entry i = (i_1, …, i_K) is ``f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k}``
     with ``y_i ~ N(f_i, 1/τ)`` (``likelihood="gaussian"``), ``P(y_i = 1) = Φ(f_i)``
-    (``"probit"``) or ``P(y_i = level k) = Φ(θ_k − f_i) − Φ(θ_{k−1} − f_i)`` (``"ordinal"``), priors N(μ_k, λ_k⁻¹ I) learned from the data (``prior_variance="auto"``) or
+    (``"probit"``) or ``P(y_i = level k) = Φ(θ_k − f_i) − Φ(θ_{k−1} − f_i)`` (``"ordinal"``), priors N(μ_k,
+    λ_k⁻¹ I) learned from the data (``prior_variance="auto"``) or
     N(0, prior_variance·I) on the embeddings u^k_s ∈ R^rank
     (N(1, modulation_variance·I) for the ``modulating_modes``) and
     τ ~ Gam(a0, b0) (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.1
@@ -138,7 +148,9 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
     damping : float in (0, 1], default=1.0
         Step of the probit CEP site updates (1: undamped).  The Gaussian sites are exact
         conditional updates (they are VMP's) and are never damped.
-""" + indent(DAMPING_DOC, "    ") + """\
+"""
+    + indent(DAMPING_DOC, "    ")
+    + """\
     init_scale : float, default=0.5
         Initial scale of the latent factors: means drawn from N(0, init_scale²), covariance
         init_scale²·I (all-zero means are a fixed point), also for new objects in a stream.
@@ -170,7 +182,10 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
     shape : tuple of int or None, default=None
         Tensor shape.  None: inferred from the largest index seen, and grown by
         ``partial_fit``; given: indices beyond it are rejected.
-""" + N_JOBS_DOC + VERBOSE_DOC + """\
+"""
+    + N_JOBS_DOC
+    + VERBOSE_DOC
+    + """\
     random_state : int, RandomState instance or None, default=None
         Seeds the initial embedding means and the entry order of the entry schedule.
 
@@ -237,7 +252,8 @@ _DOC = (r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP
     >>> mean, std = model.predict(X[500:], return_std=True)
     >>> bool(model.score(X[500:], y[500:]) > 0.9)
     True
-""").replace("WARM_UP_GAUSSIAN", f"{WARM_UP_GAUSSIAN:,}")
+"""
+).replace("WARM_UP_GAUSSIAN", f"{WARM_UP_GAUSSIAN:,}")
 
 
 def _joined_weights(kept, n, weight):
@@ -251,8 +267,17 @@ def _joined_weights(kept, n, weight):
 class BayesianCPTensor(TensorEstimator):
     __doc__ = _DOC
 
-    _structural_params = ("rank", "likelihood", "method", "mode_bias", "fit_intercept", "shape", "ard",
-                          "modulating_modes", "normalize_y")
+    _structural_params = (
+        "rank",
+        "likelihood",
+        "method",
+        "mode_bias",
+        "fit_intercept",
+        "shape",
+        "ard",
+        "modulating_modes",
+        "normalize_y",
+    )
     _dask_fit = fit_tensor  # fit on Dask collections: the entries stay on the workers
     _dask_fit_weights = True
     _check_index = staticmethod(check_tensor_index)  # run on every chunk of a Dask fit
@@ -287,13 +312,38 @@ class BayesianCPTensor(TensorEstimator):
         **COMMON_CONSTRAINTS,
     }
 
-    def __init__(self, rank=8, *, likelihood="gaussian", ordinal_prediction="mean", method="auto", schedule="group",
-                 implicit_modes=None, prior_variance="auto",
-                 ard=False, ard_prior=(1e-6, 1e-6), modulating_modes=(), modulation_variance=0.01,
-                 noise_prior=(1e-3, 1e-3), normalize_y=True, fit_intercept=True,
-                 intercept_prior_variance=100.0, mode_bias=False, bias_prior_variance="auto", max_iter=100, tol=1e-4,
-                 damping=1.0, init_scale=0.5, n_inner_iter="auto", n_init=1, warm_up_entries="auto",
-                 shape=None, n_jobs=None, verbose=0, random_state=None):
+    def __init__(
+        self,
+        rank=8,
+        *,
+        likelihood="gaussian",
+        ordinal_prediction="mean",
+        method="auto",
+        schedule="group",
+        implicit_modes=None,
+        prior_variance="auto",
+        ard=False,
+        ard_prior=(1e-6, 1e-6),
+        modulating_modes=(),
+        modulation_variance=0.01,
+        noise_prior=(1e-3, 1e-3),
+        normalize_y=True,
+        fit_intercept=True,
+        intercept_prior_variance=100.0,
+        mode_bias=False,
+        bias_prior_variance="auto",
+        max_iter=100,
+        tol=1e-4,
+        damping=1.0,
+        init_scale=0.5,
+        n_inner_iter="auto",
+        n_init=1,
+        warm_up_entries="auto",
+        shape=None,
+        n_jobs=None,
+        verbose=0,
+        random_state=None,
+    ):
         self.rank, self.likelihood, self.method, self.schedule = rank, likelihood, method, schedule
         self.ordinal_prediction, self.implicit_modes = ordinal_prediction, implicit_modes
         self.prior_variance, self.ard, self.ard_prior, self.noise_prior = prior_variance, ard, ard_prior, noise_prior
@@ -317,12 +367,15 @@ class BayesianCPTensor(TensorEstimator):
             if self.schedule != "group":
                 raise ValueError("implicit_modes takes the group schedule; use schedule='group'.")
             if self.likelihood != "gaussian" and self._method == "cep":
-                raise ValueError("implicit_modes takes VMP for probit and ordinal entries; use method='vmp' or "
-                                 "'auto'.")
-            if not all(isinstance(k, Integral) and isinstance(j, Integral) and k != j and k >= 0 and j >= 0
-                       for k, j in self.implicit_modes.items()):
-                raise ValueError("implicit_modes maps a mode to another mode, {k: j} with integers k != j; got "
-                                 f"{self.implicit_modes!r}.")
+                raise ValueError("implicit_modes takes VMP for probit and ordinal entries; use method='vmp' or 'auto'.")
+            if not all(
+                isinstance(k, Integral) and isinstance(j, Integral) and k != j and k >= 0 and j >= 0
+                for k, j in self.implicit_modes.items()
+            ):
+                raise ValueError(
+                    "implicit_modes maps a mode to another mode, {k: j} with integers k != j; got "
+                    f"{self.implicit_modes!r}."
+                )
         if not all(isinstance(k, Integral) for k in self.modulating_modes):
             raise ValueError(f"modulating_modes must hold mode numbers (integers); got {self.modulating_modes!r}.")
         if self.shape is not None and not all(isinstance(d, Integral) and d >= 1 for d in self.shape):
@@ -356,7 +409,8 @@ class BayesianCPTensor(TensorEstimator):
                 "holds only with the 9 other modes' embeddings all ≈ 1: on its 200 entries that fit (R² 0.81) "
                 "has no better ELBO than the zero tensor (−321.6 against −320.2), which the fit returns "
                 "(R² 0); mode_bias=True holds it (R² 0.83); likewise for ordinal levels, which the check's 200 "
-                "distinct values make (mode_bias=True passes)")
+                "distinct values make (mode_bias=True passes)"
+            )
         return failures
 
     @property
@@ -366,8 +420,10 @@ class BayesianCPTensor(TensorEstimator):
             return "increase max_iter, loosen tol or, if the fit oscillates, lower damping"
         if self.likelihood != "gaussian":
             return "increase max_iter or loosen tol (VMP's updates take no damping)"
-        return ("increase max_iter or loosen tol (the Gaussian updates are exact and take no damping); "
-                "a rank larger than the data support slows it: try a smaller rank or ard=True")
+        return (
+            "increase max_iter or loosen tol (the Gaussian updates are exact and take no damping); "
+            "a rank larger than the data support slows it: try a smaller rank or ard=True"
+        )
 
     @fit_method
     def fit(self, X, y, sample_weight=None):
@@ -405,18 +461,27 @@ class BayesianCPTensor(TensorEstimator):
         fixed point, and predicts from the offsets alone (a constant without ``mode_bias``)."""
         if self.effective_rank_ > 0:
             return
-        advice = ("learn the priors from the data (prior_variance='auto'), whose common mean direction "
-                  "keeps the components from it, or " if self.prior_variance != "auto" else "")
-        warn(f"{type(self).__name__}: every CP component is zero — the fit sits at the all-zero fixed point "
-             "(on a sparse tensor a zero-mean prior holds every embedding there) and predicts from the "
-             f"offsets alone; {advice}try n_init > 1 or a larger init_scale.", ConvergenceWarning)
+        advice = (
+            "learn the priors from the data (prior_variance='auto'), whose common mean direction "
+            "keeps the components from it, or "
+            if self.prior_variance != "auto"
+            else ""
+        )
+        warn(
+            f"{type(self).__name__}: every CP component is zero — the fit sits at the all-zero fixed point "
+            "(on a sparse tensor a zero-mean prior holds every embedding there) and predicts from the "
+            f"offsets alone; {advice}try n_init > 1 or a larger init_scale.",
+            ConvergenceWarning,
+        )
 
     def _streams(self):
         """``partial_fit`` exists unless ``implicit_modes`` is set (an AttributeError that says why)."""
         if self.implicit_modes:
-            raise AttributeError("BayesianCPTensor with implicit_modes has no partial_fit: its implicit terms sum "
-                                 "over every object a row shares an entry with, so they need every entry at once "
-                                 "(use fit).")
+            raise AttributeError(
+                "BayesianCPTensor with implicit_modes has no partial_fit: its implicit terms sum "
+                "over every object a row shares an entry with, so they need every entry at once "
+                "(use fit)."
+            )
         return True
 
     @available_if(_streams)
@@ -461,8 +526,12 @@ class BayesianCPTensor(TensorEstimator):
             self._set_scaling(y, weight)
         kept = getattr(self, "_buffer", None) if not first_call else (X[:0], y[:0], None, 0)
         if kept is not None and kept[0].shape[0] + X.shape[0] <= self._warm_up_size():
-            buffer = (np.concatenate([kept[0], X]), np.concatenate([kept[1], y]),
-                      _joined_weights(kept, X.shape[0], weight), kept[3])
+            buffer = (
+                np.concatenate([kept[0], X]),
+                np.concatenate([kept[1], y]),
+                _joined_weights(kept, X.shape[0], weight),
+                kept[3],
+            )
             if buffer[0].shape[0] >= 2 * kept[3]:  # doubled since the last refit: fit on all kept
                 return self._refit(buffer, noise_prior, fixed_shape)
             self._buffer = buffer
@@ -472,17 +541,29 @@ class BayesianCPTensor(TensorEstimator):
             self._buffer = None
         y = self._standardized(y)
         auto = self.n_inner_iter == "auto"
-        sweeps, simultaneous = (streaming_sweeps(X, first_call, self.likelihood, self._method, weight,
-                                                 self._learns_mode_priors)
-                                if auto else (self.n_inner_iter, False))
+        sweeps, simultaneous = (
+            streaming_sweeps(X, first_call, self.likelihood, self._method, weight, self._learns_mode_priors)
+            if auto
+            else (self.n_inner_iter, False)
+        )
         if first_call:  # "auto": the global offset starts at the batch's mean
             offset = link_mean(y, self.likelihood, weight) if auto else 0.0
             return self._start(X, y, noise_prior, shape, sweeps, offset_init=offset, weight=weight)
         options = self._fit_options(sweeps)
         result, self._n_seen = absorb_batch(
-            self._posterior, X, y, self._n_seen, shape=shape, prior_variance=self._prior_start,
-            init_scale=self.init_scale, rng=self._rng, mode_offset_variance=self._bias_start,
-            weight=weight, **options, simultaneous=simultaneous and options["schedule"] == "group")
+            self._posterior,
+            X,
+            y,
+            self._n_seen,
+            shape=shape,
+            prior_variance=self._prior_start,
+            init_scale=self.init_scale,
+            rng=self._rng,
+            mode_offset_variance=self._bias_start,
+            weight=weight,
+            **options,
+            simultaneous=simultaneous and options["schedule"] == "group",
+        )
         return self._set_posterior(result, shape)
 
     def _warm_up_size(self):
@@ -497,24 +578,40 @@ class BayesianCPTensor(TensorEstimator):
         ``y_scale_`` included; the buffer is kept as refitted."""
         X, y, weight, _ = buffer
         self._set_scaling(y, weight)
-        self._start(X, self._standardized(y), noise_prior, self._resolve_shape(X, fixed_shape, None), self.max_iter,
-                    weight=weight)
+        self._start(
+            X,
+            self._standardized(y),
+            noise_prior,
+            self._resolve_shape(X, fixed_shape, None),
+            self.max_iter,
+            weight=weight,
+        )
         self._buffer = (X, y, weight, X.shape[0])
         return self
 
     def _fit_options(self, max_iter):
-        return dict(likelihood=self.likelihood, method=self._method,
-                    schedule=self.schedule if self._method == "cep" else "group", max_iter=max_iter,
-                    tol=self.tol, damping=self.damping, n_jobs=self.n_jobs, callback=self._progress(),
-                    hold_priors=HOLD_PRIORS)
+        return dict(
+            likelihood=self.likelihood,
+            method=self._method,
+            schedule=self.schedule if self._method == "cep" else "group",
+            max_iter=max_iter,
+            tol=self.tol,
+            damping=self.damping,
+            n_jobs=self.n_jobs,
+            callback=self._progress(),
+            hold_priors=HOLD_PRIORS,
+        )
 
     @property
     def _method(self):
         """``method`` resolved: "auto" is VMP for ordinal entries and for probit ones with
         ``implicit_modes``, CEP otherwise."""
         if self.method == "auto":
-            return "vmp" if self.likelihood == "ordinal" or (self.implicit_modes and self.likelihood == "probit") \
+            return (
+                "vmp"
+                if self.likelihood == "ordinal" or (self.implicit_modes and self.likelihood == "probit")
                 else "cep"
+            )
         return self.method
 
     @property
@@ -538,23 +635,32 @@ class BayesianCPTensor(TensorEstimator):
         ``offset_init``: the starting mean of the global offset; ``weight``: the entry weights."""
         rng = check_random_state(self.random_state)
         gaussian, ordinal = self.likelihood == "gaussian", self.likelihood == "ordinal"
-        fit, score, noise = ((held.fit_cp, held.elbo, held.starting_noise_precision) if held
-                             else (fit_cp, elbo, starting_noise_precision))
+        fit, score, noise = (
+            (held.fit_cp, held.elbo, held.starting_noise_precision)
+            if held
+            else (fit_cp, elbo, starting_noise_precision)
+        )
         best, best_elbo = None, -np.inf
         levels = self._standardized_levels(y, weight) if ordinal else None
         for _ in range(self.n_init):
             post = init_posterior(
-                shape, self.rank, prior_variance=self._prior_start, init_scale=self.init_scale, rng=rng,
+                shape,
+                self.rank,
+                prior_variance=self._prior_start,
+                init_scale=self.init_scale,
+                rng=rng,
                 global_offset=self.intercept_prior_variance if self.fit_intercept or ordinal else None,
                 mode_offsets=self._bias_start if self.mode_bias else None,
                 noise_prior=noise_prior if gaussian or ordinal else None,
                 noise_init=noise(levels[0] if ordinal else y, noise_prior, weight) if gaussian or ordinal else None,
                 component_prior=_check_noise_prior(self.ard_prior, "ard_prior") if self.ard else None,
                 precision_floor=1.0 / self._prior_start if not gaussian and self._method == "cep" else 0.0,
-                offset_init=offset_init, modulating_modes=self.modulating_modes,
+                offset_init=offset_init,
+                modulating_modes=self.modulating_modes,
                 modulation_variance=self.modulation_variance,
                 mode_prior=MODE_PRIOR if self._learns_mode_priors else None,
-                offset_prior=OFFSET_PRIOR if self.bias_prior_variance == "auto" else None)
+                offset_prior=OFFSET_PRIOR if self.bias_prior_variance == "auto" else None,
+            )
             post.implicit = self._implicit_terms(X, shape)
             if ordinal:
                 post = self._ordinal_start(post, X, *levels, rng, weight)
@@ -572,8 +678,9 @@ class BayesianCPTensor(TensorEstimator):
         terms = []
         for k, j in sorted((self.implicit_modes or {}).items()):
             if max(k, j) >= len(shape):
-                raise ValueError(f"implicit_modes={self.implicit_modes!r} names mode {max(k, j)}, but X has "
-                                 f"{len(shape)} modes.")
+                raise ValueError(
+                    f"implicit_modes={self.implicit_modes!r} names mode {max(k, j)}, but X has {len(shape)} modes."
+                )
             hyper = MODE_PRIOR[:2] if self.prior_variance == "auto" else None
             terms.append(new_term(X, shape, k, j, self.rank, self._prior_start, hyper))
         return terms
@@ -613,9 +720,8 @@ class BayesianCPTensor(TensorEstimator):
         unseen = (X >= shape).any(axis=0)
         if unseen.any():
             X = np.minimum(X, shape)
-            prior_variance, offset_variance = getattr(
-                self, "_new_object_prior", (self._prior_start, self._bias_start))
-            post = grow_posterior(post, tuple(shape + unseen), prior_variance=prior_variance,
-                                  mode_offset_variance=offset_variance)
+            prior_variance, offset_variance = getattr(self, "_new_object_prior", (self._prior_start, self._bias_start))
+            post = grow_posterior(
+                post, tuple(shape + unseen), prior_variance=prior_variance, mode_offset_variance=offset_variance
+            )
         return predict_cp(post, X, self.n_jobs)
-

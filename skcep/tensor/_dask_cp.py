@@ -16,14 +16,12 @@ in-memory fit from the same start up to the order of floating-point sums.
 import functools
 
 import numpy as np
-
 from sklearn.utils.validation import _check_sample_weight
 
 from .._dask import DaskPartitions, aligned, fit_without_rows, is_dask_collection, row_blocks, rows
-from ._base import _TARGET_ADVICE, add_sums, moment_sums, scale_from, sum_value
 from .._validation import check_fit_range
-from ..engines.cp import (EntryPartition, SweepTotals, fit_cp, noise_precision_for_variance,
-                         posterior_sums)
+from ..engines.cp import EntryPartition, SweepTotals, fit_cp, noise_precision_for_variance, posterior_sums
+from ._base import _TARGET_ADVICE, add_sums, moment_sums, scale_from, sum_value
 
 __all__ = ["DaskEntries", "fit_tensor"]
 
@@ -55,8 +53,9 @@ def _entries_chunk(index, y, check_index, classes, weight=None):
     else:
         y = (np.asarray(y) == classes[1]).astype(float)
     if weight is not None:
-        weight = _check_sample_weight(weight, index, dtype=np.float64, ensure_non_negative=True,
-                                      allow_all_zero_weights=True)
+        weight = _check_sample_weight(
+            weight, index, dtype=np.float64, ensure_non_negative=True, allow_all_zero_weights=True
+        )
     check_fit_range("BayesianCPTensor", y if classes is None else None, weight, advice=_TARGET_ADVICE)
     if weight is None:
         return index, y
@@ -90,8 +89,11 @@ def _summary(index, values):
     n = y.size if weight is None else float(weight.sum())
     mean = (float(y.mean()) if weight is None else float(weight @ y) / n) if y.size else 0.0
     square = (y - mean) ** 2
-    return (index.max(axis=0) if y.size else np.full(index.shape[1], -1), [np.bincount(c) for c in index.T],
-            (n, mean, float(np.sum(square) if weight is None else weight @ square)))
+    return (
+        index.max(axis=0) if y.size else np.full(index.shape[1], -1),
+        [np.bincount(c) for c in index.T],
+        (n, mean, float(np.sum(square) if weight is None else weight @ square)),
+    )
 
 
 def _pooled(a, b):
@@ -110,7 +112,7 @@ def _add_counts(a, b):
     if a.size < b.size:
         a, b = b, a
     out = a.astype(np.int64)
-    out[:b.size] += b
+    out[: b.size] += b
     return out
 
 
@@ -173,8 +175,7 @@ class DaskEntries:
 
         y, _ = rows(y, "y")
         if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0]:
-            raise ValueError(f"X must be (n_entries, n_modes) and y (n_entries,); got shapes {X.shape} and "
-                             f"{y.shape}.")
+            raise ValueError(f"X must be (n_entries, n_modes) and y (n_entries,); got shapes {X.shape} and {y.shape}.")
         y, _ = rows(y, "y", X.chunks[0])
         weights = [None] * X.numblocks[0]
         if sample_weight is not None:
@@ -194,10 +195,12 @@ class DaskEntries:
         if estimator.likelihood == "probit":
             estimator._encode(np.unique(da.unique(y).compute()), first_call=True)
             classes = estimator.classes_
-        chunks = [dask.delayed(_entries_chunk)(xb, yb, estimator._check_index, classes, wb)
-                  for xb, yb, wb in zip(row_blocks(X), row_blocks(y), weights)]
+        chunks = [
+            dask.delayed(_entries_chunk)(xb, yb, estimator._check_index, classes, wb)
+            for xb, yb, wb in zip(row_blocks(X), row_blocks(y), weights)
+        ]
         held = dask.persist(*[c[0] for c in chunks], *[c[1] for c in chunks])
-        self.index, self.y = list(held[:len(chunks)]), list(held[len(chunks):])
+        self.index, self.y = list(held[: len(chunks)]), list(held[len(chunks) :])
         summaries = dask.compute(*[dask.delayed(_summary)(i, v) for i, v in zip(self.index, self.y)])
         self.maxima = functools.reduce(np.maximum, [s[0] for s in summaries])
         self.counts = [functools.reduce(_add_counts, c) for c in zip(*[s[1] for s in summaries])]
@@ -213,7 +216,7 @@ class DaskEntries:
             scale = scale_from(total, functools.reduce(add_sums, squares))
             self.y = list(dask.persist(*[dask.delayed(_standardized)(v, offset, scale) for v in self.y]))
         estimator.y_offset_, estimator.y_scale_ = offset, scale
-        self.variance = m2 / self.n / scale ** 2
+        self.variance = m2 / self.n / scale**2
 
     def starting_noise_precision(self, y, noise_prior, weight=None):
         """:func:`~skcep.engines.cp.starting_noise_precision` of the chunks' values (``y`` unused)."""

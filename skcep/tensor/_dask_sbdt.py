@@ -15,8 +15,8 @@ import functools
 import numpy as np
 
 from .._dask import _blocks_of, aligned, fit_without_rows, partial_fit_chunks, require_dask
-from ._base import _TARGET_ADVICE, add_sums, check_tensor_index, moment_sums, scale_from, sum_value
 from .._validation import check_fit_range
+from ._base import _TARGET_ADVICE, add_sums, check_tensor_index, moment_sums, scale_from, sum_value
 
 __all__ = ["fit_stream"]
 
@@ -91,15 +91,13 @@ def fit_stream(estimator, X, y):
         return fit_without_rows(estimator, "fit", X, y)
     y_blocks, y_lengths = _blocks_of(y, "y", tuple(lengths))
     if list(y_lengths) != list(lengths):
-        raise ValueError(
-            f"X and y have different row chunks ({lengths} and {y_lengths}); chunk y like X.")
+        raise ValueError(f"X and y have different row chunks ({lengths} and {y_lengths}); chunk y like X.")
     head_X, head_y = dask.compute(X_blocks[0], y_blocks[0])
     checker = type(estimator)(**estimator.get_params(deep=False))
     for model in (checker, estimator):  # n_features_in_, feature_names_in_
         X_head, _ = model._validate(head_X[:2], np.asarray(head_y)[:2], reset=True)
     fixed = estimator._check_params(X_head.shape[1])
-    summaries = dask.compute(*[dask.delayed(_summary)(checker, xb, yb)
-                               for xb, yb in zip(X_blocks, y_blocks)])
+    summaries = dask.compute(*[dask.delayed(_summary)(checker, xb, yb) for xb, yb in zip(X_blocks, y_blocks)])
     for _, _, error in summaries:
         if error is not None:
             raise error
@@ -107,13 +105,13 @@ def fit_stream(estimator, X, y):
     if estimator.likelihood != "gaussian":  # every label (level) of the data, before the first batch
         estimator._encode(np.unique(np.concatenate([s[1] for s in summaries])), first_call=True)
     elif estimator.normalize_y:  # exact sums over the chunks: the numpy fit's bits
-        total, first = functools.reduce(lambda a, b: (add_sums(a[0], b[0]), add_sums(a[1], b[1])),
-                                        [s[1] for s in summaries])
+        total, first = functools.reduce(
+            lambda a, b: (add_sums(a[0], b[0]), add_sums(a[1], b[1])), [s[1] for s in summaries]
+        )
         offset = sum_value(first) / sum_value(total)
         squares = dask.compute(*[dask.delayed(_square_sums)(yb, offset) for yb in y_blocks])
         estimator.y_offset_, estimator.y_scale_ = offset, scale_from(total, functools.reduce(add_sums, squares))
-    shape = estimator._resolve_shape(np.vstack([s[0] for s in summaries]), fixed, None,
-                                     entries=False)
+    shape = estimator._resolve_shape(np.vstack([s[0] for s in summaries]), fixed, None, entries=False)
     estimator._start(X_head.shape[1], shape)
     params = estimator.get_params(deep=False)
     fitted = partial_fit_chunks(estimator, X, y, step=_stream_chunk)

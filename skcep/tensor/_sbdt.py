@@ -12,9 +12,9 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, fit_method
-from ._dask_sbdt import fit_stream
-from ._base import TensorEstimator, _check_noise_prior, _check_positive_ints, check_tensor_index
 from ..engines import deep
+from ._base import TensorEstimator, _check_noise_prior, _check_positive_ints, check_tensor_index
+from ._dask_sbdt import fit_stream
 
 __all__ = ["StreamingDeepTensor"]
 
@@ -22,162 +22,162 @@ __all__ = ["StreamingDeepTensor"]
 class StreamingDeepTensor(TensorEstimator):
     r"""Streaming Bayesian deep tensor factorization (SBDT).
 
-    Fang, Wang, Pan, Liu and Zhe, "Streaming Bayesian Deep Tensor Factorization", ICML 2021.
-    Each observed entry i = (i_1, …, i_K) is modelled by a neural network over the
-    concatenation of its K embeddings, x_i = [u¹_{i_1}; …; u^K_{i_K}]:
-    ``h_m = act(W_m [h_{m−1}; 1] / √(V_{m−1} + 1))``, ``f(x_i) = W_M [h_{M−1}; 1] / √(V_{M−1} + 1)
-    + b``, with ``y_i ~ N(f, 1/τ)`` (``likelihood="gaussian"``), ``P(y_i = 1) = Φ(f)``
-    (``"probit"``) (§3) or ``P(y_i = level k) = Φ(θ_k − f) − Φ(θ_{k−1} − f)`` (``"ordinal"``,
-    the ordered probit, beyond the paper).  Priors: u ~ N(0, I); every weight spike-and-slab,
-    s ~ Bern(ρ0), w | s ~ s N(0, σ0²) + (1 − s) δ(w) (eq. 3); τ ~ Gam(a0, b0); the optional
-    global offset b ~ N(0, ``intercept_prior_variance``) is beyond the paper.
+        Fang, Wang, Pan, Liu and Zhe, "Streaming Bayesian Deep Tensor Factorization", ICML 2021.
+        Each observed entry i = (i_1, …, i_K) is modelled by a neural network over the
+        concatenation of its K embeddings, x_i = [u¹_{i_1}; …; u^K_{i_K}]:
+        ``h_m = act(W_m [h_{m−1}; 1] / √(V_{m−1} + 1))``, ``f(x_i) = W_M [h_{M−1}; 1] / √(V_{M−1} + 1)
+        + b``, with ``y_i ~ N(f, 1/τ)`` (``likelihood="gaussian"``), ``P(y_i = 1) = Φ(f)``
+        (``"probit"``) (§3) or ``P(y_i = level k) = Φ(θ_k − f) − Φ(θ_{k−1} − f)`` (``"ordinal"``,
+        the ordered probit, beyond the paper).  Priors: u ~ N(0, I); every weight spike-and-slab,
+        s ~ Bern(ρ0), w | s ~ s N(0, σ0²) + (1 − s) δ(w) (eq. 3); τ ~ Gam(a0, b0); the optional
+        global offset b ~ N(0, ``intercept_prior_variance``) is beyond the paper.
 
-    The posterior is fully factorized and updated in one pass by assumed density filtering
-    (Alg. 1): per entry, the delta method gives the output's mean α = f(E[W], E[x]) and variance
-    β = Σ_j g_j² Var_j with g = ∇f by backpropagation (eqs. 8–9), the running evidence
-    log Z = log Φ(sα/√(1+β)) (eq. 10), log N(y | α, β + b/a) (eq. 12) or, for an ordinal level,
-    log(Φ(b) − Φ(a)) with a = (θ_{y−1} − α)/√(1+β), b = (θ_y − α)/√(1+β) (eq. 10 at the level's
-    two cut points) updates every weight and the entry's embeddings by moment matching
-    (eq. 7), and q(τ) by conditional moment matching (a += ½, b += ½((y − α)² + β),
-    supplement §1).  After every batch an EP step refines each weight's spike-and-slab
-    approximation (supplement eqs. 5–9).  With ``implicit_modes`` the input of a mode also
-    carries the objects its rows were seen with (SVD++, beyond the paper).
+        The posterior is fully factorized and updated in one pass by assumed density filtering
+        (Alg. 1): per entry, the delta method gives the output's mean α = f(E[W], E[x]) and variance
+        β = Σ_j g_j² Var_j with g = ∇f by backpropagation (eqs. 8–9), the running evidence
+        log Z = log Φ(sα/√(1+β)) (eq. 10), log N(y | α, β + b/a) (eq. 12) or, for an ordinal level,
+        log(Φ(b) − Φ(a)) with a = (θ_{y−1} − α)/√(1+β), b = (θ_y − α)/√(1+β) (eq. 10 at the level's
+        two cut points) updates every weight and the entry's embeddings by moment matching
+        (eq. 7), and q(τ) by conditional moment matching (a += ½, b += ½((y − α)² + β),
+        supplement §1).  After every batch an EP step refines each weight's spike-and-slab
+        approximation (supplement eqs. 5–9).  With ``implicit_modes`` the input of a mode also
+        carries the objects its rows were seen with (SVD++, beyond the paper).
 
-    Parameters
-    ----------
-    rank : int or sequence of int, default=8
-        Embedding size r_k: one for all modes, or one per mode.
-    hidden_layer_sizes : sequence of int, default=(50, 50)
-        Widths of the hidden layers (the paper uses two of 50).  ``()`` gives a linear model of
-        the concatenated embeddings.
-    activation : {"relu", "tanh"}, default="relu"
-        Hidden activation.
-    likelihood : {"gaussian", "probit", "ordinal"}, default="gaussian"
-        Real-valued entries with Gaussian noise (a regressor), binary entries with a probit
-        link (a classifier), or ordered levels such as star ratings (a regressor with level
-        probabilities): the ordered probit, whose cut points θ (``thresholds_``) are point
-        estimates, fixed while a batch is absorbed and then refitted on it — they maximise the
-        batch's Σ_i log(Φ(b_i) − Φ(a_i)) at the predictive (α_i, β_i) its entries were absorbed
-        with, and are averaged with the earlier ones by the batch's share of the entries seen.
-        The first batch starts from the level shares under the untrained network.  Ordinal
-        entries have no global offset (the cut points carry the location; ``fit_intercept``,
-        ``intercept_prior_variance`` and ``normalize_y`` are ignored) and are labels of any
-        sortable numeric levels (``classes_``, e.g. half stars 0.5 … 5.0).
-    implicit_modes : dict or None, default=None
-        Implicit feedback (SVD++; Koren, "Factorization meets the neighborhood", KDD 2008,
-        eq. 15): ``{k: j}`` makes the network input of row s of mode k
-        ũ_s = u_s + |N(s)|^(−1/2) Σ_{m∈N(s)} y_m, with a learned vector y_m ~ N(0, I) per mode-j
-        object (fully factorized Gaussian q, like the embeddings), so that which items a user
-        rated informs their input (``{0: 1, 1: 0}`` for users × items: each side from the
-        other).  N(s) is built by the stream: the distinct mode-j objects seen with s in the
-        entries absorbed so far, an entry's own pair joining just before it is absorbed; it
-        persists across ``partial_fit`` calls, and predictions use N(s) of every entry absorbed
-        (unseen rows: no implicit part).  The delta method reads E ũ = E u + c Σ E y and
-        Var ũ = Var u + c² Σ Var y, and eq. 7 moves u with the input's gradient g and every
-        y_m of N(s) with c·g: O(|N(s)| r) per entry.  None: no implicit feedback (the paper).
-    ordinal_prediction : {"mean", "mode"}, default="mean"
-        What ``predict`` returns for ordinal entries: the expected level value
-        Σ_k P(level k)·level_k (the RMSE-optimal choice) or the most probable level.
-    spike_prob : float in (0, 1), default=0.5
-        Prior inclusion probability ρ0 of every weight.  Smaller values prune more weights.
-    slab_variance : float, default=1.0
-        Variance σ0² of the slab.
-    damping : float in (0, 1], default=0.03
-        Damping of the EP refinement of the spike-and-slab terms after every batch, with the
-        meaning it has in every skcep estimator: each update moves a term's natural parameters
-        by ``damping`` × (proposed − current), so the new term is A_old^(1−ε) A_new^ε and 1 is
-        the paper's undamped update.  Undamped, the first refinement replaces the random
-        initial weight means (the only thing that breaks the symmetry between hidden units) by
-        the projection of a cavity that one batch barely informs, which is close to zero; a
-        ReLU network can then stay at the all-zero fixed point.  Damping changes the path, not
-        the EP fixed point.
-    noise_prior : tuple (a0, b0), default=(1.0, 1.0)
-        Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
-    normalize_y : bool, default=True
-        Gaussian entries: fit the standardized targets (y − y_offset_) / y_scale_, with
-        ``y_offset_`` and ``y_scale_`` the (weighted) mean and standard deviation of the
-        training y (of the first batch of a stream, kept afterwards), and predict in y's units.
-        The priors (embeddings, weights, ``intercept_prior_variance``, ``noise_prior``) then
-        speak of the standardized targets, so ratings on a 1–100 scale or prices fit as well
-        as values near 0.  False: y is fitted as it is (the paper; the priors then speak of y:
-        keep it of order 1).  Ignored for probit and ordinal entries.
-    fit_intercept : bool, default=True
-        Add a global offset b ~ N(0, ``intercept_prior_variance``) to the network output, updated
-        with the weights (its gradient is 1).  ``False`` (with ``normalize_y=False``) gives
-        exactly the model of the paper.
-    intercept_prior_variance : float, default=100.0
-        Prior variance of the global offset.
-    batch_size : int, default=256
-        Entries per streaming batch in ``fit`` (``partial_fit`` treats its input as one batch).
-        The spike-and-slab refinement runs once per batch.
-    shuffle : bool, default=True
-        Whether ``fit`` visits the entries in a random order (seeded by ``random_state``; on a
-        Dask collection, within each chunk: see :func:`skcep.tensor._dask_sbdt.fit_stream`).
-    init_scale : float, default=0.0
-        Standard deviation of random initial embedding means.  0: embeddings start at their
-        prior mean 0 (the paper); > 0: objects start from working means drawn from
-        N(0, init_scale²) (their prior, used to predict unseen objects, is unchanged).
-    shape : tuple of int or None, default=None
-        Tensor shape.  None: inferred from the largest index seen, and grown by ``partial_fit``;
-        given: indices beyond it are rejected.
-<N_JOBS>        SBDT's per-entry ADF loop is sequential: it runs in one thread whatever the value,
-        which is accepted for a uniform API.
-<VERBOSE>        Here the objective is the batch's mean log evidence (eqs. 10, 12).
-    random_state : int, RandomState instance or None, default=None
-        Seeds the initial weight means (the spike-and-slab approximation starts with means drawn
-        from a standard normal truncated to [−σ0, σ0], variances σ0², §4.2), the random
-        embedding means and the order of the entries in ``fit``.
+        Parameters
+        ----------
+        rank : int or sequence of int, default=8
+            Embedding size r_k: one for all modes, or one per mode.
+        hidden_layer_sizes : sequence of int, default=(50, 50)
+            Widths of the hidden layers (the paper uses two of 50).  ``()`` gives a linear model of
+            the concatenated embeddings.
+        activation : {"relu", "tanh"}, default="relu"
+            Hidden activation.
+        likelihood : {"gaussian", "probit", "ordinal"}, default="gaussian"
+            Real-valued entries with Gaussian noise (a regressor), binary entries with a probit
+            link (a classifier), or ordered levels such as star ratings (a regressor with level
+            probabilities): the ordered probit, whose cut points θ (``thresholds_``) are point
+            estimates, fixed while a batch is absorbed and then refitted on it — they maximise the
+            batch's Σ_i log(Φ(b_i) − Φ(a_i)) at the predictive (α_i, β_i) its entries were absorbed
+            with, and are averaged with the earlier ones by the batch's share of the entries seen.
+            The first batch starts from the level shares under the untrained network.  Ordinal
+            entries have no global offset (the cut points carry the location; ``fit_intercept``,
+            ``intercept_prior_variance`` and ``normalize_y`` are ignored) and are labels of any
+            sortable numeric levels (``classes_``, e.g. half stars 0.5 … 5.0).
+        implicit_modes : dict or None, default=None
+            Implicit feedback (SVD++; Koren, "Factorization meets the neighborhood", KDD 2008,
+            eq. 15): ``{k: j}`` makes the network input of row s of mode k
+            ũ_s = u_s + |N(s)|^(−1/2) Σ_{m∈N(s)} y_m, with a learned vector y_m ~ N(0, I) per mode-j
+            object (fully factorized Gaussian q, like the embeddings), so that which items a user
+            rated informs their input (``{0: 1, 1: 0}`` for users × items: each side from the
+            other).  N(s) is built by the stream: the distinct mode-j objects seen with s in the
+            entries absorbed so far, an entry's own pair joining just before it is absorbed; it
+            persists across ``partial_fit`` calls, and predictions use N(s) of every entry absorbed
+            (unseen rows: no implicit part).  The delta method reads E ũ = E u + c Σ E y and
+            Var ũ = Var u + c² Σ Var y, and eq. 7 moves u with the input's gradient g and every
+            y_m of N(s) with c·g: O(|N(s)| r) per entry.  None: no implicit feedback (the paper).
+        ordinal_prediction : {"mean", "mode"}, default="mean"
+            What ``predict`` returns for ordinal entries: the expected level value
+            Σ_k P(level k)·level_k (the RMSE-optimal choice) or the most probable level.
+        spike_prob : float in (0, 1), default=0.5
+            Prior inclusion probability ρ0 of every weight.  Smaller values prune more weights.
+        slab_variance : float, default=1.0
+            Variance σ0² of the slab.
+        damping : float in (0, 1], default=0.03
+            Damping of the EP refinement of the spike-and-slab terms after every batch, with the
+            meaning it has in every skcep estimator: each update moves a term's natural parameters
+            by ``damping`` × (proposed − current), so the new term is A_old^(1−ε) A_new^ε and 1 is
+            the paper's undamped update.  Undamped, the first refinement replaces the random
+            initial weight means (the only thing that breaks the symmetry between hidden units) by
+            the projection of a cavity that one batch barely informs, which is close to zero; a
+            ReLU network can then stay at the all-zero fixed point.  Damping changes the path, not
+            the EP fixed point.
+        noise_prior : tuple (a0, b0), default=(1.0, 1.0)
+            Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
+        normalize_y : bool, default=True
+            Gaussian entries: fit the standardized targets (y − y_offset_) / y_scale_, with
+            ``y_offset_`` and ``y_scale_`` the (weighted) mean and standard deviation of the
+            training y (of the first batch of a stream, kept afterwards), and predict in y's units.
+            The priors (embeddings, weights, ``intercept_prior_variance``, ``noise_prior``) then
+            speak of the standardized targets, so ratings on a 1–100 scale or prices fit as well
+            as values near 0.  False: y is fitted as it is (the paper; the priors then speak of y:
+            keep it of order 1).  Ignored for probit and ordinal entries.
+        fit_intercept : bool, default=True
+            Add a global offset b ~ N(0, ``intercept_prior_variance``) to the network output, updated
+            with the weights (its gradient is 1).  ``False`` (with ``normalize_y=False``) gives
+            exactly the model of the paper.
+        intercept_prior_variance : float, default=100.0
+            Prior variance of the global offset.
+        batch_size : int, default=256
+            Entries per streaming batch in ``fit`` (``partial_fit`` treats its input as one batch).
+            The spike-and-slab refinement runs once per batch.
+        shuffle : bool, default=True
+            Whether ``fit`` visits the entries in a random order (seeded by ``random_state``; on a
+            Dask collection, within each chunk: see :func:`skcep.tensor._dask_sbdt.fit_stream`).
+        init_scale : float, default=0.0
+            Standard deviation of random initial embedding means.  0: embeddings start at their
+            prior mean 0 (the paper); > 0: objects start from working means drawn from
+            N(0, init_scale²) (their prior, used to predict unseen objects, is unchanged).
+        shape : tuple of int or None, default=None
+            Tensor shape.  None: inferred from the largest index seen, and grown by ``partial_fit``;
+            given: indices beyond it are rejected.
+    <N_JOBS>        SBDT's per-entry ADF loop is sequential: it runs in one thread whatever the value,
+            which is accepted for a uniform API.
+    <VERBOSE>        Here the objective is the batch's mean log evidence (eqs. 10, 12).
+        random_state : int, RandomState instance or None, default=None
+            Seeds the initial weight means (the spike-and-slab approximation starts with means drawn
+            from a standard normal truncated to [−σ0, σ0], variances σ0², §4.2), the random
+            embedding means and the order of the entries in ``fit``.
 
-    Attributes
-    ----------
-    embeddings_ : list of ndarray of shape (d_k, r_k)
-        Posterior means of the embeddings of every mode.
-    embedding_variances_ : list of ndarray of shape (d_k, r_k)
-        Their posterior variances.
-    weights_ : list of ndarray of shape (n_out, n_in + 1)
-        Posterior means of every layer's weights; the last column is the bias.
-    weight_variances_ : list of ndarray of shape (n_out, n_in + 1)
-        Their posterior variances.
-    inclusion_prob_ : list of ndarray of shape (n_out, n_in + 1)
-        Posterior inclusion probability q(s = 1) = c(ρ* + logit ρ0) of every weight (equal to
-        the paper's c(ρ*) for ρ0 = ½).
-    intercept_, intercept_var_ : float
-        Posterior mean and variance of the global offset in y's units, ``y_offset_`` included
-        (``y_offset_`` and 0 without one, as for ordinal entries).
-    noise_precision_ : float
-        E[τ] = a/b in y's units, 1 / noise variance of y (Gaussian likelihood only).
-    y_offset_, y_scale_ : float
-        The standardization of the Gaussian targets (``normalize_y``; else, and for probit and
-        ordinal entries, 0 and 1): the predicted entry is ``intercept_ + y_scale_ · f`` with f
-        the network of ``embeddings_`` and ``weights_`` without the global offset (these, like
-        their variances, describe the standardized targets).
-    n_seen_ : int
-        Entries processed since the last ``fit`` (or the first ``partial_fit``).
-    shape_ : tuple of int
-        Shape of the fitted tensor.
-    implicit_factors_, implicit_factor_variances_ : dict
-        ``{k: (d_j, r_k) ndarray}``: posterior means and variances of the implicit vectors y of
-        every mode k of ``implicit_modes`` (empty without).
-    thresholds_ : ndarray of shape (n_levels − 1,) or None
-        The cut points θ of the latent f between consecutive levels (ordinal; else None).
-    classes_ : ndarray of shape (2,) or (n_levels,)
-        The two labels (probit) or the sorted levels (ordinal); absent for Gaussian entries.
-    n_features_in_ : int
-        Number of modes K.
+        Attributes
+        ----------
+        embeddings_ : list of ndarray of shape (d_k, r_k)
+            Posterior means of the embeddings of every mode.
+        embedding_variances_ : list of ndarray of shape (d_k, r_k)
+            Their posterior variances.
+        weights_ : list of ndarray of shape (n_out, n_in + 1)
+            Posterior means of every layer's weights; the last column is the bias.
+        weight_variances_ : list of ndarray of shape (n_out, n_in + 1)
+            Their posterior variances.
+        inclusion_prob_ : list of ndarray of shape (n_out, n_in + 1)
+            Posterior inclusion probability q(s = 1) = c(ρ* + logit ρ0) of every weight (equal to
+            the paper's c(ρ*) for ρ0 = ½).
+        intercept_, intercept_var_ : float
+            Posterior mean and variance of the global offset in y's units, ``y_offset_`` included
+            (``y_offset_`` and 0 without one, as for ordinal entries).
+        noise_precision_ : float
+            E[τ] = a/b in y's units, 1 / noise variance of y (Gaussian likelihood only).
+        y_offset_, y_scale_ : float
+            The standardization of the Gaussian targets (``normalize_y``; else, and for probit and
+            ordinal entries, 0 and 1): the predicted entry is ``intercept_ + y_scale_ · f`` with f
+            the network of ``embeddings_`` and ``weights_`` without the global offset (these, like
+            their variances, describe the standardized targets).
+        n_seen_ : int
+            Entries processed since the last ``fit`` (or the first ``partial_fit``).
+        shape_ : tuple of int
+            Shape of the fitted tensor.
+        implicit_factors_, implicit_factor_variances_ : dict
+            ``{k: (d_j, r_k) ndarray}``: posterior means and variances of the implicit vectors y of
+            every mode k of ``implicit_modes`` (empty without).
+        thresholds_ : ndarray of shape (n_levels − 1,) or None
+            The cut points θ of the latent f between consecutive levels (ordinal; else None).
+        classes_ : ndarray of shape (2,) or (n_levels,)
+            The two labels (probit) or the sorted levels (ordinal); absent for Gaussian entries.
+        n_features_in_ : int
+            Number of modes K.
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skcep.tensor import StreamingDeepTensor
-    >>> rng = np.random.default_rng(0)
-    >>> U = [rng.standard_normal((d, 2)) for d in (30, 20, 5)]
-    >>> X = np.column_stack([rng.integers(0, d, 4000) for d in (30, 20, 5)])
-    >>> y = np.tanh(np.sum(U[0][X[:, 0]] * U[1][X[:, 1]], axis=1)) + U[2][X[:, 2], 0]
-    >>> model = StreamingDeepTensor(rank=3, hidden_layer_sizes=(20,), random_state=0)
-    >>> model = model.fit(X[:3500], y[:3500])
-    >>> mean, std = model.predict(X[3500:], return_std=True)
-    >>> bool(model.score(X[3500:], y[3500:]) > 0.5)
-    True
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from skcep.tensor import StreamingDeepTensor
+        >>> rng = np.random.default_rng(0)
+        >>> U = [rng.standard_normal((d, 2)) for d in (30, 20, 5)]
+        >>> X = np.column_stack([rng.integers(0, d, 4000) for d in (30, 20, 5)])
+        >>> y = np.tanh(np.sum(U[0][X[:, 0]] * U[1][X[:, 1]], axis=1)) + U[2][X[:, 2], 0]
+        >>> model = StreamingDeepTensor(rank=3, hidden_layer_sizes=(20,), random_state=0)
+        >>> model = model.fit(X[:3500], y[:3500])
+        >>> mean, std = model.predict(X[3500:], return_std=True)
+        >>> bool(model.score(X[3500:], y[3500:]) > 0.5)
+        True
     """
 
     __doc__ = __doc__.replace("<N_JOBS>", N_JOBS_DOC).replace("<VERBOSE>", VERBOSE_DOC)
@@ -203,14 +203,42 @@ class StreamingDeepTensor(TensorEstimator):
         "random_state": ["random_state"],
         **COMMON_CONSTRAINTS,
     }
-    _structural_params = ("rank", "hidden_layer_sizes", "activation", "likelihood", "normalize_y", "fit_intercept",
-                          "shape", "implicit_modes")
+    _structural_params = (
+        "rank",
+        "hidden_layer_sizes",
+        "activation",
+        "likelihood",
+        "normalize_y",
+        "fit_intercept",
+        "shape",
+        "implicit_modes",
+    )
     _dask_fit = fit_stream
 
-    def __init__(self, rank=8, *, hidden_layer_sizes=(50, 50), activation="relu", likelihood="gaussian",
-                 implicit_modes=None, ordinal_prediction="mean", spike_prob=0.5, slab_variance=1.0, damping=0.03, noise_prior=(1.0, 1.0),
-                 normalize_y=True, fit_intercept=True, intercept_prior_variance=100.0, batch_size=256, shuffle=True,
-                 init_scale=0.0, shape=None, n_jobs=None, verbose=0, random_state=None):
+    def __init__(
+        self,
+        rank=8,
+        *,
+        hidden_layer_sizes=(50, 50),
+        activation="relu",
+        likelihood="gaussian",
+        implicit_modes=None,
+        ordinal_prediction="mean",
+        spike_prob=0.5,
+        slab_variance=1.0,
+        damping=0.03,
+        noise_prior=(1.0, 1.0),
+        normalize_y=True,
+        fit_intercept=True,
+        intercept_prior_variance=100.0,
+        batch_size=256,
+        shuffle=True,
+        init_scale=0.0,
+        shape=None,
+        n_jobs=None,
+        verbose=0,
+        random_state=None,
+    ):
         self.rank, self.hidden_layer_sizes, self.activation = rank, hidden_layer_sizes, activation
         self.likelihood, self.spike_prob, self.slab_variance = likelihood, spike_prob, slab_variance
         self.ordinal_prediction, self.implicit_modes = ordinal_prediction, implicit_modes
@@ -249,12 +277,14 @@ class StreamingDeepTensor(TensorEstimator):
             failures["check_regressors_train"] = (
                 "it asks R² > 0.5 after fit, one streaming pass, over 200 entries of a 10-mode tensor (7 or 8 "
                 "objects per mode): too few for the network, which reaches R² ≈ 0 (R² ≈ 0.7 when the same "
-                "entries are streamed 5 times)")
+                "entries are streamed 5 times)"
+            )
         if self.likelihood == "ordinal":
             failures["check_regressors_train"] = (
                 "it asks R² > 0.5 after fit, one streaming pass, over 200 entries of a 10-mode tensor (7 or 8 "
                 "objects per mode) whose 200 distinct values make 200 levels: too few for the network, which "
-                "reaches R² ≈ 0.02 (R² ≈ 0.75 when the same entries are streamed 5 times)")
+                "reaches R² ≈ 0.02 (R² ≈ 0.75 when the same entries are streamed 5 times)"
+            )
         return failures
 
     def _ranks(self, n_modes):
@@ -276,10 +306,13 @@ class StreamingDeepTensor(TensorEstimator):
         _check_noise_prior(self.noise_prior)
         _check_positive_ints(self.hidden_layer_sizes, "hidden_layer_sizes", allow_empty=True)
         if self.implicit_modes and not all(
-                isinstance(k, Integral) and isinstance(j, Integral) and k != j and 0 <= k < n_modes and 0 <= j < n_modes
-                for k, j in self.implicit_modes.items()):
-            raise ValueError("implicit_modes maps a mode to another mode of X, {k: j} with integers k != j in "
-                             f"0..{n_modes - 1}; got {self.implicit_modes!r}.")
+            isinstance(k, Integral) and isinstance(j, Integral) and k != j and 0 <= k < n_modes and 0 <= j < n_modes
+            for k, j in self.implicit_modes.items()
+        ):
+            raise ValueError(
+                "implicit_modes maps a mode to another mode of X, {k: j} with integers k != j in "
+                f"0..{n_modes - 1}; got {self.implicit_modes!r}."
+            )
         if not isinstance(self.rank, Integral):
             ranks = _check_positive_ints(self.rank, "rank")
             if len(ranks) != n_modes:
@@ -296,9 +329,15 @@ class StreamingDeepTensor(TensorEstimator):
         gaussian = self.likelihood == "gaussian"
         offset = self.fit_intercept and self.likelihood != "ordinal"
         return deep.init_posterior(
-            shape, ranks, self.hidden_layer_sizes, self.activation, spike_prob=self.spike_prob,
-            slab_variance=self.slab_variance, noise_prior=self.noise_prior if gaussian else None,
-            rng=rng, init_scale=self.init_scale,
+            shape,
+            ranks,
+            self.hidden_layer_sizes,
+            self.activation,
+            spike_prob=self.spike_prob,
+            slab_variance=self.slab_variance,
+            noise_prior=self.noise_prior if gaussian else None,
+            rng=rng,
+            init_scale=self.init_scale,
             intercept_variance=self.intercept_prior_variance if offset else 0.0,
             implicit_modes={int(k): int(j) for k, j in (self.implicit_modes or {}).items()},
         )
@@ -354,7 +393,7 @@ class StreamingDeepTensor(TensorEstimator):
         order = self._rng.permutation(X.shape[0]) if self.shuffle else np.arange(X.shape[0])
         progress = self._progress(unit="batch", objective="mean log evidence")
         for start in range(0, order.size, self.batch_size):
-            batch = order[start:start + self.batch_size]
+            batch = order[start : start + self.batch_size]
             self._fold(self._posterior, X[batch], y[batch], progress, None if weight is None else weight[batch])
         self._set_posterior(self._posterior)
         return self
@@ -407,9 +446,9 @@ class StreamingDeepTensor(TensorEstimator):
         self.weight_variances_ = post.weight_var
         self.inclusion_prob_ = post.layer_views(expit(post.inclusion_logit))
         b, b_var = post.intercept  # of the standardized targets: in y's units
-        self.intercept_, self.intercept_var_ = self.y_offset_ + self.y_scale_ * b, self.y_scale_ ** 2 * b_var
+        self.intercept_, self.intercept_var_ = self.y_offset_ + self.y_scale_ * b, self.y_scale_**2 * b_var
         if self.likelihood == "gaussian":
-            self.noise_precision_ = float(post.noise_precision) / self.y_scale_ ** 2
+            self.noise_precision_ = float(post.noise_precision) / self.y_scale_**2
         self.thresholds_ = None if post.thresholds is None else post.thresholds.copy()
         implicit = [] if post.implicit is None else list(post.implicit.modes)
         factors = [post.implicit.factors(t) for t in range(len(implicit))]
