@@ -25,7 +25,7 @@ from scipy.special import expit, log_ndtr, ndtr
 from scipy.stats import norm
 
 from skcep.engines import deep
-from skcep.engines._deep_kernel import mills_ratio
+from skcep.engines._special import mills_ratio
 from skcep.engines.likelihoods import Gaussian
 from skcep.engines.likelihoods import mills_ratio as library_mills_ratio
 

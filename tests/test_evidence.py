@@ -23,7 +23,6 @@ from skcep import CEPLogisticClassifier, CEPProbitClassifier
 from skcep.engines.evidence import (
     LOG_VARIANCE_BOUNDS,
     SEARCH_GAIN_TOL,
-    STREAM_GRID,
     EvidenceRisingWarning,
     _separable_form,
     _shifted_log_normalizer,
@@ -36,12 +35,11 @@ from skcep.engines.evidence import (
     prior_variance_gradient,
     separable,
     site_totals,
-    stream_batch,
-    stream_candidates,
     with_prior_variance,
 )
 from skcep.engines.glm import fit_factorized, fit_full, full_site_totals
 from skcep.engines.likelihoods import Gaussian, Probit
+from skcep.engines.stream import STREAM_GRID, stream_batch, stream_candidates
 
 CLASSES = {"probit": CEPProbitClassifier, "logistic": CEPLogisticClassifier}
 TIGHT = dict(tol=1e-8, max_iter=2000)

@@ -859,8 +859,8 @@ def test_polynomial_mills_ratio_equals_the_library_quotient():
     from numba import njit
     from scipy.special import erfcx
 
-    from skcep.engines._deep_kernel import mills_ratio
     from skcep.engines._glm_kernel import _erfcx, _exp, _mills_ratio_bulk
+    from skcep.engines._special import mills_ratio
 
     @njit
     def apply(f, x):

@@ -72,7 +72,7 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
-from ._deep_kernel import mills_ratio
+from ._special import mills_ratio
 
 __all__ = [
     "ep_share",
@@ -183,7 +183,7 @@ def _erfcx(s):
 def _mills_ratio_bulk(u):
     """φ(u)/Φ(u) for −5 < u ≤ 37 by :func:`_erfcx` and :func:`_exp` (no branch, no library
     call, so a loop over entries vectorises); within 4e-15 of
-    :func:`~skcep.engines._deep_kernel.mills_ratio` there.
+    :func:`~skcep.engines._special.mills_ratio` there.
 
     With s = |u|/√2: for u ≤ 0, Φ(u) = ½ erfc(s) and φ(u)/Φ(u) = √(2/π) / erfcx(s); for u > 0,
     Φ(u) = 1 − ½ erfc(s) = ½ (2 − E erfcx(s)) with E = e^{−u²/2}, so φ(u)/Φ(u) =
@@ -231,7 +231,7 @@ def _log_phi_and_ratio(v):
     """(log Φ(v), φ(v)/Φ(v)) for every real v, as
     :func:`skcep.engines.likelihoods.log_phi_derivatives` to first order: the ratio by the same
     asymptotic series below −15, else by
-    :func:`~skcep.engines._deep_kernel.mills_ratio`; log Φ as ``scipy.special.log_ndtr``
+    :func:`~skcep.engines._special.mills_ratio`; log Φ as ``scipy.special.log_ndtr``
     (log1p(−½ erfc(v/√2)) from −1 up, log(erfcx(t)/2) − t² with t = −v/√2 below, here
     erfcx(t)/2 = 1/(√(2π) r) with r from Laplace's continued fraction below −5)."""
     if v >= -1.0:

@@ -60,7 +60,7 @@ The per-entry equations are compiled functions of :mod:`skcep.engines._deep_kern
   backward pass :func:`forward_backward` (:class:`Workspace` holds their buffers and calls
   them from Python);
 * eqs. 10 and 12, the running evidence of one entry: :func:`evidence_derivatives` (φ/Φ from
-  the compiled :func:`~skcep.engines._deep_kernel.mills_ratio`, the compiled twin of
+  the compiled :func:`~skcep.engines._special.mills_ratio`, the compiled twin of
   :func:`~skcep.engines.likelihoods.mills_ratio`; ordinal entries from
   :func:`~skcep.engines._deep_kernel.ordinal_derivatives`, the compiled twin of
   :meth:`~skcep.engines.ordinal.OrderedProbit.derivatives`); log Z itself, vectorised after

@@ -96,7 +96,7 @@ _PARAMS_DOC = (
         CEP runs away (separable data).  With ``partial_fit`` λ follows the stream: the
         stream is run at every candidate λ (a factor 2 apart) with the summed evidence of its
         batches, and the λ reported is where the best candidates' evidence peaks
-        (:func:`skcep.engines.evidence.stream_batch`; one fit of each batch per candidate
+        (:func:`skcep.engines.stream.stream_batch`; one fit of each batch per candidate
         alive, so a number is 10–17 times cheaper there).  On Dask collections each trial is
         a distributed fit, warm started from the sites an earlier trial left on the workers,
         and the search is the in-memory one.  It is the default because on the seven data
