@@ -50,7 +50,7 @@ from _common import (  # noqa: E402
 from bench_classification import DATASETS, SPLITS  # noqa: E402
 from scipy.optimize import minimize_scalar  # noqa: E402
 
-import skcep.engines.evidence as evidence_engine  # noqa: E402
+import skcep.engines.search as search_engine  # noqa: E402
 from skcep.engines.evidence import evidence_of  # noqa: E402
 from skcep.engines.gaussian import to_moments  # noqa: E402
 from skcep.engines.glm import (  # noqa: E402
@@ -186,7 +186,7 @@ class Reference:
 def _counting_search():
     """Wrap the engine's search so that its fits are counted (trials per estimator fit)."""
     counts = []
-    search = evidence_engine.maximize_evidence
+    search = search_engine.maximize_evidence
 
     def counted(fit_at, *args, **kwargs):
         counts.append(0)
@@ -197,7 +197,7 @@ def _counting_search():
 
         return search(fit, *args, **kwargs)
 
-    evidence_engine.maximize_evidence = counted
+    search_engine.maximize_evidence = counted
     return counts
 
 

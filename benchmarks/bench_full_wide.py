@@ -39,6 +39,7 @@ from _common import command, library_state, machine_lines, md_table, write_repor
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 import skcep.engines.evidence as evidence  # noqa: E402
+import skcep.engines.search as search  # noqa: E402
 from skcep import CEPProbitClassifier  # noqa: E402
 from skcep.engines.full_dual import fit_full_dual, fixed_site_evidence_dual, log_evidence_dual  # noqa: E402
 from skcep.engines.glm import fit_full  # noqa: E402
@@ -84,12 +85,15 @@ def timed(f, *args, **kwargs):
 def weight_space_only():
     """The fits and the evidence in weight space whatever the shape (the dispatch to the
     predictor space, :func:`~skcep.engines.full_dual.dual_applies`, switched off)."""
-    saved = evidence.dual_applies
-    evidence.dual_applies = lambda *args, **kwargs: False
+    modules = (evidence, search)  # the evidence's dispatch and the fit's
+    saved = [module.dual_applies for module in modules]
+    for module in modules:
+        module.dual_applies = lambda *args, **kwargs: False
     try:
         yield
     finally:
-        evidence.dual_applies = saved
+        for module, original in zip(modules, saved):
+            module.dual_applies = original
 
 
 def measure(n, d):

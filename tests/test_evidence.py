@@ -21,24 +21,26 @@ from scipy.stats import multivariate_normal
 
 from skcep import CEPLogisticClassifier, CEPProbitClassifier
 from skcep.engines.evidence import (
-    LOG_VARIANCE_BOUNDS,
-    SEARCH_GAIN_TOL,
-    EvidenceRisingWarning,
     _separable_form,
     _shifted_log_normalizer,
     evidence_of,
-    fit_glm,
     fixed_site_argmax,
     fixed_site_evidence,
-    maximize_evidence,
     natural_totals,
     prior_variance_gradient,
-    separable,
     site_totals,
     with_prior_variance,
 )
 from skcep.engines.glm import fit_factorized, fit_full, full_site_totals
 from skcep.engines.likelihoods import Gaussian, Probit
+from skcep.engines.search import (
+    LOG_VARIANCE_BOUNDS,
+    SEARCH_GAIN_TOL,
+    EvidenceRisingWarning,
+    fit_glm,
+    maximize_evidence,
+    separable,
+)
 from skcep.engines.stream import STREAM_GRID, stream_batch, stream_candidates
 
 CLASSES = {"probit": CEPProbitClassifier, "logistic": CEPLogisticClassifier}
@@ -609,8 +611,8 @@ def test_cep_that_runs_away_at_the_searched_prior_variance_backs_off_to_a_stable
     from sklearn.datasets import load_breast_cancer
 
     from skcep.engines import glm
-    from skcep.engines.evidence import _cep_after_search
     from skcep.engines.glm import fit_factorized
+    from skcep.engines.search import _cep_after_search
 
     monkeypatch.setattr(glm, "CEP_SPREAD_BAND", (np.inf, np.inf))
     from skcep.engines.likelihoods import Probit

@@ -23,14 +23,7 @@ from scipy.stats import multivariate_normal, norm
 
 from skcep import CEPLogisticClassifier, CEPProbitClassifier
 from skcep.engines import glm
-from skcep.engines.evidence import (
-    LOG_VARIANCE_BOUNDS,
-    fixed_site_argmax,
-    fixed_site_evidence,
-    full_site_terms,
-    log_evidence,
-    site_totals,
-)
+from skcep.engines.evidence import fixed_site_argmax, fixed_site_evidence, full_site_terms, log_evidence, site_totals
 from skcep.engines.full_dual import (
     PredictorPosterior,
     dual_applies,
@@ -42,6 +35,7 @@ from skcep.engines.full_dual import (
 )
 from skcep.engines.glm import SweepControl, fit_full, full_site_totals
 from skcep.engines.likelihoods import Gaussian, Logistic, Probit
+from skcep.engines.search import LOG_VARIANCE_BOUNDS
 
 LIKELIHOODS = {"probit": Probit(), "logistic": Logistic()}
 INTERCEPT_VARIANCE = 50.0
@@ -451,16 +445,17 @@ def test_returns_what_fit_full_returns():
 def _weight_space_only():
     """The fits and the evidence in weight space whatever the shape (the λ search's fixed-site
     step then follows, the fits carrying no predictor-space objective)."""
-    from skcep.engines import evidence
+    from skcep.engines import evidence, search
 
-    with mock.patch.object(evidence, "dual_applies", lambda *args, **kwargs: False):
+    never = lambda *args, **kwargs: False  # noqa: E731
+    with mock.patch.object(evidence, "dual_applies", never), mock.patch.object(search, "dual_applies", never):
         yield []
 
 
 @contextlib.contextmanager
 def _counted_dual():
     """The library as it is, with the predictor-space calls counted."""
-    from skcep.engines import evidence, full_dual
+    from skcep.engines import evidence, full_dual, search
 
     calls = []
 
@@ -473,7 +468,7 @@ def _counted_dual():
 
     fixed = full_dual.fixed_site_evidence_dual
     with (
-        mock.patch.object(evidence, "fit_full_dual", counted("fit", full_dual.fit_full_dual)),
+        mock.patch.object(search, "fit_full_dual", counted("fit", full_dual.fit_full_dual)),
         mock.patch.object(evidence, "log_evidence_dual", counted("evidence", evidence.log_evidence_dual)),
         mock.patch.object(full_dual, "fixed_site_evidence_dual", counted("fixed-site", fixed)),
     ):

@@ -7,8 +7,9 @@ UAI 2020, §4):
 * :mod:`.likelihoods` — probit and logistic log Z and its derivatives over a Gaussian predictor;
 * :mod:`.glm` — factorized EP / CEP-1 / CEP-2 and full-covariance EP: sites, sweeps, fits;
 * :mod:`.full_dual` — full-covariance EP on short, wide data (n < d), in the predictor space;
-* :mod:`.evidence` — the EP evidence, its gradient in λ and the type-II maximum-likelihood
-  search of the prior variance (``fit_glm``: the entry point of a fit);
+* :mod:`.evidence` — the EP evidence, its gradient in λ, the evidence of fixed sites;
+* :mod:`.search` — the type-II maximum-likelihood search of the prior variance, and
+  ``fit_glm``, the entry point of a classifier's fit;
 * :mod:`.stream` — streams whose λ is learned (ADF at every candidate λ);
 * ``_glm_kernel``, ``_full_kernel`` — the compiled dense partition steps.
 

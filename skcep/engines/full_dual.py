@@ -41,7 +41,7 @@ arithmetic, where float64 inverses of the d × d precision are off by up to 5e-8
 Sites must have τ̃ ≥ 0 (the sweeps never make a negative one: exact moment matching of these
 log-concave likelihoods never widens a cavity, and
 :func:`~skcep.engines.gaussian.site_from_marginal` floors at 0); :func:`dual_applies` says when
-this form is the one to use (:func:`~skcep.engines.evidence.fit_glm` asks it).  Nothing here
+this form is the one to use (:func:`~skcep.engines.search.fit_glm` asks it).  Nothing here
 knows about scikit-learn.
 """
 

@@ -1083,7 +1083,7 @@ def fit_full(
 
     With fewer rows than features (n < d) the same EP runs faster with its algebra on the n × n
     covariance of the linear predictors: :func:`~skcep.engines.full_dual.fit_full_dual`, which
-    :func:`~skcep.engines.evidence.fit_glm` chooses then.
+    :func:`~skcep.engines.search.fit_glm` chooses then.
     """
     n, d = X.shape
     block_size = block_size or full_block_size(n, d)

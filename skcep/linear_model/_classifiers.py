@@ -23,10 +23,10 @@ from .._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method, 
 from .._dask import computed
 from .._validation import FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span, validate_data
 from ..engines.chunks import map_chunks
-from ..engines.evidence import fit_glm
 from ..engines.factors import LogisticFactor, OperatorSite
 from ..engines.glm import predictor_moments
 from ..engines.likelihoods import Logistic, Probit
+from ..engines.search import fit_glm
 from ..engines.stream import stream_batch, stream_candidates
 from ..message_operator._operator import KJITMessageOperator
 from ._dask import DaskRows, fit_classifier

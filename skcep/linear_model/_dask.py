@@ -21,13 +21,7 @@ from sklearn.utils.validation import validate_data
 
 from .._dask import DaskPartitions, fit_without_rows, is_dask_collection, row_blocks, rows
 from .._validation import FEATURE_RANGE_ADVICE, check_fit_range
-from ..engines.evidence import (
-    factorized_site_terms,
-    fit_with_evidence,
-    full_site_terms,
-    log_evidence,
-    site_totals,
-)
+from ..engines.evidence import factorized_site_terms, full_site_terms, log_evidence, site_totals
 from ..engines.glm import (
     COMPILED_BLOCK_SIZE,
     PARALLEL_RELAX,
@@ -40,6 +34,7 @@ from ..engines.glm import (
     full_block_size,
     full_partition_step,
 )
+from ..engines.search import fit_with_evidence
 
 __all__ = ["DaskRows", "fit_classifier"]
 
@@ -136,7 +131,7 @@ class DaskRows:
     def fit(self, positive, likelihood, evidence_likelihood, prior_mean, prior_spread, tune_weights=None, **options):
         """The engine's fit of one binary model (``positive`` against the rest) and its EP
         evidence (one more pass, in which each chunk sums its rows' site terms, a float each),
-        through :func:`~skcep.engines.evidence.fit_with_evidence`: with ``tune_weights`` the
+        through :func:`~skcep.engines.search.fit_with_evidence`: with ``tune_weights`` the
         prior variance is chosen by the evidence first, each trial a distributed fit warm
         started from the sites an earlier one left on the workers."""
         options.pop("block_size", None)
@@ -158,7 +153,7 @@ class DaskRows:
     ):
         """One distributed fit at the prior N(prior_mean, spread), from the sites of ``warm``
         or from zero (with ``resume``: ``warm``'s EP sweeps continued, as in
-        :func:`~skcep.engines.evidence.fit_with_evidence`); ``sites`` of the result is (the
+        :func:`~skcep.engines.search.fit_with_evidence`); ``sites`` of the result is (the
         chunks' persisted sites, their reductions): the sites stay on the workers while it is
         referenced."""
         start = None if warm is None else warm.sites
