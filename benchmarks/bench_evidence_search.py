@@ -55,13 +55,13 @@ from skcep.engines.evidence import evidence_of  # noqa: E402
 from skcep.engines.gaussian import to_moments  # noqa: E402
 from skcep.engines.glm import (  # noqa: E402
     GLMPosterior,
-    _change,
     _Design,
     _site_shape,
     factorized_global_step,
     factorized_partition_step,
     fit_full,
 )
+from skcep.engines.sweeps import _change  # noqa: E402
 
 GRID = np.arange(-8.0, 8.01, 0.5)
 BOUND = float(np.log(1e6))  # the search's upper bound (LOG_VARIANCE_BOUNDS)

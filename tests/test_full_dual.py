@@ -33,9 +33,10 @@ from skcep.engines.full_dual import (
     prior_predictor,
     weight_marginals,
 )
-from skcep.engines.glm import SweepControl, fit_full, full_site_totals
+from skcep.engines.glm import fit_full, full_site_totals
 from skcep.engines.likelihoods import Gaussian, Logistic, Probit
 from skcep.engines.search import LOG_VARIANCE_BOUNDS
+from skcep.engines.sweeps import SweepControl
 
 LIKELIHOODS = {"probit": Probit(), "logistic": Logistic()}
 INTERCEPT_VARIANCE = 50.0

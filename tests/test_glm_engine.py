@@ -23,6 +23,7 @@ from synthetic import row_weights
 from skcep.engines import glm
 from skcep.engines.glm import _DenseBlock, refine_sites
 from skcep.engines.likelihoods import Logistic, Probit
+from skcep.engines.sweeps import SweepControl
 
 LOG_LIK = {"probit": log_ndtr, "logistic": log_expit}
 FACTORIZED = ["ep", "cep1", "cep2"]
@@ -936,7 +937,7 @@ def test_compiled_evidence_terms_equal_the_numpy_terms(lik):
 def _drift_run(per_step, n_sweeps=400):
     """Feed SweepControl two reversing sweeps, then a slow drift whose undamped change decays
     by 0.5 % a sweep; return (sweeps until "converged", step, undamped change there)."""
-    control = glm.SweepControl(0.5, 1e-3, per_step=per_step)
+    control = SweepControl(0.5, 1e-3, per_step=per_step)
     mean, var = np.zeros(2), np.ones(2)
     for sweep in range(1, n_sweeps + 1):
         sign = (-1.0) ** sweep if sweep <= 4 else 1.0
@@ -965,7 +966,7 @@ def _linear_run(relax, rates=(0.45, 0.1, -0.2), tol=1e-6, n_sweeps=200):
     rng = np.random.default_rng(0)
     U = np.linalg.qr(rng.normal(size=(len(rates), len(rates))))[0]
     A, target = U @ np.diag(rates) @ U.T, np.array([1.0, -2.0, 0.5])
-    control = glm.SweepControl(1.0, tol, relax=relax)
+    control = SweepControl(1.0, tol, relax=relax)
     x, var, largest = np.zeros(len(rates)), np.ones(len(rates)), 0.0
     for sweep in range(1, n_sweeps + 1):
         largest = max(largest, control.step)

@@ -6,6 +6,7 @@ UAI 2020, §4):
 
 * :mod:`.likelihoods` — probit and logistic log Z and its derivatives over a Gaussian predictor;
 * :mod:`.glm` — factorized EP / CEP-1 / CEP-2 and full-covariance EP: sites, sweeps, fits;
+* :mod:`.sweeps` — the control of a run of sweeps (convergence, damping, backtracking);
 * :mod:`.full_dual` — full-covariance EP on short, wide data (n < d), in the predictor space;
 * :mod:`.evidence` — the EP evidence, its gradient in λ, the evidence of fixed sites;
 * :mod:`.search` — the type-II maximum-likelihood search of the prior variance, and

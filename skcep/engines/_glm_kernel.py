@@ -712,7 +712,7 @@ def factorized_dense_step(
     sites are added to ``total_prec`` / ``total_shift``.  The new sites are written to
     ``out_prec`` / ``out_shift``: the site arrays themselves (in place), or a second pair of
     buffers, which leaves the old sites as they were, so a rejected sweep (the roll-back of
-    :class:`skcep.engines.glm.SweepControl`) costs no copy.  ``weight`` (n,) holds the rows'
+    :class:`skcep.engines.sweeps.SweepControl`) costs no copy.  ``weight`` (n,) holds the rows'
     sample weights, or is empty for weights of 1: a row of weight w stores the total T of w
     copies, is refined with the cavity of one copy T/w and gets the total w·t*
     (:func:`skcep.engines.glm.site_copy`; multiplication by 1 is exact, so unit weights give

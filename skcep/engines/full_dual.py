@@ -21,7 +21,7 @@ Processes for Machine Learning", 2006, "GPML", §3.6, Algorithms 3.5 and 3.6) an
 **Cost** (diagonal prior; a dense prior adds O(n d²) once for X Σ0, and one d × d inverse for
 the returned precision): K once, O(n² d); per block of b rows a Cholesky factor of B, O(n³/3),
 and the block's marginals, O(n² b); per sweep the weights' means and marginal variances that
-:class:`~skcep.engines.glm.SweepControl` judges, O(n² d) (the triangular solve for W); at the
+:class:`~skcep.engines.sweeps.SweepControl` judges, O(n² d) (the triangular solve for W); at the
 end the d × d covariance and precision, O(n d²) — against O(d³) per block in weight space.
 Memory: about 3 n × d arrays besides the two d × d results.  The evidence (E1) costs
 O(n² d + n³) (:func:`log_evidence_dual`), the fixed-site objective O(n² d + n³) once and O(n)
@@ -31,7 +31,7 @@ per θ (:func:`fixed_site_evidence_dual`); neither factorises a d × d matrix.
 sites from the same cavities by the same helpers (:func:`~skcep.engines.gaussian.cavity`,
 :func:`~skcep.engines.gaussian.site_from_marginal`, :func:`~skcep.engines.gaussian.damped`,
 :func:`~skcep.engines.glm.site_copy` / :func:`~skcep.engines.glm.site_total` for sample
-weights) and judges its sweeps by the same :class:`~skcep.engines.glm.SweepControl`; only the
+weights) and judges its sweeps by the same :class:`~skcep.engines.sweeps.SweepControl`; only the
 rounding differs (measured: the same sweeps and verdicts, posterior means within 1e-14
 posterior sd of fit_full's; tests/test_full_dual.py, benchmarks/results/full_wide.md).  Where
 the sites outweigh a large prior variance the predictor's marginals are taken in forms without
@@ -53,7 +53,8 @@ import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, eigh, solve_triangular
 
 from .gaussian import cavity, gaussian_log_normalizer, is_diagonal, precision_of, weighted_sum
-from .glm import GLMPosterior, SweepControl, full_block_size, full_site_update, site_copy
+from .glm import GLMPosterior, full_block_size, full_site_update, site_copy
+from .sweeps import SweepControl
 
 __all__ = [
     "PredictorPosterior",
@@ -268,7 +269,7 @@ def fit_full_dual(
     sample_weight=None,
 ):
     """:func:`~skcep.engines.glm.fit_full` for n < d: the same EP (the same blocks of rows, site
-    updates, damping and :class:`~skcep.engines.glm.SweepControl` verdicts as
+    updates, damping and :class:`~skcep.engines.sweeps.SweepControl` verdicts as
     :func:`~skcep.engines.glm.full_sweeps`), its linear algebra on the predictor a = Xw
     (GPML §3.6, Algorithm 3.5; module docstring): O(n² d) once, O(n³/3 + n² b) per block of
     b rows and O(n² d) per sweep, then O(n d²) for the returned d × d ``cov`` and
