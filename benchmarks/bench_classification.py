@@ -216,7 +216,7 @@ damped run (damping 0.1, tol 1e-6, ≤ 3000 sweeps) locates a fixed point.
   of 2 kept CEP-2 on ionos at −0.055. But the step is not continuous in the sites: CEP-1 on 10 %
   of the sparse data of `bench_scale.py` needed 193-195 sweeps, and a logistic CEP-1 fit of
   `tests/test_weights.py` kept a 2-cycle of 6.4e-6 sd at tol 1e-9.
-- **The guard now: a blend over a band (`skcep.engines.glm.CEP_SPREAD_BAND` = (0.5, 2)).** A
+- **The guard now: a blend over a band (`skcep.engines.glm.factorized.CEP_SPREAD_BAND` = (0.5, 2)).** A
   site's tilted mean and variance are (1 − ω) CEP's + ω EP's, with EP's share ω the cubic
   smoothstep of σ_c² k² from 0 at 0.5 to 1 at 2. Per split (probit, prior_variance=1): CEP-1
   ionos −0.068, −0.049, −0.032, −0.025, −0.028 (−0.041), sonar +0.078, +0.025, +0.042, +0.011,
@@ -239,7 +239,7 @@ damped run (damping 0.1, tol 1e-6, ≤ 3000 sweeps) locates a fixed point.
 
 
 # CEP's gap to NUTS (λ = 1, mean over the five splits) before the guard of CEP's expansion range
-# (skcep.engines.glm.CEP_SPREAD_BAND), from this file as written at commit 7fa0787 (library
+# (skcep.engines.glm.factorized.CEP_SPREAD_BAND), from this file as written at commit 7fa0787 (library
 # source sha1 c43fc8f37e): the "before" column of the section cep_before_after writes.
 GAP_BEFORE = {
     ("probit", "cep1"): dict(

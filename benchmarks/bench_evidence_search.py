@@ -50,18 +50,14 @@ from _common import (  # noqa: E402
 from bench_classification import DATASETS, SPLITS  # noqa: E402
 from scipy.optimize import minimize_scalar  # noqa: E402
 
-import skcep.engines.search as search_engine  # noqa: E402
-from skcep.engines.evidence import evidence_of  # noqa: E402
+import skcep.engines.glm.search as search_engine  # noqa: E402
 from skcep.engines.gaussian import to_moments  # noqa: E402
-from skcep.engines.glm import (  # noqa: E402
-    GLMPosterior,
-    _Design,
-    _site_shape,
-    factorized_global_step,
-    factorized_partition_step,
-    fit_full,
-)
-from skcep.engines.sweeps import _change  # noqa: E402
+from skcep.engines.glm.design import Design, site_shape  # noqa: E402
+from skcep.engines.glm.evidence import evidence_of  # noqa: E402
+from skcep.engines.glm.factorized import factorized_global_step, factorized_partition_step  # noqa: E402
+from skcep.engines.glm.full import fit_full  # noqa: E402
+from skcep.engines.glm.posterior import GLMPosterior  # noqa: E402
+from skcep.engines.glm.sweeps import _change  # noqa: E402
 
 GRID = np.arange(-8.0, 8.01, 0.5)
 BOUND = float(np.log(1e6))  # the search's upper bound (LOG_VARIANCE_BOUNDS)
@@ -90,9 +86,9 @@ def _anderson_ep(A, s, lik, spread, init=None, depth=20, tol=1e-7, max_iter=5000
     point of sites whose cavities are improper, which the sweep skips).  Returns a
     :class:`GLMPosterior` with ``sites`` and ``converged`` (change below ``tol``)."""
     n, d = A.shape
-    design = _Design(A, block, block)
+    design = Design(A, block, block)
     prior_prec, prior_shift = 1.0 / spread, np.zeros(d)
-    shape = _site_shape(A)
+    shape = site_shape(A)
     size = int(np.prod(shape))
 
     def q_of(x):

@@ -1,5 +1,5 @@
 """Full-covariance EP on short, wide data: weight space (``fit_full``) against the predictor
-space (``skcep.engines.full_dual``), the same EP with O(n³)-per-block instead of O(d³) algebra.
+space (``skcep.engines.glm.full_dual``), the same EP with O(n³)-per-block instead of O(d³) algebra.
 
 Command (writes ``benchmarks/results/full_wide.md``)::
 
@@ -38,11 +38,11 @@ import numpy as np  # noqa: E402
 from _common import command, library_state, machine_lines, md_table, write_report  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
-import skcep.engines.evidence as evidence  # noqa: E402
-import skcep.engines.search as search  # noqa: E402
+import skcep.engines.glm.evidence as evidence  # noqa: E402
+import skcep.engines.glm.search as search  # noqa: E402
 from skcep import CEPProbitClassifier  # noqa: E402
-from skcep.engines.full_dual import fit_full_dual, fixed_site_evidence_dual, log_evidence_dual  # noqa: E402
-from skcep.engines.glm import fit_full  # noqa: E402
+from skcep.engines.glm.full import fit_full  # noqa: E402
+from skcep.engines.glm.full_dual import fit_full_dual, fixed_site_evidence_dual, log_evidence_dual  # noqa: E402
 from skcep.engines.likelihoods import Probit  # noqa: E402
 
 DESCRIPTION = """For each shape n × d (n < d): probit rows x ~ N(0, I) with a trailing intercept
@@ -84,7 +84,7 @@ def timed(f, *args, **kwargs):
 @contextlib.contextmanager
 def weight_space_only():
     """The fits and the evidence in weight space whatever the shape (the dispatch to the
-    predictor space, :func:`~skcep.engines.full_dual.dual_applies`, switched off)."""
+    predictor space, :func:`~skcep.engines.glm.full_dual.dual_applies`, switched off)."""
     modules = (evidence, search)  # the evidence's dispatch and the fit's
     saved = [module.dual_applies for module in modules]
     for module in modules:

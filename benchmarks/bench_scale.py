@@ -247,8 +247,9 @@ def floor_worker(spec):
     from numba import njit
     from scipy.special import log_ndtr
 
-    from skcep.engines import glm
-    from skcep.engines._glm_kernel import _bulk_derivatives
+    from skcep.engines.glm import factorized as glm_factorized
+    from skcep.engines.glm import full as glm_full
+    from skcep.engines.glm._kernel import _bulk_derivatives
 
     @njit(cache=False)
     def stream(X, a, b):
@@ -296,7 +297,7 @@ def floor_worker(spec):
     for key in ["cep1", "ep", "ep_full"]:
         make_estimator(key).fit(X[:300], y[:300])
         calls = []
-        inner = glm.factorized_partition_step, glm.full_partition_step
+        inner = glm_factorized.factorized_partition_step, glm_full.full_partition_step
 
         def counted(step):
             def run(*args, **kw):
@@ -305,7 +306,7 @@ def floor_worker(spec):
 
             return run
 
-        glm.factorized_partition_step, glm.full_partition_step = map(counted, inner)
+        glm_factorized.factorized_partition_step, glm_full.full_partition_step = map(counted, inner)
         try:
             prof = cProfile.Profile()
             est = make_estimator(key)
@@ -313,7 +314,7 @@ def floor_worker(spec):
             prof.runcall(est.fit, X, y)
             seconds = time.process_time() - t
         finally:
-            glm.factorized_partition_step, glm.full_partition_step = inner
+            glm_factorized.factorized_partition_step, glm_full.full_partition_step = inner
         stats = pstats.Stats(prof).stats
         total = sum(v[2] for v in stats.values())
         top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:5]

@@ -13,7 +13,7 @@
 * :func:`aligned` — what a task received with every array aligned and contiguous, whether it
   came from another process or not (numpy's rounding depends on both: every task calls it);
 * :class:`DaskPartitions` — the holder of partitions that the engines' sweep loops
-  (e.g. :func:`skcep.engines.glm.factorized_sweeps`) run over: rows and per-row state stay
+  (e.g. :func:`skcep.engines.glm.factorized.factorized_sweeps`) run over: rows and per-row state stay
   on the workers, persisted between sweeps; only the global state and the partitions'
   reductions travel.
 

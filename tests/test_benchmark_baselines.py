@@ -18,7 +18,7 @@ from scipy.special import expit, log_expit, log_ndtr, logsumexp, ndtr
 from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
-from skcep.engines.glm import fit_factorized
+from skcep.engines.glm.factorized import fit_factorized
 from skcep.engines.likelihoods import Probit
 
 

@@ -1,5 +1,5 @@
 """The EP evidence ``log_evidence_`` and ``prior_variance="auto"`` of the classifiers
-(skcep.engines.evidence).
+(skcep.engines.glm.evidence).
 
 * (E1) against exact integrals: a Gaussian likelihood (EP is exact there, so the formula must be
   too), and a 2-D grid integral of likelihood × prior for probit and logistic data;
@@ -20,7 +20,7 @@ from scipy.special import expit, log_expit, log_ndtr, logsumexp, ndtr
 from scipy.stats import multivariate_normal
 
 from skcep import CEPLogisticClassifier, CEPProbitClassifier
-from skcep.engines.evidence import (
+from skcep.engines.glm.evidence import (
     _separable_form,
     _shifted_log_normalizer,
     evidence_of,
@@ -31,9 +31,9 @@ from skcep.engines.evidence import (
     site_totals,
     with_prior_variance,
 )
-from skcep.engines.glm import fit_factorized, fit_full, full_site_totals
-from skcep.engines.likelihoods import Gaussian, Probit
-from skcep.engines.search import (
+from skcep.engines.glm.factorized import fit_factorized
+from skcep.engines.glm.full import fit_full, full_site_totals
+from skcep.engines.glm.search import (
     LOG_VARIANCE_BOUNDS,
     SEARCH_GAIN_TOL,
     EvidenceRisingWarning,
@@ -41,7 +41,8 @@ from skcep.engines.search import (
     maximize_evidence,
     separable,
 )
-from skcep.engines.stream import STREAM_GRID, stream_batch, stream_candidates
+from skcep.engines.glm.stream import STREAM_GRID, stream_batch, stream_candidates
+from skcep.engines.likelihoods import Gaussian, Probit
 
 CLASSES = {"probit": CEPProbitClassifier, "logistic": CEPLogisticClassifier}
 TIGHT = dict(tol=1e-8, max_iter=2000)
@@ -610,11 +611,11 @@ def test_cep_that_runs_away_at_the_searched_prior_variance_backs_off_to_a_stable
     sweeps and halves log λ towards the start until CEP converges."""
     from sklearn.datasets import load_breast_cancer
 
-    from skcep.engines import glm
-    from skcep.engines.glm import fit_factorized
-    from skcep.engines.search import _cep_after_search
+    from skcep.engines.glm import factorized as glm_factorized
+    from skcep.engines.glm.factorized import fit_factorized
+    from skcep.engines.glm.search import _cep_after_search
 
-    monkeypatch.setattr(glm, "CEP_SPREAD_BAND", (np.inf, np.inf))
+    monkeypatch.setattr(glm_factorized, "CEP_SPREAD_BAND", (np.inf, np.inf))
     from skcep.engines.likelihoods import Probit
 
     X, y = load_breast_cancer(return_X_y=True)
@@ -927,7 +928,7 @@ def test_compiled_cavity_terms_equal_the_entrywise_formula_at_extreme_precision_
     precision ratios, flushed into a log before it leaves 1e±150); against the entrywise sum of
     ½ (h\\²/p\\ − h²/p − log(p\\/p)), with rows whose 60 ratios are 1e-6 each (product 1e-360),
     negative sites (ratios above 1), improper cavities (counted as q) and weights."""
-    from skcep.engines._glm_kernel import dense_cavity_terms
+    from skcep.engines.glm._kernel import dense_cavity_terms
 
     rng = np.random.default_rng(0)
     n, d = 40, 60

@@ -15,7 +15,9 @@ from sklearn.preprocessing import StandardScaler
 
 from skcep import BayesianCPTensor, CEPLogisticClassifier, CEPProbitClassifier, StreamingDeepTensor, compile_kernels
 from skcep.datasets import load_cep_paper
-from skcep.engines import _deep_kernel, _full_kernel, _glm_kernel, _rff_kernel, _special
+from skcep.engines import _deep_kernel, _rff_kernel, _special
+from skcep.engines.glm import _full_kernel
+from skcep.engines.glm import _kernel as _glm_kernel
 
 # --------------------------------------------------------------------------------------------
 # results independent of BLAS threading and n_jobs

@@ -1,7 +1,7 @@
-"""Full-covariance EP in the predictor space (skcep.engines.full_dual) on short, wide data.
+"""Full-covariance EP in the predictor space (skcep.engines.glm.full_dual) on short, wide data.
 
-* against weight-space EP (:func:`skcep.engines.glm.fit_full`, the evidence (E1) and the
-  fixed-site objective of :mod:`skcep.engines.evidence`): the same sweeps and verdicts, the same
+* against weight-space EP (:func:`skcep.engines.glm.full.fit_full`, the evidence (E1) and the
+  fixed-site objective of :mod:`skcep.engines.glm.evidence`): the same sweeps and verdicts, the same
   numbers to rounding — dense and CSR rows, probit and logistic, sample weights, an intercept
   coordinate with its own prior variance, blocks of rows, warm starts, a dense prior;
 * against brute force that shares no code with either: with two rows, the fixed point's
@@ -22,9 +22,16 @@ from scipy.special import expit, ndtr
 from scipy.stats import multivariate_normal, norm
 
 from skcep import CEPLogisticClassifier, CEPProbitClassifier
-from skcep.engines import glm
-from skcep.engines.evidence import fixed_site_argmax, fixed_site_evidence, full_site_terms, log_evidence, site_totals
-from skcep.engines.full_dual import (
+from skcep.engines.glm import posterior as glm_posterior
+from skcep.engines.glm.evidence import (
+    fixed_site_argmax,
+    fixed_site_evidence,
+    full_site_terms,
+    log_evidence,
+    site_totals,
+)
+from skcep.engines.glm.full import fit_full, full_site_totals
+from skcep.engines.glm.full_dual import (
     PredictorPosterior,
     dual_applies,
     fit_full_dual,
@@ -33,10 +40,9 @@ from skcep.engines.full_dual import (
     prior_predictor,
     weight_marginals,
 )
-from skcep.engines.glm import fit_full, full_site_totals
+from skcep.engines.glm.search import LOG_VARIANCE_BOUNDS
+from skcep.engines.glm.sweeps import SweepControl
 from skcep.engines.likelihoods import Gaussian, Logistic, Probit
-from skcep.engines.search import LOG_VARIANCE_BOUNDS
-from skcep.engines.sweeps import SweepControl
 
 LIKELIHOODS = {"probit": Probit(), "logistic": Logistic()}
 INTERCEPT_VARIANCE = 50.0
@@ -432,7 +438,7 @@ def test_returns_what_fit_full_returns():
     d = X.shape[1]
     primal = fit_full(X, y, Probit(), np.zeros(d), prior)
     dual = fit_full_dual(X, y, Probit(), np.zeros(d), prior)
-    assert isinstance(dual, glm.GLMPosterior)
+    assert isinstance(dual, glm_posterior.GLMPosterior)
     for name in ("mean", "var", "cov", "precision"):
         assert getattr(dual, name).shape == getattr(primal, name).shape
     assert [a.shape for a in dual.sites] == [a.shape for a in primal.sites]
@@ -446,7 +452,7 @@ def test_returns_what_fit_full_returns():
 def _weight_space_only():
     """The fits and the evidence in weight space whatever the shape (the λ search's fixed-site
     step then follows, the fits carrying no predictor-space objective)."""
-    from skcep.engines import evidence, search
+    from skcep.engines.glm import evidence, search
 
     never = lambda *args, **kwargs: False  # noqa: E731
     with mock.patch.object(evidence, "dual_applies", never), mock.patch.object(search, "dual_applies", never):
@@ -456,7 +462,7 @@ def _weight_space_only():
 @contextlib.contextmanager
 def _counted_dual():
     """The library as it is, with the predictor-space calls counted."""
-    from skcep.engines import evidence, full_dual, search
+    from skcep.engines.glm import evidence, full_dual, search
 
     calls = []
 

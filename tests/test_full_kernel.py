@@ -1,5 +1,5 @@
-"""The compiled partition step of full-covariance EP (skcep.engines._full_kernel.full_dense_step)
-against the numpy reference :func:`skcep.engines.glm.full_partition_numpy` (the step
+"""The compiled partition step of full-covariance EP (skcep.engines.glm._full_kernel.full_dense_step)
+against the numpy reference :func:`skcep.engines.glm.full.full_partition_numpy` (the step
 :func:`skcep.engines.glm.full_partition_step` runs for sparse designs).
 
 Random problems, probit and logistic, sample weights none / random / partly zero, damping 1 and
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from skcep.engines import glm
-from skcep.engines._full_kernel import _row_site_change, full_dense_step
 from skcep.engines.gaussian import damped, site_from_marginal
+from skcep.engines.glm import full as glm_full
+from skcep.engines.glm import posterior as glm_posterior
+from skcep.engines.glm._full_kernel import _row_site_change, full_dense_step
 from skcep.engines.likelihoods import Logistic, Probit
 
 NO_RULE = (np.empty(0),) * 4
@@ -104,7 +105,7 @@ def assert_same(ref, got, check_moves=True):
 def test_steps_equal_numpy_reference(lik, weights, step):
     X, y, weight, P, b = problem(weights=weights)
     kw = dict(likelihood=LIKELIHOODS[lik], step=step, block_size=7, n_steps=4)  # 7 ∤ 53
-    ref = run_steps(glm.full_partition_numpy, X, y, weight, P, b, **kw)
+    ref = run_steps(glm_full.full_partition_numpy, X, y, weight, P, b, **kw)
     got = run_steps(compiled, X, y, weight, P, b, **kw)
     assert_same(ref, got)
     # the all-zero row's site stays 0; a zero-weight row's total stays 0
@@ -123,7 +124,8 @@ def test_block_sizes(lik, block_size):
     X, y, weight, P, b = problem(seed=1, weights="random")
     kw = dict(likelihood=LIKELIHOODS[lik], step=1.0, block_size=block_size, n_steps=2)
     assert_same(
-        run_steps(glm.full_partition_numpy, X, y, weight, P, b, **kw), run_steps(compiled, X, y, weight, P, b, **kw)
+        run_steps(glm_full.full_partition_numpy, X, y, weight, P, b, **kw),
+        run_steps(compiled, X, y, weight, P, b, **kw),
     )
 
 
@@ -150,11 +152,11 @@ def test_skipped_updates(lik, weights):
     # change of the data), so it stays positive definite after the step
     held = np.ones(n, dtype=bool)
     held[improper] = False
-    gram, shift = glm.full_site_totals(X[held], site_prec[held], site_shift[held])
+    gram, shift = glm_full.full_site_totals(X[held], site_prec[held], site_shift[held])
     P, b = P + gram, b + shift
     assert np.linalg.eigvalsh(P).min() > 0.1
     kw = dict(likelihood=LIKELIHOODS[lik], step=1.0, block_size=8, n_steps=1, sites=(site_prec, site_shift))
-    ref = run_steps(glm.full_partition_numpy, X, y, weight, P, b, **kw)
+    ref = run_steps(glm_full.full_partition_numpy, X, y, weight, P, b, **kw)
     got = run_steps(compiled, X, y, weight, P, b, **kw)
     assert_same(ref, got)
     assert ref[2][0][2] >= len(improper) + 1  # the skips happened in the reference ...
@@ -198,7 +200,7 @@ def test_row_site_change_equals_the_gaussian_rules(weighted):
         mean_c + var_c * l1, var_c + var_c**2 * l2, cav_prec, cav_shift, proper
     )
     if weighted:
-        new_prec, new_shift = glm.site_total(new_prec, weight), glm.site_total(new_shift, weight)
+        new_prec, new_shift = glm_posterior.site_total(new_prec, weight), glm_posterior.site_total(new_shift, weight)
     ref = damped(site_prec, new_prec, 0.5, ok), damped(site_shift, new_shift, 0.5, ok), ok
     got = np.array(
         [
@@ -232,9 +234,9 @@ def test_fit_full_through_compiled_step(lik, monkeypatch):
     X, y, weight, P, b = problem(n=120, d=5, seed=5, weights="zero")
     likelihood = LIKELIHOODS[lik]
     args = (X, y, likelihood, np.zeros(5), np.eye(5))
-    got = glm.fit_full(*args, sample_weight=weight, damping=0.7)
-    monkeypatch.setattr(glm, "full_partition_step", glm.full_partition_numpy)
-    ref = glm.fit_full(*args, sample_weight=weight, damping=0.7)
+    got = glm_full.fit_full(*args, sample_weight=weight, damping=0.7)
+    monkeypatch.setattr(glm_full, "full_partition_step", glm_full.full_partition_numpy)
+    ref = glm_full.fit_full(*args, sample_weight=weight, damping=0.7)
     assert got.n_iter == ref.n_iter and got.converged == ref.converged
     assert_allclose(got.mean, ref.mean, rtol=1e-9, atol=1e-12)
     assert_allclose(got.cov, ref.cov, rtol=1e-9, atol=1e-12)

@@ -20,10 +20,14 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 from synthetic import row_weights
 
-from skcep.engines import glm
-from skcep.engines.glm import _DenseBlock, refine_sites
+from skcep.engines.glm import design as glm_design
+from skcep.engines.glm import factorized as glm_factorized
+from skcep.engines.glm import full as glm_full
+from skcep.engines.glm import partitions as glm_partitions
+from skcep.engines.glm.design import _DenseBlock
+from skcep.engines.glm.factorized import refine_sites
+from skcep.engines.glm.sweeps import SweepControl
 from skcep.engines.likelihoods import Logistic, Probit
-from skcep.engines.sweeps import SweepControl
 
 LOG_LIK = {"probit": log_ndtr, "logistic": log_expit}
 FACTORIZED = ["ep", "cep1", "cep2"]
@@ -42,8 +46,8 @@ def fit(method, X, y, lik, prior_mean, prior_var, **kw):
         warnings.simplefilter("ignore")  # ConvergenceWarning, where an engine raises one
         if method == "full":
             cov = np.diag(prior_var) if np.ndim(prior_var) == 1 else prior_var
-            return glm.fit_full(X, y, lik, prior_mean, cov, **kw)
-        return glm.fit_factorized(X, y, lik, prior_mean, prior_var, method=method, **kw)
+            return glm_full.fit_full(X, y, lik, prior_mean, cov, **kw)
+        return glm_factorized.fit_factorized(X, y, lik, prior_mean, prior_var, method=method, **kw)
 
 
 def refined_marginals(block, y, lik, method, prec, shift, site_prec, site_shift):
@@ -138,7 +142,7 @@ def test_one_site_update_matches_quadrature(lik_name, lik, y, method, monkeypatc
     the quadrature h1(c), h2(c).  CEP's own moments: the blend with EP's (one site here has
     σ_c² k² inside CEP_SPREAD_BAND) is lifted, and tested in
     test_cep_beyond_its_expansion_takes_the_exact_tilted."""
-    monkeypatch.setattr(glm, "CEP_SPREAD_BAND", (np.inf, np.inf))
+    monkeypatch.setattr(glm_factorized, "CEP_SPREAD_BAND", (np.inf, np.inf))
     log_lik = LOG_LIK[lik_name]
     q_var, prec, shift, cav_mean, cav_var = _one_row_problem()
     if method == "ep":
@@ -200,8 +204,8 @@ def test_cep2_falls_back_to_cep1_outside_its_domain(monkeypatch):
     to reach the fallback, which still guards sites below the band."""
     x, q_mean, q_var = np.array([0.1, 4.0]), np.array([0.4, -1.3]), np.array([1.3, 3.3])
     block = _DenseBlock(x[None, :], slice(0, 1))
-    assert glm._ep_share(block, q_var, q_var[None])[0, 0] == 1.0
-    monkeypatch.setattr(glm, "CEP_SPREAD_BAND", (np.inf, np.inf))
+    assert glm_factorized._ep_share(block, q_var, q_var[None])[0, 0] == 1.0
+    monkeypatch.setattr(glm_factorized, "CEP_SPREAD_BAND", (np.inf, np.inf))
     y, m = 1.0, 0
     f = lambda c: np.stack(conditional_moments(log_ndtr, x[m], y, q_mean[m], q_var[m], c))  # noqa: E731
     c_bar, var_c = x[1] * q_mean[1], x[1] ** 2 * q_var[1]
@@ -228,9 +232,9 @@ def test_ep_share_is_a_smooth_step_over_the_band():
     """The one definition of the weight (``_glm_kernel.ep_share``): 0 up to the band's lower end,
     1 from its upper end, increasing and C¹ in between (finite differences), and its compiled
     scalar twin equals it."""
-    from skcep.engines._glm_kernel import _ep_share_scalar, ep_share
+    from skcep.engines.glm._kernel import _ep_share_scalar, ep_share
 
-    lo, hi = glm.CEP_SPREAD_BAND
+    lo, hi = glm_factorized.CEP_SPREAD_BAND
     t = np.linspace(0.0, 2.0 * hi, 2001)
     w = ep_share(t, lo, hi)
     assert (w[t <= lo] == 0).all() and (w[t >= hi] == 1).all()
@@ -273,7 +277,7 @@ def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, metho
     lands on the same.  With the band (0.01, 0.03) the site inside it is one where CEP-2's
     Taylor variance is in (0, v\\] (at the wide band's inside sites CEP-2 falls back to CEP-1)."""
     log_lik = LOG_LIK[lik_name]
-    monkeypatch.setattr(glm, "CEP_SPREAD_BAND", band)
+    monkeypatch.setattr(glm_factorized, "CEP_SPREAD_BAND", band)
     x = np.array([0.3, 2.0, -1.5, 0.8])
     q_mean, q_var = np.array([0.4, -0.3, 0.2, 0.5]), np.array([0.05, 0.6, 0.02, 0.03])
     site_prec, site_shift = np.array([0.5, 0.3, 1.0, 2.0]), np.array([0.1, -0.2, 0.3, 0.4])
@@ -291,7 +295,7 @@ def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, metho
         assert (share == 1.0).tolist() == [True, False, False, False]
         assert (share == 0.0).tolist() == [False, True, False, False]
     block = _DenseBlock(x[None, :], slice(0, 1))
-    assert_allclose(glm._ep_share(block, q_var, cav_var[None]).ravel(), share, rtol=1e-12)
+    assert_allclose(glm_factorized._ep_share(block, q_var, cav_var[None]).ravel(), share, rtol=1e-12)
     expected = np.empty((2, 4))
     for m in range(4):
         others = np.arange(4) != m
@@ -338,9 +342,9 @@ def test_expansion_range_shortcuts_hide_no_site(sparse):
     X = rng.standard_normal((30, 7)) * (rng.random((30, 7)) < 0.6)
     X[5] *= 3.0
     if sparse:
-        design = glm._Design(sp.csr_matrix(X), 10)
+        design = glm_design.Design(sp.csr_matrix(X), 10)
     else:
-        design = glm._Design(X, 10)
+        design = glm_design.Design(X, 10)
     seen = set()
     for scale in (1e-3, 0.02, 0.05, 0.2, 1.0):
         var = rng.uniform(0.2, 1.0, 7) * scale
@@ -349,8 +353,8 @@ def test_expansion_range_shortcuts_hide_no_site(sparse):
             x2 = block.x2
             x2v = x2 * block.at_cols(var)
             spread = (block.at_rows(block.row_sum(x2v)) - x2v) / (1 + x2 * var_c)
-            direct = _smoothstep(spread, *glm.CEP_SPREAD_BAND)
-            got = glm._ep_share(block, var, var_c)
+            direct = _smoothstep(spread, *glm_factorized.CEP_SPREAD_BAND)
+            got = glm_factorized._ep_share(block, var, var_c)
             if got is None:
                 assert not direct.any()
             else:
@@ -614,12 +618,12 @@ def test_full_ep_continues_from_its_own_sites(sparse):
     Xs = sp.csr_matrix(X) if sparse else X
     d, kw = X.shape[1], dict(tol=1e-9, max_iter=200)
     cold = fit("full", Xs, y, Probit(), np.zeros(d), np.ones(d), **kw)
-    again = glm.fit_full(Xs, y, Probit(), np.zeros(d), np.eye(d), init_sites=cold.sites, **kw)
+    again = glm_full.fit_full(Xs, y, Probit(), np.zeros(d), np.eye(d), init_sites=cold.sites, **kw)
     assert again.n_iter <= 2
     assert_allclose(again.mean, cold.mean, atol=1e-7)
     assert_allclose(again.cov, cold.cov, atol=1e-7)
     other = fit("full", Xs, y, Probit(), np.zeros(d), np.full(d, 5.0), **kw)
-    moved = glm.fit_full(Xs, y, Probit(), np.zeros(d), np.eye(d), init_sites=other.sites, **kw)
+    moved = glm_full.fit_full(Xs, y, Probit(), np.zeros(d), np.eye(d), init_sites=other.sites, **kw)
     assert_allclose(moved.mean, cold.mean, atol=1e-6)
     assert_allclose(moved.var, cold.var, rtol=1e-6)
 
@@ -634,15 +638,19 @@ def test_ep_resumed_at_a_tighter_tol_is_the_run_from_the_prior(breast_cancer, li
     Xs = sp.csr_matrix(X) if sparse else X
     lik, zero = site_likelihood(lik_name, "ep"), np.zeros(X.shape[1])
     kw = dict(method="ep", max_iter=300)
-    loose = glm.fit_factorized(Xs, y, lik, zero, prior_var, tol=3e-2, **kw)
-    resumed = glm.fit_factorized(Xs, y, lik, zero, prior_var, tol=1e-6, init_sites=loose.sites, resume=loose.run, **kw)
-    cold = glm.fit_factorized(Xs, y, lik, zero, prior_var, tol=1e-6, **kw)
+    loose = glm_factorized.fit_factorized(Xs, y, lik, zero, prior_var, tol=3e-2, **kw)
+    resumed = glm_factorized.fit_factorized(
+        Xs, y, lik, zero, prior_var, tol=1e-6, init_sites=loose.sites, resume=loose.run, **kw
+    )
+    cold = glm_factorized.fit_factorized(Xs, y, lik, zero, prior_var, tol=1e-6, **kw)
     assert loose.n_iter < cold.n_iter and cold.converged
     assert resumed.n_iter == cold.n_iter and resumed.trace == cold.trace
     np.testing.assert_array_equal(resumed.mean, cold.mean)
     np.testing.assert_array_equal(resumed.var, cold.var)
     with pytest.raises(ValueError, match="only EP"):
-        glm.fit_factorized(Xs, y, lik, zero, prior_var, method="cep1", init_sites=loose.sites, resume=loose.run)
+        glm_factorized.fit_factorized(
+            Xs, y, lik, zero, prior_var, method="cep1", init_sites=loose.sites, resume=loose.run
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -781,17 +789,17 @@ def test_default_schedule_converges_on_breast_cancer(breast_cancer, lik_name, me
 
 
 # ---------------------------------------------------------------------------------------------
-# The compiled dense partition step (skcep.engines._glm_kernel) against the numpy block step
+# The compiled dense partition step (skcep.engines.glm._kernel) against the numpy block step
 
 
 def _numpy_step(design, *args, **kw):
     """factorized_partition_step with the compiled path switched off for this call."""
-    compiled = glm._Design.compiled
-    glm._Design.compiled = lambda self, likelihood, method: False
+    compiled = glm_design.Design.compiled
+    glm_design.Design.compiled = lambda self, likelihood, method: False
     try:
-        return glm.factorized_partition_step(design, *args, **kw)
+        return glm_factorized.factorized_partition_step(design, *args, **kw)
     finally:
-        glm._Design.compiled = compiled
+        glm_design.Design.compiled = compiled
 
 
 @pytest.mark.parametrize("method", ["ep", "cep1"])
@@ -815,11 +823,13 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted, wide)
     shift = site_shift.sum(axis=0) + (prec * rng.standard_normal(d) if wide else 0.0)
     site_prec[3, 2] = prec[2] + 1.0  # an improper cavity: that site must be skipped
     weight = row_weights(rng, n, site_prec, site_shift) if weighted else None
-    design = glm._Design(X, n if wide else 32)
+    design = glm_design.Design(X, n if wide else 32)
     assert design.compiled(Probit(), method) and design.compiled(Logistic(), method)
     if method == "cep1":  # CEP-1's sites at the start q: EP's share ω (the blend of the two
         # rules' derivatives) is 0 at some, 1 at some and strictly between at others
-        share = [glm._ep_share(block, 1.0 / prec, 1.0 / (prec - site_prec[rows])) for rows, block in design.blocks]
+        share = [
+            glm_factorized._ep_share(block, 1.0 / prec, 1.0 / (prec - site_prec[rows])) for rows, block in design.blocks
+        ]
         share = np.concatenate(
             [np.zeros(block.x.shape) if w is None else w for w, (_, block) in zip(share, design.blocks)]
         )
@@ -830,7 +840,7 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted, wide)
     )
     out = (np.empty_like(site_prec), np.empty_like(site_shift))
     before = (site_prec.copy(), site_shift.copy())
-    tot = glm.factorized_partition_step(
+    tot = glm_factorized.factorized_partition_step(
         design,
         y,
         site_prec,
@@ -860,8 +870,7 @@ def test_polynomial_mills_ratio_equals_the_library_quotient():
     from numba import njit
     from scipy.special import erfcx
 
-    from skcep.engines._glm_kernel import _erfcx, _exp, _mills_ratio_bulk
-    from skcep.engines._special import mills_ratio
+    from skcep.engines._special import _erfcx, _exp, _mills_ratio_bulk, mills_ratio
 
     @njit
     def apply(f, x):
@@ -887,13 +896,13 @@ def test_compiled_dense_fit_equals_the_numpy_fit(breast_cancer, method, monkeypa
     X, y = breast_cancer[0][:200], breast_cancer[1][:200]
     d = X.shape[1]
     restored = []
-    restore = glm.InMemoryPartitions.restore
-    monkeypatch.setattr(glm.InMemoryPartitions, "restore", lambda self: restored.append(1) or restore(self))
+    restore = glm_partitions.InMemoryPartitions.restore
+    monkeypatch.setattr(glm_partitions.InMemoryPartitions, "restore", lambda self: restored.append(1) or restore(self))
     options = dict(method=method, damping=1.0, tol=1e-6, max_iter=60, block_size=200)
-    fast = glm.fit_factorized(X, y, Probit(), np.zeros(d), np.ones(d), **options)
+    fast = glm_factorized.fit_factorized(X, y, Probit(), np.zeros(d), np.ones(d), **options)
     assert restored, "the case must exercise the roll-back"
-    monkeypatch.setattr(glm._Design, "compiled", lambda self, likelihood, m: False)
-    slow = glm.fit_factorized(X, y, Probit(), np.zeros(d), np.ones(d), **options)
+    monkeypatch.setattr(glm_design.Design, "compiled", lambda self, likelihood, m: False)
+    slow = glm_factorized.fit_factorized(X, y, Probit(), np.zeros(d), np.ones(d), **options)
     assert fast.n_iter == slow.n_iter
     assert_allclose(fast.trace, slow.trace, rtol=1e-6)
     # to rounding, amplified by 60 oscillating sweeps: 1e-9 posterior sd
@@ -906,7 +915,7 @@ def test_compiled_dense_fit_equals_the_numpy_fit(breast_cancer, method, monkeypa
 def test_compiled_evidence_terms_equal_the_numpy_terms(lik):
     """The dense compiled pass of (E1) equals the block-by-block numpy pass, the same design as
     CSR (which always takes the numpy path), improper cavities included."""
-    from skcep.engines.evidence import factorized_site_terms
+    from skcep.engines.glm.evidence import factorized_site_terms
 
     rng = np.random.default_rng(11)
     n, d = 150, 4
@@ -919,10 +928,10 @@ def test_compiled_evidence_terms_equal_the_numpy_terms(lik):
     site_prec[5, 1] = prec[1] + 0.5
     for weight in (None, rng.choice([0.0, 0.5, 1.0, 4.0], size=n)):
         dense = factorized_site_terms(
-            glm._Design(X, 16), y, site_prec, site_shift, prec, shift, likelihood=lik, sample_weight=weight
+            glm_design.Design(X, 16), y, site_prec, site_shift, prec, shift, likelihood=lik, sample_weight=weight
         )
         csr = factorized_site_terms(
-            glm._Design(sp.csr_matrix(X), 16),
+            glm_design.Design(sp.csr_matrix(X), 16),
             y,
             site_prec.ravel(),
             site_shift.ravel(),
@@ -1003,8 +1012,8 @@ def test_cep1_default_schedule_reaches_the_fixed_point_of_a_long_damped_run():
     A = np.hstack([data.X_train, np.ones((len(data.X_train), 1))])
     y, d = 2.0 * data.y_train - 1.0, A.shape[1]
     prior = (np.zeros(d), np.r_[np.ones(d - 1), 100.0])
-    fast = glm.fit_factorized(A, y, Probit(), *prior, method="cep1", max_iter=300, tol=1e-3)
-    slow = glm.fit_factorized(A, y, Probit(), *prior, method="cep1", damping=0.1, max_iter=3000, tol=1e-6)
+    fast = glm_factorized.fit_factorized(A, y, Probit(), *prior, method="cep1", max_iter=300, tol=1e-3)
+    slow = glm_factorized.fit_factorized(A, y, Probit(), *prior, method="cep1", damping=0.1, max_iter=3000, tol=1e-6)
     assert fast.converged and slow.converged
     assert np.max(np.abs(fast.mean - slow.mean) / np.sqrt(slow.var)) < 0.1
     assert_allclose(fast.var, slow.var, rtol=0.01)
@@ -1023,9 +1032,11 @@ def test_cep_probe_kept_where_cep_stays_near_ep_and_undone_where_it_does_not(met
     prior = (np.zeros(5), np.ones(5))
     kw = dict(method=method, tol=1e-4, max_iter=200)
     trace = []
-    auto = glm.fit_factorized(X, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change))
-    undamped = glm.fit_factorized(X, y, Probit(), *prior, damping=1.0, **kw)
-    assert trace[0] < glm.CEP_PROBE_SD
+    auto = glm_factorized.fit_factorized(
+        X, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change)
+    )
+    undamped = glm_factorized.fit_factorized(X, y, Probit(), *prior, damping=1.0, **kw)
+    assert trace[0] < glm_factorized.CEP_PROBE_SD
     assert auto.n_iter == undamped.n_iter
     assert_allclose(auto.mean, undamped.mean, rtol=1e-12)
 
@@ -1039,10 +1050,12 @@ def test_cep_probe_kept_where_cep_stays_near_ep_and_undone_where_it_does_not(met
     trace = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        auto = glm.fit_factorized(A, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change))
-        damped = glm.fit_factorized(A, y, Probit(), *prior, damping=glm.CEP_DAMPING, **kw)
-        undamped = glm.fit_factorized(A, y, Probit(), *prior, damping=1.0, **kw)
-    assert trace[0] > glm.CEP_PROBE_SD
+        auto = glm_factorized.fit_factorized(
+            A, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change)
+        )
+        damped = glm_factorized.fit_factorized(A, y, Probit(), *prior, damping=glm_factorized.CEP_DAMPING, **kw)
+        undamped = glm_factorized.fit_factorized(A, y, Probit(), *prior, damping=1.0, **kw)
+    assert trace[0] > glm_factorized.CEP_PROBE_SD
     assert auto.converged and auto.n_iter == damped.n_iter + 1
     assert_allclose(auto.mean, damped.mean, rtol=1e-6, atol=1e-9)
     assert not undamped.converged
@@ -1062,10 +1075,12 @@ def test_cep_probe_keeps_the_undamped_run_on_the_cep_papers_data():
     prior = (np.zeros(d), np.r_[np.ones(d - 1), 100.0])
     kw = dict(method="cep2", tol=1e-6, max_iter=1000)
     trace = []
-    default = glm.fit_factorized(A, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change))
-    damped = glm.fit_factorized(A, y, Probit(), *prior, damping=glm.CEP_DAMPING, **kw)
+    default = glm_factorized.fit_factorized(
+        A, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change)
+    )
+    damped = glm_factorized.fit_factorized(A, y, Probit(), *prior, damping=glm_factorized.CEP_DAMPING, **kw)
     assert default.converged and damped.converged
-    assert 0.1 < trace[0] < glm.CEP_PROBE_SD
+    assert 0.1 < trace[0] < glm_factorized.CEP_PROBE_SD
     assert default.n_iter < 0.5 * damped.n_iter
     assert np.max(np.abs(default.mean - damped.mean) / np.sqrt(damped.var)) < 1e-3
     assert_allclose(default.var, damped.var, rtol=1e-3)
@@ -1083,9 +1098,9 @@ def test_default_compiled_blocks_converge_on_strongly_correlated_features():
     kw = dict(method="ep", tol=1e-4, max_iter=300)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        default = glm.fit_factorized(X, y, Probit(), *prior, **kw)
-        large = glm.fit_factorized(X, y, Probit(), *prior, block_size=200, **kw)
-        sequential = glm.fit_factorized(X, y, Probit(), *prior, block_size=1, **kw)
+        default = glm_factorized.fit_factorized(X, y, Probit(), *prior, **kw)
+        large = glm_factorized.fit_factorized(X, y, Probit(), *prior, block_size=200, **kw)
+        sequential = glm_factorized.fit_factorized(X, y, Probit(), *prior, block_size=1, **kw)
     # large blocks: diverged before the relaxed step (IN_MEMORY_RELAX); now they creep
     # (measured 230 sweeps against 59 for the default blocks, 49 sequential)
     assert not large.converged or large.n_iter > 3 * default.n_iter

@@ -1,4 +1,4 @@
-"""The compiled logistic likelihood (skcep.engines._glm_kernel) against the numpy code it twins.
+"""The compiled logistic likelihood (skcep.engines.glm._kernel) against the numpy code it twins.
 
 * the scalar ∂/∂m, ∂²/∂m² of log E[σ(y a)] (:func:`logistic_log_z_derivatives`, the exact
   log-space rules) and the array form behind ``Logistic.derivatives`` (sums without logarithms
@@ -18,8 +18,9 @@ import pytest
 from numpy.testing import assert_allclose
 from synthetic import row_weights
 
-from skcep.engines import _glm_kernel as kernel
-from skcep.engines import glm
+from skcep.engines import _special as kernel
+from skcep.engines.glm import design as glm_design
+from skcep.engines.glm import factorized as glm_factorized
 from skcep.engines.likelihoods import Logistic, Probit
 
 
@@ -134,14 +135,14 @@ def test_compiled_sigmoid_terms_are_exact():
 def numpy_step(design, y, site_prec, site_shift, prec, shift, *, likelihood, **kw):
     """factorized_partition_step on the numpy path (refine_sites block by block) and the numpy
     derivatives."""
-    compiled = glm._Design.compiled
-    glm._Design.compiled = lambda self, lik, method: False
+    compiled = glm_design.Design.compiled
+    glm_design.Design.compiled = lambda self, lik, method: False
     try:
-        return glm.factorized_partition_step(
+        return glm_factorized.factorized_partition_step(
             design, y, site_prec, site_shift, prec, shift, likelihood=NumpyLogistic(likelihood.n_quadrature), **kw
         )
     finally:
-        glm._Design.compiled = compiled
+        glm_design.Design.compiled = compiled
 
 
 def problem(d, fresh, weighted, rng):
@@ -178,16 +179,16 @@ def entry_ranges(design, y, lik, method, site_prec, site_shift, prec, shift):
     bound = 700.0 + log_w.min()
     counts = dict(wide=0, far=0, bulk=0, blended=0)
     for rows, block in design.blocks:
-        mean_c, var_c, _ = glm._cavity_moments(block, prec, shift, site_prec[rows], site_shift[rows])
+        mean_c, var_c, _ = glm_factorized._cavity_moments(block, prec, shift, site_prec[rows], site_shift[rows])
         if method == "ep":
             m = block.row_sum(block.x * mean_c)
             s = block.row_sum(block.x2 * var_c)
             z = y[rows] * m
         else:
-            m = block.x * mean_c + glm._outer_mean(block, shift / prec)
+            m = block.x * mean_c + glm_factorized._outer_mean(block, shift / prec)
             s = block.x2 * var_c
             z = y[rows][:, None] * m
-            share = glm._ep_share(block, 1.0 / prec, var_c)
+            share = glm_factorized._ep_share(block, 1.0 / prec, var_c)
             if share is not None:
                 counts["blended"] += int(((share > 0) & (share < 1)).sum())
         wide = (s > 2.0) & (z > -12.0 * np.sqrt(s))
@@ -210,7 +211,7 @@ def test_compiled_logistic_step_equals_the_numpy_step(method, step, weighted, sh
     X, y, site_prec, site_shift, prec, shift, weight = problem(d, shape.endswith("fresh"), weighted, rng)
     n = X.shape[0]
     lik = Logistic(20 if method == "ep" else 9)  # as CEPLogisticClassifier
-    design = glm._Design(X, 32 if d == 6 else n)
+    design = glm_design.Design(X, 32 if d == 6 else n)
     assert design.compiled(lik, method) and design.compiled(Probit(), method)
     counts = entry_ranges(design, y, lik, method, site_prec, site_shift, prec, shift)
     assert counts["wide"] > 0, counts  # fresh, one block: every row from q = prior
@@ -222,7 +223,7 @@ def test_compiled_logistic_step_equals_the_numpy_step(method, step, weighted, sh
     tot_ref = numpy_step(design, y, *ref, prec, shift, likelihood=lik, method=method, step=step, sample_weight=weight)
     out = (np.empty_like(site_prec), np.empty_like(site_shift))
     before = (site_prec.copy(), site_shift.copy())
-    tot = glm.factorized_partition_step(
+    tot = glm_factorized.factorized_partition_step(
         design,
         y,
         site_prec,
@@ -265,9 +266,11 @@ def test_compiled_logistic_fit_equals_the_numpy_fit(method, weighted, monkeypatc
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ConvergenceWarning: 6 sweeps, tol 1e-12
-        fast = glm.fit_factorized(X, y, lik, np.zeros(d), np.full(d, 4.0), **options)
-        monkeypatch.setattr(glm._Design, "compiled", lambda self, likelihood, m: False)
-        slow = glm.fit_factorized(X, y, NumpyLogistic(lik.n_quadrature), np.zeros(d), np.full(d, 4.0), **options)
+        fast = glm_factorized.fit_factorized(X, y, lik, np.zeros(d), np.full(d, 4.0), **options)
+        monkeypatch.setattr(glm_design.Design, "compiled", lambda self, likelihood, m: False)
+        slow = glm_factorized.fit_factorized(
+            X, y, NumpyLogistic(lik.n_quadrature), np.zeros(d), np.full(d, 4.0), **options
+        )
     assert fast.n_iter == slow.n_iter
     assert_allclose(fast.mean, slow.mean, rtol=1e-9, atol=1e-10 * np.sqrt(slow.var).max())
     assert_allclose(fast.var, slow.var, rtol=1e-9)

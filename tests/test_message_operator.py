@@ -622,10 +622,10 @@ def test_partial_fit_during_initial_phase_keeps_the_oracle_answers():
 
 @pytest.mark.slow
 def test_operator_site_in_weight_space_ep():
-    """Weight-space EP (skcep.engines.glm.fit_full) whose logistic sites come from a KJIT
+    """Weight-space EP (skcep.engines.glm.full.fit_full) whose logistic sites come from a KJIT
     operator with the exact oracle lands near exact EP, asking the oracle for a minority of
     the messages; OperatorSite's clipping keeps it from diverging."""
-    from skcep.engines.glm import fit_full
+    from skcep.engines.glm.full import fit_full
 
     rng = np.random.default_rng(22)
     n, d = 200, 4

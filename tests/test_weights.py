@@ -1,7 +1,7 @@
 """``sample_weight`` and ``class_weight`` of CEPProbitClassifier and CEPLogisticClassifier.
 
 A row of weight w carries the sites of w identical copies of itself (power EP with power 1/w,
-skcep.engines.glm.site_copy).  Checked against independent references:
+skcep.engines.glm.posterior.site_copy).  Checked against independent references:
 
 * integer weights against the same rows repeated (the unweighted engines): posteriors, the EP
   evidence (E1w) and ``prior_variance="auto"``, for every method, both links, dense and CSR;
@@ -25,7 +25,9 @@ from sklearn.utils.class_weight import compute_sample_weight
 from test_linear_model import ALL, CLASSES, CONFIGS
 
 from skcep import CEPLogisticClassifier, CEPProbitClassifier
-from skcep.engines.glm import fit_factorized, fit_full, site_copy, site_total
+from skcep.engines.glm.factorized import fit_factorized
+from skcep.engines.glm.full import fit_full
+from skcep.engines.glm.posterior import site_copy, site_total
 from skcep.engines.likelihoods import Probit
 
 # Damping 0.5: from EP's default 1 the adaptive step sometimes ratchets down to a crawl that

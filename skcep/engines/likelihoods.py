@@ -24,7 +24,7 @@ import numpy as np
 from numpy.polynomial.hermite import hermgauss
 from scipy.special import erfcx, expit, log_expit, log_ndtr, ndtr
 
-from ._glm_kernel import LOGISTIC_LOWER_TAIL, LOGISTIC_S_SWITCH, logistic_derivatives_array
+from ._special import LOGISTIC_LOWER_TAIL, LOGISTIC_S_SWITCH, logistic_derivatives_array
 
 __all__ = ["Probit", "Logistic", "Gaussian", "log_phi_derivatives", "mills_ratio"]
 
@@ -165,7 +165,7 @@ class Logistic:
     All are bounded or computed in log space, so nothing overflows for any m.
 
     L_0, L_1 and L_2 are computed by the compiled
-    :func:`~skcep.engines._glm_kernel.logistic_derivatives_array` (the same rules and switch,
+    :func:`~skcep.engines._special.logistic_derivatives_array` (the same rules and switch,
     the same values to rounding, 2.5× faster than numpy where s > 2 and ~40× elsewhere); L_3
     and L_4 (CEP-2) by the numpy code here (:meth:`_numpy_derivatives`).
     """
@@ -185,7 +185,7 @@ class Logistic:
     def quadrature_rule(self):
         """(t, log_w, eps, log_w_eps): the Gauss–Hermite nodes and log weights (1/√π included)
         and the logistic-noise rule's nodes and log weights, as writable contiguous float
-        arrays, the arguments of the compiled twins in :mod:`skcep.engines._glm_kernel` (whose
+        arrays, the arguments of the compiled twins in :mod:`skcep.engines.glm._kernel` (whose
         sums take the Gauss–Hermite nodes by symmetric pairs: ``hermgauss`` makes them so)."""
         rule = self.__dict__.get("_rule")
         if rule is None:

@@ -24,10 +24,8 @@ from .._dask import computed
 from .._validation import FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span, validate_data
 from ..engines.chunks import map_chunks
 from ..engines.factors import LogisticFactor, OperatorSite
-from ..engines.glm import predictor_moments
+from ..engines.glm import fit_glm, predictor_moments, stream_batch, stream_candidates
 from ..engines.likelihoods import Logistic, Probit
-from ..engines.search import fit_glm
-from ..engines.stream import stream_batch, stream_candidates
 from ..message_operator._operator import KJITMessageOperator
 from ._dask import DaskRows, fit_classifier
 from ._docstrings import FIT_DOC, LOGISTIC_DOC, PARTIAL_FIT_DOC, PROBIT_DOC

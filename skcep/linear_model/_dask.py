@@ -1,7 +1,7 @@
 """The classifiers' fit on Dask collections: EP / CEP with the rows and sites on the workers.
 
 Each chunk of rows becomes one partition of :mod:`skcep.engines.glm`'s sweep loop
-(:func:`~skcep.engines.glm.factorized_sweeps`, :func:`~skcep.engines.glm.full_sweeps`): every
+(:func:`~skcep.engines.glm.factorized.factorized_sweeps`, :func:`~skcep.engines.glm.full.full_sweeps`): every
 sweep, each worker runs the engine's partition step on its chunk against the broadcast
 posterior (O(d) natural parameters, O(d²) for the full covariance) and returns its reduction;
 the client applies the engine's global step with its damping and roll-back rule.  Design
@@ -21,20 +21,23 @@ from sklearn.utils.validation import validate_data
 
 from .._dask import DaskPartitions, fit_without_rows, is_dask_collection, row_blocks, rows
 from .._validation import FEATURE_RANGE_ADVICE, check_fit_range
-from ..engines.evidence import factorized_site_terms, full_site_terms, log_evidence, site_totals
 from ..engines.glm import (
     COMPILED_BLOCK_SIZE,
     PARALLEL_RELAX,
-    _Design,
-    _site_shape,
+    Design,
     default_block_size,
     factorized_partition_step,
+    factorized_site_terms,
     fit_factorized_partitions,
     fit_full_partitions,
+    fit_with_evidence,
     full_block_size,
     full_partition_step,
+    full_site_terms,
+    log_evidence,
+    site_shape,
+    site_totals,
 )
-from ..engines.search import fit_with_evidence
 
 __all__ = ["DaskRows", "fit_classifier"]
 
@@ -48,7 +51,7 @@ def _design_chunk(X, fit_intercept, block_size):
     if fit_intercept:
         ones = np.ones((X.shape[0], 1))
         X = sp.hstack([X, sp.csr_matrix(ones)], format="csr") if sp.issparse(X) else np.hstack([X, ones])
-    return X if block_size is None else _Design(X, block_size, COMPILED_BLOCK_SIZE)
+    return X if block_size is None else Design(X, block_size, COMPILED_BLOCK_SIZE)
 
 
 def _weighted_rows(labels, sample_weight, classes, per_class):
@@ -84,7 +87,7 @@ def _factorized_chunk(design, labels, sites, prec, shift, *, positive, evidence=
     sign, weight = _signs(labels, positive)
     fresh = sites is None
     if fresh:
-        sites = np.zeros(_site_shape(design.X)), np.zeros(_site_shape(design.X))
+        sites = np.zeros(site_shape(design.X)), np.zeros(site_shape(design.X))
     if evidence is not None:
         return sites, factorized_site_terms(
             design, sign, *sites, prec, shift, likelihood=evidence, sample_weight=weight
@@ -131,7 +134,7 @@ class DaskRows:
     def fit(self, positive, likelihood, evidence_likelihood, prior_mean, prior_spread, tune_weights=None, **options):
         """The engine's fit of one binary model (``positive`` against the rest) and its EP
         evidence (one more pass, in which each chunk sums its rows' site terms, a float each),
-        through :func:`~skcep.engines.search.fit_with_evidence`: with ``tune_weights`` the
+        through :func:`~skcep.engines.glm.search.fit_with_evidence`: with ``tune_weights`` the
         prior variance is chosen by the evidence first, each trial a distributed fit warm
         started from the sites an earlier one left on the workers."""
         options.pop("block_size", None)
@@ -153,7 +156,7 @@ class DaskRows:
     ):
         """One distributed fit at the prior N(prior_mean, spread), from the sites of ``warm``
         or from zero (with ``resume``: ``warm``'s EP sweeps continued, as in
-        :func:`~skcep.engines.search.fit_with_evidence`); ``sites`` of the result is (the
+        :func:`~skcep.engines.glm.search.fit_with_evidence`); ``sites`` of the result is (the
         chunks' persisted sites, their reductions): the sites stay on the workers while it is
         referenced."""
         start = None if warm is None else warm.sites

@@ -87,16 +87,16 @@ _PARAMS_DOC = (
         likelihood of the EP evidence of each one-vs-rest model (λ in [1e-6, 1e6]): a search
         in log λ from λ = 1 over warm-started fits, each giving the evidence and its slope,
         that stops when no interval between its fits can hold more than 0.2 nats above the
-        best (:func:`skcep.engines.search.maximize_evidence`; within 0.5 nats of a fine grid
+        best (:func:`skcep.engines.glm.search.maximize_evidence`; within 0.5 nats of a fine grid
         on every set of ``benchmarks/bench_evidence_search.py``).  Where the evidence is still
         rising at the λ taken (no interior peak: separable classes as λ grows, uninformative
         features as it shrinks) the search says so with one
-        :class:`~skcep.engines.search.EvidenceRisingWarning`.  CEP-1/CEP-2 (and "kjit")
+        :class:`~skcep.engines.glm.search.EvidenceRisingWarning`.  CEP-1/CEP-2 (and "kjit")
         take the λ of factorized EP's evidence and fit at it, halving log λ towards 0 where
         CEP runs away (separable data).  With ``partial_fit`` λ follows the stream: the
         stream is run at every candidate λ (a factor 2 apart) with the summed evidence of its
         batches, and the λ reported is where the best candidates' evidence peaks
-        (:func:`skcep.engines.stream.stream_batch`; one fit of each batch per candidate
+        (:func:`skcep.engines.glm.stream.stream_batch`; one fit of each batch per candidate
         alive, so a number is 10–17 times cheaper there).  On Dask collections each trial is
         a distributed fit, warm started from the sites an earlier trial left on the workers,
         and the search is the in-memory one.  It is the default because on the seven data

@@ -1,5 +1,5 @@
 r"""Type-II maximum likelihood of the weights' prior variance λ over the EP evidence
-(:mod:`skcep.engines.evidence`), and :func:`fit_glm`, the entry point of a classifier's fit on
+(:mod:`skcep.engines.glm.evidence`), and :func:`fit_glm`, the entry point of a classifier's fit on
 in-memory rows: one binary model fitted at a given prior or at the λ its search chooses.
 
 The search (:func:`maximize_evidence`) works in θ = log λ from the values and slopes (E2) of a
@@ -22,8 +22,9 @@ from .evidence import (
     prior_variance_gradient,
     site_totals,
 )
+from .factorized import fit_factorized
+from .full import fit_full
 from .full_dual import dual_applies, fit_full_dual
-from .glm import fit_factorized, fit_full
 
 __all__ = [
     "EvidenceRisingWarning",
@@ -291,9 +292,9 @@ def fit_glm(
     sample_weight=None,
     **options,
 ):
-    """One binary model on in-memory rows: :func:`~skcep.engines.glm.fit_full` (with fewer rows than
-    features :func:`~skcep.engines.full_dual.fit_full_dual`, the same EP) or
-    :func:`~skcep.engines.glm.fit_factorized` and its evidence (E1) in ``log_evidence``,
+    """One binary model on in-memory rows: :func:`~skcep.engines.glm.full.fit_full` (with fewer rows than
+    features :func:`~skcep.engines.glm.full_dual.fit_full_dual`, the same EP) or
+    :func:`~skcep.engines.glm.factorized.fit_factorized` and its evidence (E1) in ``log_evidence``,
     through :func:`fit_with_evidence` (which chooses λ first when ``tune_weights`` is set).
     ``sample_weight`` (n,) or None: row weights, in the fits and in the evidence (E1w)."""
     if sp.issparse(X) and not full:  # the sites' order is the canonical CSR's (as in the fit)
@@ -545,7 +546,7 @@ class _RunAway(Exception):
 
 def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter, spent, retries=3):
     """CEP-1 / CEP-2 at the searched θ: from the prior through factorized EP's warm-up sweeps
-    (:func:`~skcep.engines.glm.fit_factorized`), then ``method``'s.  At the large λ that the
+    (:func:`~skcep.engines.glm.factorized.fit_factorized`), then ``method``'s.  At the large λ that the
     evidence asks for on separable data CEP can have no stable fixed point near EP's and run away
     from it (measured: the scikit-learn breast-cancer data, probit, two of five splits with
     λ = 522 and 1010: CEP-1 test log-likelihood −2.7·10³ and −4·10⁵, weights up to 2·10⁴ where

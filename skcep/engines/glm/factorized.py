@@ -43,69 +43,15 @@ Sparse designs (CSR) keep sites only at non-zeros, so memory is O(nnz).  Nothing
 about scikit-learn: inputs are arrays, outputs a :class:`GLMPosterior`.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 import scipy.sparse as sp
-from scipy.linalg import cho_factor, cho_solve, solve_triangular
 
-from ._full_kernel import full_dense_step
-from ._glm_kernel import ep_share, factorized_dense_step
-from .gaussian import cavity, cavity_natural, damped, precision_of, site_from_marginal, to_moments
+from ..gaussian import cavity_natural, damped, site_from_marginal, to_moments
+from ._kernel import ep_share, factorized_dense_step
+from .design import COMPILED_BLOCK_SIZE, Design, default_block_size, site_shape
+from .partitions import InMemoryPartitions
+from .posterior import GLMPosterior, site_copy, site_total
 from .sweeps import SweepControl
-
-__all__ = [
-    "GLMPosterior",
-    "InMemoryPartitions",
-    "SweepControl",
-    "default_block_size",
-    "factorized_global_step",
-    "factorized_partition_step",
-    "fit_factorized",
-    "fit_factorized_partitions",
-    "fit_full",
-    "fit_full_partitions",
-    "full_block_size",
-    "full_global_step",
-    "full_partition_step",
-    "full_site_totals",
-    "full_sweeps",
-    "factorized_sweeps",
-    "predictor_moments",
-    "refine_sites",
-    "site_copy",
-    "site_total",
-    "tilted_gradients",
-]
-
-
-@dataclass
-class GLMPosterior:
-    """Gaussian posterior over the weights.
-
-    ``mean`` (d,), ``var`` (d,) marginal variances, ``cov`` (d, d) and ``precision`` (its
-    inverse, as the sweeps summed it) for the full family (else None), ``n_iter`` sweeps run,
-    ``converged``, ``n_skipped`` site updates skipped for a non-positive cavity or non-finite
-    moments, ``trace`` the change of each sweep; ``run`` = (:class:`SweepControl`, precision,
-    shift) at the end of a factorized fit's own sweeps, from which
-    ``fit_factorized_partitions(resume=run)`` continues them.
-    """
-
-    mean: np.ndarray
-    var: np.ndarray
-    cov: np.ndarray = None
-    n_iter: int = 0
-    converged: bool = False
-    n_skipped: int = 0
-    trace: list = None
-    sites: tuple = None
-    log_evidence: float = None
-    prior_variance: float = None
-    precision: np.ndarray = None
-    run: tuple = None
-    evidence_rising: float = None
-    fixed_site_evidence: object = None
-
 
 # CEP's damping (``damping=None``): a first undamped sweep from EP's fixed point is kept if it
 # moves q by less than CEP_PROBE_SD posterior sd, else the run restarts at CEP_DAMPING.  The
@@ -151,7 +97,7 @@ IN_MEMORY_RELAX = 1.0
 # (i, m) vary on the scale 1/k = √(1 + x² v\) of c (the probit's exactly; the logistic's within a
 # factor 1.7), and CEP-1 (h at c̄) and CEP-2 (+ ½ σ_c² h″) are expansions in σ_c² k²
 # (σ_c² = Var_q(c)).  A site's tilted moments are (1 − ω) CEP's + ω factorized EP's exact ones,
-# with EP's share ω rising smoothly (:func:`~skcep.engines._glm_kernel.ep_share`) from 0 at the
+# with EP's share ω rising smoothly (:func:`~skcep.engines.glm._kernel.ep_share`) from 0 at the
 # band's lower end to 1 at its upper end.  History: a step at 1 (EP's moments beyond σ_c² k² = 1)
 # moved the gap to NUTS of CEP-1 / CEP-2 (probit, λ = 1, five splits) on ionos from −0.056 /
 # −0.100 to −0.044 / −0.045, on sonar from −0.008 / −0.189 to +0.041 / +0.041 (the exact E_q over
@@ -165,132 +111,6 @@ IN_MEMORY_RELAX = 1.0
 # sites inside the band slow the contraction (logistic australian CEP-1 141-179 sweeps, the step
 # 127, no guard 45-54); undamped 47-75, hence CEP_PROBE_SD (above).
 CEP_SPREAD_BAND = (0.5, 2.0)
-
-
-# Rows per block of the compiled dense step (``_Design.compiled``): there a block costs d
-# operations, not ~25 numpy calls, so it takes the smallest blocks of :func:`default_block_size`.
-# Larger blocks refine hundreds of rows from the same q, and on correlated features that
-# diverges (measured, 50,000 × 30 probit with feature correlation 0.9: 1,000-row blocks leave
-# q at |mean| 6·10⁶ after 300 sweeps, 16-row blocks at 14, 8-row blocks converge in 51; on the
-# 100,000 × 50 uncorrelated scale data 8-row blocks take 6 sweeps, 655-row blocks 7).
-COMPILED_BLOCK_SIZE = 8
-
-
-def default_block_size(n_samples, n_entries):
-    """Rows per block: sequential enough to converge, large enough to vectorise.
-
-    At most 2 % of the rows, so a sweep has at least ~50 steps (blocks of a few rows converge
-    like the sequential schedule on the CEP paper's data sets, while one parallel block can
-    oscillate), and at most ~32,000 entries, so a block's arrays stay in cache (measured on
-    100,000 × 50 dense data: 600-row blocks fit 2.5× faster than 2,000-row blocks); at least 8.
-    """
-    per_row = max(n_entries / max(n_samples, 1), 1.0)
-    rows = min(n_samples // 50, int(32768 // per_row))
-    return int(min(max(rows, 8), max(n_samples, 1)))
-
-
-def full_block_size(n_samples, n_features):
-    """Rows per block of full-covariance EP: at most 2 % of the rows (as
-    :func:`default_block_size`) and ~262,000 entries (2 MB a block array), at least
-    min(d, 256) so a block's d³ inverse is paid for by its 4 b d² of products.
-
-    The factorized rule's 32,768-entry cache cap does not apply: a block here is two GEMMs,
-    not elementwise passes (measured on 100,000 × 50 dense data: 2,000-row blocks fit 1.4×
-    faster than 655-row blocks, same sweeps, posterior means within 3e-10)."""
-    rows = min(n_samples // 50, 2**18 // max(n_features, 1))
-    return int(min(max(rows, min(n_features, 256), 8), max(n_samples, 1)))
-
-
-# ---------------------------------------------------------------------------------------------
-# Row blocks of a dense or CSR design: the four operations the sweeps need.
-
-
-class _DenseBlock:
-    def __init__(self, X, rows):
-        self.x = X[rows]
-        self.x2 = self.x * self.x
-        self.sites = rows
-        self.x2_row_max = float(self.x2.sum(axis=1).max(initial=0.0))  # max_i Σ_m x_im²
-
-    def at_cols(self, v):
-        return v
-
-    def at_rows(self, r):
-        return r[:, None]
-
-    def row_sum(self, e):
-        return e.sum(axis=1)
-
-    def col_sum(self, e):
-        return e.sum(axis=0)
-
-
-class _SparseBlock:
-    def __init__(self, X, rows, cols):
-        lo, hi = X.indptr[rows.start], X.indptr[rows.stop]
-        self.sites = slice(lo, hi)
-        self.x = X.data[lo:hi]
-        self.x2 = self.x * self.x
-        self.cols = cols[lo:hi]  # np.intp, so bincount and take need no conversion
-        counts = np.diff(X.indptr[rows.start : rows.stop + 1])
-        self.n_rows = rows.stop - rows.start
-        self.rows = np.repeat(np.arange(self.n_rows, dtype=np.intp), counts)
-        self.n_cols = X.shape[1]
-        self.x2_row_max = float(self.row_sum(self.x2).max(initial=0.0))  # max_i Σ_m x_im²
-
-    def at_cols(self, v):
-        return v[self.cols]
-
-    def at_rows(self, r):
-        return r[self.rows]
-
-    def row_sum(self, e):
-        return np.bincount(self.rows, weights=e, minlength=self.n_rows)
-
-    def col_sum(self, e):
-        return np.bincount(self.cols, weights=e, minlength=self.n_cols)
-
-
-class _Design:
-    """A dense or CSR design cut into row blocks, and column totals over all its sites.
-
-    Dense blocks (copies of their rows and squares) are made on first use only: the compiled
-    step (:func:`~skcep.engines._glm_kernel.factorized_dense_step`) reads X directly, in
-    blocks of ``compiled_block_size`` rows (default ``block_size``).
-    """
-
-    def __init__(self, X, block_size, compiled_block_size=None):
-        self.block_size = block_size
-        self.compiled_block_size = compiled_block_size or block_size
-        n = X.shape[0]
-        self._rows = [slice(start, min(start + block_size, n)) for start in range(0, n, block_size)]
-        self._blocks = None
-        if sp.issparse(X):
-            self.X = X
-            self.cols = X.indices.astype(np.intp)
-            self._blocks = [(r, _SparseBlock(X, r, self.cols)) for r in self._rows]
-        else:
-            self.X = np.ascontiguousarray(X, dtype=float)
-
-    @property
-    def blocks(self):
-        if self._blocks is None:
-            self._blocks = [(r, _DenseBlock(self.X, r)) for r in self._rows]
-        return self._blocks
-
-    def compiled(self, likelihood, method):
-        """Whether :func:`factorized_partition_step` runs compiled here: a dense design, the
-        probit or logistic likelihood, EP or CEP-1."""
-        return not sp.issparse(self.X) and likelihood.name in ("probit", "logistic") and method in ("ep", "cep1")
-
-    def col_total(self, sites):
-        if sp.issparse(self.X):
-            return np.bincount(self.cols, weights=sites, minlength=self.X.shape[1])
-        return sites.sum(axis=0)
-
-
-def _site_shape(X):
-    return (X.nnz,) if sp.issparse(X) else X.shape
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,7 +155,7 @@ def tilted_gradients(block, y, lik, method, mean, mean_c, var_c, order=2):
 
 
 def _ep_share(block, var, var_c):
-    r"""EP's share ω (:func:`~skcep.engines._glm_kernel.ep_share`) of every site of the block, a
+    r"""EP's share ω (:func:`~skcep.engines.glm._kernel.ep_share`) of every site of the block, a
     smooth function of CEP's expansion parameter σ_c² k² over ``CEP_SPREAD_BAND``, with
     σ_c² = Σ_{l≠m} x_l² v_l (q's variances) and k² = 1/(1 + x_m² v\_m); None where it is 0 for
     every site.
@@ -397,24 +217,6 @@ def _sites_from_gradients(block, l1, l2, mean_c, var_c, ok):
     return x2b / keep, (block.x * l1 + mean_c * x2b) / keep, ok
 
 
-def site_copy(site, weight):
-    r"""One copy t = T/w of a row's total site T (natural parameters) for its sample weight w.
-
-    A row of weight w is given the site of w identical copies of the row, T = w t (power EP
-    with power 1/w: Minka, "Power EP", 2004, §2; for integer w the fixed point of the data
-    set with the row repeated w times).  Its cavity is q / t, its tilted distribution
-    cavity × likelihood, its new copy t* = proj(tilted) / cavity, and its new total
-    :func:`site_total` = w t*.  A zero weight keeps T = 0 and is never divided by.
-    """
-    return site / np.where(weight > 0, weight, 1.0)
-
-
-def site_total(site_copy_, weight):
-    """T = w t: the total site of a row of sample weight ``weight`` from one copy (see
-    :func:`site_copy`); exactly zero where w = 0."""
-    return np.where(weight > 0, site_copy_, 0.0) * weight
-
-
 def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, sample_weight=None):
     """Proposed new natural parameters of every site of one block, refined from the same q.
 
@@ -465,7 +267,7 @@ def factorized_partition_step(
     were (the roll-back copy without a copy).  ``sample_weight`` (n,) or None: the rows'
     weights, each row's sites those of its repeated copies (:func:`site_copy`).  A dense
     design with the probit or logistic likelihood runs EP and CEP-1 compiled, in one pass
-    (:func:`~skcep.engines._glm_kernel.factorized_dense_step`).
+    (:func:`~skcep.engines.glm._kernel.factorized_dense_step`).
 
     Returns
     -------
@@ -619,12 +421,12 @@ def fit_factorized(
     n = X.shape[0]
     y = np.asarray(y, dtype=float)
     if init_sites is None:
-        site_prec, site_shift = np.zeros(_site_shape(X)), np.zeros(_site_shape(X))
+        site_prec, site_shift = np.zeros(site_shape(X)), np.zeros(site_shape(X))
     else:
         site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
-    design = _Design(X, block_size or default_block_size(n, site_prec.size), block_size or COMPILED_BLOCK_SIZE)
+    design = Design(X, block_size or default_block_size(n, site_prec.size), block_size or COMPILED_BLOCK_SIZE)
     weights = {} if sample_weight is None else dict(sample_weight=np.asarray(sample_weight, dtype=float))
-    parts = InMemoryPartitions(factorized_partition_step, design, y, site_prec, site_shift, **weights)
+    parts = InMemoryPartitions(factorized_partition_step, design, y, site_prec, site_shift, writes_out=True, **weights)
     post = fit_factorized_partitions(
         parts,
         likelihood,
@@ -753,336 +555,3 @@ def factorized_sweeps(
         if verdict == "reject":
             prec, shift, _ = factorized_global_step(prior_prec, prior_shift, parts.restore())
     return prec, shift, it, converged, control
-
-
-class InMemoryPartitions:
-    """All rows as one partition whose sites live in this process (the single-machine fits).
-
-    ``partition_step`` is :func:`factorized_partition_step` or :func:`full_partition_step`;
-    ``data`` its design argument (a :class:`_Design` or the matrix X).  The sites are updated in
-    place, except in a sweep after :meth:`save`: the factorized step then writes its new sites
-    to a second pair of buffers, reused from sweep to sweep, and keeps the old ones, which
-    :meth:`restore` brings back (no copy either way; the full step's sites are copied).
-    """
-
-    def __init__(self, partition_step, data, y, site_prec, site_shift, **fixed):
-        self.partition_step, self.data, self.y, self.fixed = partition_step, data, y, fixed
-        self.site_prec, self.site_shift = site_prec, site_shift
-        self._saved = None
-        self._armed = False
-
-    def step(self, *state, **options):
-        if self._armed:  # new sites into the spare buffers; the current ones become the saved
-            self._armed = False
-            new = self._saved
-            self._saved = (self.site_prec, self.site_shift)
-            result = self.partition_step(self.data, self.y, *self._saved, *state, **options, out=new, **self.fixed)
-            self.site_prec, self.site_shift = new
-            return [result]
-        return [
-            self.partition_step(self.data, self.y, self.site_prec, self.site_shift, *state, **options, **self.fixed)
-        ]
-
-    def totals(self):
-        col_total = self.data.col_total
-        return [(col_total(self.site_prec), col_total(self.site_shift), 0)]
-
-    def save(self):
-        if self._saved is None:
-            self._saved = (np.empty_like(self.site_prec), np.empty_like(self.site_shift))
-        if self.partition_step is factorized_partition_step:
-            self._armed = True
-            return
-        np.copyto(self._saved[0], self.site_prec)
-        np.copyto(self._saved[1], self.site_shift)
-
-    def restore(self):
-        if self.partition_step is factorized_partition_step:
-            (self.site_prec, self.site_shift), self._saved = self._saved, (self.site_prec, self.site_shift)
-            return self.totals()
-        np.copyto(self.site_prec, self._saved[0])
-        np.copyto(self.site_shift, self._saved[1])
-        return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Full-covariance EP with one site per row on its linear predictor.
-
-
-def _dense_rows(X, rows):
-    block = X[rows]
-    return block.toarray() if sp.issparse(block) else block
-
-
-# The quadrature-rule argument of the compiled full step for the probit, which has none (four
-# empty arrays: one argument type for both likelihoods)
-_NO_RULE = (np.empty(0),) * 4
-
-
-def full_partition_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size, sample_weight=None):
-    """Partition step of full-covariance EP: refine the sites of one partition of the rows
-    (a dense design with the probit or logistic likelihood: compiled,
-    :func:`~skcep.engines._full_kernel.full_dense_step`, the same step to rounding).
-
-    The partition's row blocks are refined in order against its running posterior
-    N(P⁻¹b, P⁻¹) (the global precision P and shift b plus the blocks' changes so far): the
-    cavity of each linear predictor a_i from m_i = x_iᵀμ and s_i = x_iᵀΣx_i, its tilted
-    moments (the 1-D log Z of the likelihood), the new site, damped by ``step``.  Sites are
-    updated in place.  ``sample_weight`` (n,) or None: a row of weight w has the site of w
-    copies of itself (:func:`site_copy`: cavity without one copy, new total w t*).
-
-    Returns
-    -------
-    change : (dP, db, n_skipped)
-        The change of the summed natural parameters, Xᵀ diag(Δτ̃) X (d, d) and Xᵀ Δν̃ (d,),
-        and the number of skipped site updates; the global step adds them to P and b.
-    """
-    if not sp.issparse(X) and likelihood.name in ("probit", "logistic"):  # one compiled pass
-        logistic = likelihood.name == "logistic"
-        weight = np.empty(0) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=float)
-        return full_dense_step(
-            np.ascontiguousarray(X, dtype=float),
-            np.ascontiguousarray(y, dtype=float),
-            weight,
-            site_prec,
-            site_shift,
-            P,
-            b,
-            int(block_size),
-            float(step),
-            logistic,
-            likelihood.quadrature_rule if logistic else _NO_RULE,
-        )
-    return full_partition_numpy(
-        X,
-        y,
-        site_prec,
-        site_shift,
-        P,
-        b,
-        likelihood=likelihood,
-        step=step,
-        block_size=block_size,
-        sample_weight=sample_weight,
-    )
-
-
-def full_partition_numpy(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size, sample_weight=None):
-    """:func:`full_partition_step` in numpy, block by block: sparse designs and every
-    likelihood, and the reference the compiled step is tested against."""
-    n, d = X.shape
-    P0, b0 = P, b
-    P, b = P.copy(), b.copy()
-    eye = np.eye(d)
-    n_skipped = 0
-    for rows in (slice(start, min(start + block_size, n)) for start in range(0, n, block_size)):
-        xb = _dense_rows(X, rows)
-        # Σ = P⁻¹ once per block, then the rows' quadratic forms x_iᵀΣx_i and means x_iᵀΣb
-        # from one product xb Σ (a GEMM: twice the speed of a triangular solve per row).
-        xs = xb @ cho_solve(cho_factor(P, lower=True, check_finite=False), eye, check_finite=False)
-        m = xs @ b
-        s = np.einsum("ij,ij->i", xs, xb)
-        weight = None if sample_weight is None else sample_weight[rows]
-        d_prec, d_shift, skipped = full_site_update(
-            m, s, y[rows], site_prec[rows], site_shift[rows], likelihood, step, weight
-        )
-        site_prec[rows] += d_prec
-        site_shift[rows] += d_shift
-        n_skipped += skipped
-        P += xb.T @ (d_prec[:, None] * xb)
-        b += xb.T @ d_shift
-    return P - P0, b - b0, n_skipped
-
-
-def full_site_update(m, s, y, site_prec, site_shift, likelihood, step, weight=None):
-    """The damped change (Δτ̃, Δν̃) of a block's full-EP sites from their predictors' marginals
-    N(m_i, s_i) under the running q, and the number of skipped updates: the cavity of a_i, its
-    tilted moments from the 1-D log Z, the new site (of one copy of a row of weight w,
-    :func:`site_copy`), damped by ``step``.  An all-zero row (s_i = 0) says nothing about w:
-    its site stays zero."""
-    blank = s <= 0
-    s = np.where(blank, 1.0, s)
-    old_prec, old_shift = site_prec, site_shift
-    if weight is not None:
-        old_prec, old_shift = site_copy(old_prec, weight), site_copy(old_shift, weight)
-    mean_c, var_c, cav_prec, cav_shift, ok = cavity(1.0 / s, m / s, old_prec, old_shift)
-    _, l1, l2 = likelihood.derivatives(mean_c, var_c, y, order=2, value=False)
-    new_prec, new_shift, ok = site_from_marginal(mean_c + var_c * l1, var_c + var_c**2 * l2, cav_prec, cav_shift, ok)
-    if weight is not None:
-        new_prec, new_shift = site_total(new_prec, weight), site_total(new_shift, weight)
-    new_prec, new_shift, ok = (np.where(blank, 0.0, new_prec), np.where(blank, 0.0, new_shift), ok | blank)
-    d_prec = damped(site_prec, new_prec, step, ok)
-    d_shift = damped(site_shift, new_shift, step, ok)
-    return d_prec, d_shift, int(ok.size - np.count_nonzero(ok))
-
-
-def full_global_step(P, b, changes):
-    """Global step of full-covariance EP: add the partitions' changes to the precision P and
-    shift b.  Returns ``(P, b, chol, mean, var, n_skipped)``."""
-    P, b, n_skipped = P.copy(), b.copy(), 0
-    for dP, db, skipped in changes:
-        P += dP
-        b += db
-        n_skipped += skipped
-    chol = cho_factor(P, lower=True)
-    return P, b, chol, cho_solve(chol, b), _marginal_var(chol, P.shape[0]), n_skipped
-
-
-def fit_full(
-    X,
-    y,
-    likelihood,
-    prior_mean,
-    prior_cov,
-    *,
-    damping=None,
-    max_iter=100,
-    tol=1e-4,
-    block_size=None,
-    init_sites=None,
-    callback=None,
-    sample_weight=None,
-):
-    """Weight-space EP with a full covariance (beyond the CEP paper).
-
-    Sites t̃_i(a_i) ∝ exp(−½ τ̃_i a_i² + ν̃_i a_i), so the posterior precision is
-    P = Σ0⁻¹ + Xᵀ diag(τ̃) X and P μ = Σ0⁻¹ μ0 + Xᵀ ν̃.  A loop of
-    :func:`full_partition_step` over one partition (all rows; after each block of rows P is
-    refreshed by the block's rank-b change and inverted, O(b d² + d³) per block, blocks of
-    :func:`full_block_size` rows) and
-    :func:`full_global_step`, judged by :class:`SweepControl`.
-
-    ``prior_cov`` is (d, d); ``init_sites`` (τ̃, ν̃) of shape (n,) each start the sweeps (zero
-    by default); other arguments (``sample_weight`` too) as in :func:`fit_factorized`.
-    Returns a :class:`GLMPosterior` with ``cov`` and ``sites`` set.
-
-    With fewer rows than features (n < d) the same EP runs faster with its algebra on the n × n
-    covariance of the linear predictors: :func:`~skcep.engines.full_dual.fit_full_dual`, which
-    :func:`~skcep.engines.search.fit_glm` chooses then.
-    """
-    n, d = X.shape
-    block_size = block_size or full_block_size(n, d)
-    if init_sites is None:
-        site_prec, site_shift, start = np.zeros(n), np.zeros(n), None
-    else:
-        site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
-        start = full_site_totals(X, site_prec, site_shift)
-    weights = {} if sample_weight is None else dict(sample_weight=np.asarray(sample_weight, dtype=float))
-    parts = InMemoryPartitions(
-        full_partition_step, X, np.asarray(y, dtype=float), site_prec, site_shift, block_size=block_size, **weights
-    )
-    post = fit_full_partitions(
-        parts,
-        likelihood,
-        prior_mean,
-        prior_cov,
-        damping=damping,
-        max_iter=max_iter,
-        tol=tol,
-        callback=callback,
-        start=start,
-    )
-    post.sites = (parts.site_prec, parts.site_shift)
-    return post
-
-
-def full_site_totals(X, site_prec, site_shift):
-    """The summed natural parameters of full-EP sites: (Xᵀ diag(τ̃) X, Xᵀ ν̃), a dense X in
-    blocks of rows (~65,000 entries: no n × d temporary, which would grow a fit by the size
-    of X)."""
-    if sp.issparse(X):
-        gram = (X.T @ sp.csr_matrix(X.multiply(site_prec[:, None]))).toarray()
-    else:
-        n, d = X.shape
-        gram = np.zeros((d, d))
-        rows = max(1, 2**16 // max(d, 1))
-        for start in range(0, n, rows):
-            xb = X[start : start + rows]
-            gram += xb.T @ (site_prec[start : start + rows, None] * xb)
-    return gram, np.asarray(X.T @ site_shift).ravel()
-
-
-def fit_full_partitions(
-    parts, likelihood, prior_mean, prior_cov, *, damping=None, max_iter=100, tol=1e-4, callback=None, start=None
-):
-    """:func:`fit_full` on rows held by ``parts`` (see :func:`full_sweeps`); ``start`` = the
-    summed natural parameters (Xᵀ diag(τ̃) X, Xᵀ ν̃) of the sites ``parts`` starts from, if
-    any."""
-    prior_prec = precision_of(prior_cov)
-    prior_prec = 0.5 * (prior_prec + prior_prec.T)
-    prior_shift = prior_prec @ np.asarray(prior_mean, dtype=float)
-    P0, b0 = prior_prec, prior_shift
-    if start is not None:
-        P0, b0 = P0 + start[0], b0 + start[1]
-    P, b, chol, mean, var, it, converged, control = full_sweeps(
-        parts,
-        P0,
-        b0,
-        likelihood=likelihood,
-        damping=1.0 if damping is None else damping,
-        tol=tol,
-        max_iter=max_iter,
-        callback=callback,
-    )
-    cov = cho_solve(chol, np.eye(len(mean)))
-    cov = 0.5 * (cov + cov.T)
-    return GLMPosterior(mean, np.diag(cov).copy(), cov, it, converged, control.n_skipped, control.trace, precision=P)
-
-
-def full_sweeps(parts, prior_prec, prior_shift, *, likelihood, damping, tol, max_iter, callback=None):
-    """The sweeps of full-covariance EP over partitioned rows (``parts`` as in
-    :func:`factorized_sweeps`, its ``step(P, b, **options)`` running
-    :func:`full_partition_step` and returning the partitions' changes).
-
-    Returns ``(P, b, chol, mean, var, n_sweeps, converged, control)``.
-    """
-    control = SweepControl(damping, tol)
-    P, b, chol, mean, var, _ = full_global_step(prior_prec, prior_shift, [])
-    converged, it, saved = False, 0, None
-    for it in range(1, max_iter + 1):
-        mean_old, var_old = mean, var
-        if control.may_reject:
-            parts.save()
-            saved = (P, b)  # full_global_step returns new arrays, so no copy is needed
-        changes = parts.step(P, b, likelihood=likelihood, step=control.step)
-        P, b, chol, mean, var, skipped = full_global_step(P, b, changes)
-        verdict = control.finish(it, skipped, mean_old, var_old, mean, var, callback)
-        if verdict == "converged":
-            converged = True
-            break
-        if verdict == "reject":
-            parts.restore()
-            P, b, chol, mean, var, _ = full_global_step(*saved, [])
-    return P, b, chol, mean, var, it, converged, control
-
-
-def _marginal_var(chol, d):
-    inv_l = solve_triangular(chol[0], np.eye(d), lower=True)
-    return np.sum(inv_l**2, axis=0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Prediction
-
-
-def predictor_moments(A, mean, var, cov=None):
-    """Mean and variance of each model's linear predictor a = xᵀw under its posterior.
-
-    ``A`` (n, d) dense or CSR; ``mean`` and ``var`` (n_models, d); ``cov`` (n_models, d, d) for
-    full covariances, else None.  Returns two (n, n_models) arrays (variances clipped at 0).
-    """
-    m = np.asarray(A @ mean.T)
-    if cov is None:
-        A2 = A.multiply(A) if sp.issparse(A) else A * A
-        s = np.asarray(A2 @ var.T)
-    else:
-        s = np.column_stack([_row_quadratic_forms(A, c) for c in cov])
-    return m, np.maximum(s, 0.0)
-
-
-def _row_quadratic_forms(A, M):
-    """a_iᵀ M a_i for every row a_i of a dense or CSR matrix A."""
-    AM = np.asarray(A @ M)
-    if sp.issparse(A):
-        return np.asarray(A.multiply(AM).sum(axis=1)).ravel()
-    return np.einsum("ij,ij->i", A, AM)

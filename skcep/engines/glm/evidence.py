@@ -1,6 +1,6 @@
 r"""The EP approximation of the model evidence log p(y | X) of the GLM engines, its gradient in
 the prior variance, and the evidence of fitted sites held fixed (the search that uses them:
-:mod:`skcep.engines.search`).
+:mod:`skcep.engines.glm.search`).
 
 **EP evidence** (Minka, "A family of algorithms for approximate Bayesian inference", 2001,
 §3.3; Rasmussen & Williams, "Gaussian Processes for Machine Learning", 2006, §3.6.3, eqs.
@@ -24,7 +24,7 @@ likelihoods' ``derivatives(…, order=0)``).
   For CEP-1 / CEP-2 the same formula is evaluated with CEP's final sites (CEP has no evidence
   of its own: its sites come from conditional expectations, not from Z_i).
 
-**Sample weights** (:func:`~skcep.engines.glm.site_copy`): a row of weight w stands for w
+**Sample weights** (:func:`~skcep.engines.glm.posterior.site_copy`): a row of weight w stands for w
 copies of itself, each with the site t_i = T_i / w_i, so (E1) of the repeated rows is
 
     log Z_EP = A(q) − A(p0) + Σ_i w_i [log Z_i(q / t_i) + A(q / t_i) − A(q)]         (E1w)
@@ -44,11 +44,11 @@ N(0, λ) on the weights m ∈ W (|W| = d_w; the intercept keeps its own prior):
 
 for the full and the factorized q alike (checked against finite differences of refitted
 evidences).  (E2) vanishes where λ = Σ_{m∈W}(μ_m² + v_m) / d_w, the M-step of EM;
-:func:`~skcep.engines.search.maximize_evidence` maximises (E1) in log λ from the values and these slopes of a few
+:func:`~skcep.engines.glm.search.maximize_evidence` maximises (E1) in log λ from the values and these slopes of a few
 fits (it holds only at a fixed point, so the fits must be close to theirs).  For CEP (E2) at
 CEP's sites is not the derivative of (E1) at CEP's fixed point (measured, sonar, probit, λ = 1:
 −18.8 against −3.6 by finite differences), so CEP's λ is taken from factorized EP's evidence
-(:func:`~skcep.engines.search.fit_glm`).
+(:func:`~skcep.engines.glm.search.fit_glm`).
 """
 
 import numpy as np
@@ -56,9 +56,7 @@ import scipy.sparse as sp
 from scipy.linalg import cho_factor, solve_triangular
 from scipy.optimize import minimize_scalar
 
-from ._glm_kernel import dense_cavity_terms
-from .full_dual import dual_applies, log_evidence_dual
-from .gaussian import (
+from ..gaussian import (
     batched_inverse,
     cavity,
     cavity_natural,
@@ -67,12 +65,10 @@ from .gaussian import (
     precision_of,
     weighted_sum,
 )
-from .glm import (
-    _Design,
-    _site_shape,
-    default_block_size,
-    site_copy,
-)
+from ._kernel import dense_cavity_terms
+from .design import Design, default_block_size, site_shape
+from .full_dual import dual_applies, log_evidence_dual
+from .posterior import site_copy
 
 __all__ = [
     "factorized_site_terms",
@@ -101,16 +97,16 @@ def _full_log_normalizer(mean, cov):
 
 def factorized_site_terms(design, y, site_prec, site_shift, prec, shift, *, likelihood, sample_weight=None):
     """Partition step of (E1), factorized q: Σ_i [log Z_i + Σ_m (A₁(q_m − site_im) − A₁(q_m))]
-    over the rows of one partition (a ``_Design`` of :mod:`skcep.engines.glm`), block by block
+    over the rows of one partition (a ``Design`` of :mod:`skcep.engines.glm`), block by block
     (memory O(block)).  ``likelihood`` gives log Z_i (the accurate one: for the logistic, the
     predictive quadrature, not CEP's site rule).  Cavities that are not proper (never for the
     log-concave likelihoods here, whose site precisions are ≥ 0) count as the marginal.
 
     ``sample_weight`` (n,) or None: a row of weight w stands for w copies, each with the site
-    t = T/w (:func:`~skcep.engines.glm.site_copy`), so its bracket is taken with the cavity
+    t = T/w (:func:`~skcep.engines.glm.posterior.site_copy`), so its bracket is taken with the cavity
     q / t and counted w times (E1w); for integer w, (E1) of the data with the rows repeated.
     A dense design runs the per-entry part compiled, in one pass
-    (:func:`~skcep.engines._glm_kernel.dense_cavity_terms`)."""
+    (:func:`~skcep.engines.glm._kernel.dense_cavity_terms`)."""
     if not sp.issparse(design.X):
         weight = np.empty(0) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=float)
         m_a, s_a = np.empty(design.X.shape[0]), np.empty(design.X.shape[0])
@@ -310,7 +306,7 @@ def evidence_of(X, y, post, prior_mean, prior_spread, likelihood, sample_weight=
             X, y, *post.sites, post.mean, post.cov, likelihood=likelihood, sample_weight=sample_weight
         )
         return log_evidence(prior_mean, prior_spread, post.mean, post.cov, terms)
-    design = _Design(X, default_block_size(X.shape[0], int(np.prod(_site_shape(X)))))
+    design = Design(X, default_block_size(X.shape[0], int(np.prod(site_shape(X)))))
     prec, shift = 1.0 / post.var, post.mean / post.var
     terms = factorized_site_terms(
         design, y, *post.sites, prec, shift, likelihood=likelihood, sample_weight=sample_weight

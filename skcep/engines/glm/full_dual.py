@@ -1,5 +1,5 @@
 r"""Full-covariance EP on short, wide data (n < d): the same EP as
-:func:`~skcep.engines.glm.fit_full`, with its linear algebra in the n-dimensional space of the
+:func:`~skcep.engines.glm.full.fit_full`, with its linear algebra in the n-dimensional space of the
 linear predictor a = Xw instead of the d-dimensional space of the weights.
 
 **Why.**  Weight-space EP factorises the d × d precision P = Σ0⁻¹ + Xᵀ T̃ X once per block of
@@ -21,7 +21,7 @@ Processes for Machine Learning", 2006, "GPML", §3.6, Algorithms 3.5 and 3.6) an
 **Cost** (diagonal prior; a dense prior adds O(n d²) once for X Σ0, and one d × d inverse for
 the returned precision): K once, O(n² d); per block of b rows a Cholesky factor of B, O(n³/3),
 and the block's marginals, O(n² b); per sweep the weights' means and marginal variances that
-:class:`~skcep.engines.sweeps.SweepControl` judges, O(n² d) (the triangular solve for W); at the
+:class:`~skcep.engines.glm.sweeps.SweepControl` judges, O(n² d) (the triangular solve for W); at the
 end the d × d covariance and precision, O(n d²) — against O(d³) per block in weight space.
 Memory: about 3 n × d arrays besides the two d × d results.  The evidence (E1) costs
 O(n² d + n³) (:func:`log_evidence_dual`), the fixed-site objective O(n² d + n³) once and O(n)
@@ -30,8 +30,8 @@ per θ (:func:`fixed_site_evidence_dual`); neither factorises a d × d matrix.
 **Same EP.**  :func:`fit_full_dual` takes the rows in the same blocks, refines each block's
 sites from the same cavities by the same helpers (:func:`~skcep.engines.gaussian.cavity`,
 :func:`~skcep.engines.gaussian.site_from_marginal`, :func:`~skcep.engines.gaussian.damped`,
-:func:`~skcep.engines.glm.site_copy` / :func:`~skcep.engines.glm.site_total` for sample
-weights) and judges its sweeps by the same :class:`~skcep.engines.sweeps.SweepControl`; only the
+:func:`~skcep.engines.glm.posterior.site_copy` / :func:`~skcep.engines.glm.posterior.site_total` for sample
+weights) and judges its sweeps by the same :class:`~skcep.engines.glm.sweeps.SweepControl`; only the
 rounding differs (measured: the same sweeps and verdicts, posterior means within 1e-14
 posterior sd of fit_full's; tests/test_full_dual.py, benchmarks/results/full_wide.md).  Where
 the sites outweigh a large prior variance the predictor's marginals are taken in forms without
@@ -41,7 +41,7 @@ arithmetic, where float64 inverses of the d × d precision are off by up to 5e-8
 Sites must have τ̃ ≥ 0 (the sweeps never make a negative one: exact moment matching of these
 log-concave likelihoods never widens a cavity, and
 :func:`~skcep.engines.gaussian.site_from_marginal` floors at 0); :func:`dual_applies` says when
-this form is the one to use (:func:`~skcep.engines.search.fit_glm` asks it).  Nothing here
+this form is the one to use (:func:`~skcep.engines.glm.search.fit_glm` asks it).  Nothing here
 knows about scikit-learn.
 """
 
@@ -52,8 +52,10 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, eigh, solve_triangular
 
-from .gaussian import cavity, gaussian_log_normalizer, is_diagonal, precision_of, weighted_sum
-from .glm import GLMPosterior, full_block_size, full_site_update, site_copy
+from ..gaussian import cavity, gaussian_log_normalizer, is_diagonal, precision_of, weighted_sum
+from .design import full_block_size
+from .full import full_site_update
+from .posterior import GLMPosterior, site_copy
 from .sweeps import SweepControl
 
 __all__ = [
@@ -229,7 +231,7 @@ def dual_partition_step(post, y, site_prec, site_shift, *, likelihood, step, blo
     :func:`~skcep.engines.glm.full_partition_step`.  Each block's marginals (m_i, s_i) come
     from the running :class:`PredictorPosterior` (``post``, that of the sites at the sweep's
     start, for the first block; refactored after each block); its sites are refined by
-    :func:`~skcep.engines.glm.full_site_update` and updated in place.  Returns the number of
+    :func:`~skcep.engines.glm.full.full_site_update` and updated in place.  Returns the number of
     skipped updates."""
     prior, n = post.prior, len(site_prec)
     n_skipped = 0
@@ -268,9 +270,9 @@ def fit_full_dual(
     callback=None,
     sample_weight=None,
 ):
-    """:func:`~skcep.engines.glm.fit_full` for n < d: the same EP (the same blocks of rows, site
-    updates, damping and :class:`~skcep.engines.sweeps.SweepControl` verdicts as
-    :func:`~skcep.engines.glm.full_sweeps`), its linear algebra on the predictor a = Xw
+    """:func:`~skcep.engines.glm.full.fit_full` for n < d: the same EP (the same blocks of rows, site
+    updates, damping and :class:`~skcep.engines.glm.sweeps.SweepControl` verdicts as
+    :func:`~skcep.engines.glm.full.full_sweeps`), its linear algebra on the predictor a = Xw
     (GPML §3.6, Algorithm 3.5; module docstring): O(n² d) once, O(n³/3 + n² b) per block of
     b rows and O(n² d) per sweep, then O(n d²) for the returned d × d ``cov`` and
     ``precision``.
@@ -342,7 +344,7 @@ def fit_full_dual(
 
 
 def _gaussian_part(post):
-    """A(q) − A(p0) of (E1) (module :mod:`skcep.engines.evidence`) from the predictor's factor:
+    """A(q) − A(p0) of (E1) (module :mod:`skcep.engines.glm.evidence`) from the predictor's factor:
     ½ (αᵀ m0 + m_aᵀ ν̃) − ½ log |B|.  From P μ = Σ0⁻¹ μ0 + Xᵀ ν̃ and μ = μ0 + Σ0 Xᵀ α,
     μᵀ P μ − μ0ᵀ Σ0⁻¹ μ0 = αᵀ m0 + m_aᵀ ν̃, and |P| |Σ0| = |B| (matrix-determinant lemma);
     the GP form of GPML eqs. 3.65 and 3.73 (its terms 1, 4 and the determinant of 3.73)."""
@@ -354,7 +356,7 @@ def _gaussian_part(post):
 def log_evidence_dual(X, y, site_prec, site_shift, prior_mean, prior_cov, *, likelihood, sample_weight=None):
     """The EP evidence (E1) of full-covariance EP at the sites (τ̃, ν̃): the value of
     ``log_evidence(prior_mean, prior_cov, mean, cov, full_site_terms(X, y, τ̃, ν̃, mean, cov,
-    …))`` of :mod:`skcep.engines.evidence` with q = N(mean, cov) the posterior of these sites,
+    …))`` of :mod:`skcep.engines.glm.evidence` with q = N(mean, cov) the posterior of these sites,
     without a d × d factorisation: A(q) − A(p0) by :func:`_gaussian_part`, and each row's
     bracket log Z_i(m\\, s\\) + A₁(cavity of a_i) − A₁(marginal of a_i) from the predictor's
     marginals (m_a, diag Σ_a) — GPML eq. 3.65 with a prior mean.  ``sample_weight`` as there
@@ -379,7 +381,7 @@ def log_evidence_dual(X, y, site_prec, site_shift, prior_mean, prior_cov, *, lik
 
 
 def fixed_site_evidence_dual(X, site_prec, site_shift, prior_mean, prior_spread, n_weights):
-    """θ ↦ F(θ), θ = log λ: :func:`~skcep.engines.evidence.fixed_site_evidence` of full-EP
+    """θ ↦ F(θ), θ = log λ: :func:`~skcep.engines.glm.evidence.fixed_site_evidence` of full-EP
     sites (τ̃, ν̃) — the evidence at fixed sites, A(q) − A(p0), as a function of the prior
     variance λ of the first ``n_weights`` coordinates — for a diagonal prior (variances (d,)
     or a diagonal (d, d) covariance ``prior_spread``; the others keep theirs).

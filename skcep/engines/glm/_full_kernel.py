@@ -11,16 +11,16 @@ blocks of 2,000 rows a step costs the same as numpy's to ±10 %, ~40 ms, the two
 4 n d² flops a sweep.
 
 The equations and the schedule are those of :func:`~skcep.engines.glm.full_partition_step`
-and :func:`~skcep.engines.glm.full_site_update` (the numpy path stays for sparse designs and
+and :func:`~skcep.engines.glm.full.full_site_update` (the numpy path stays for sparse designs and
 is the reference the tests compare with): every row of a block is refined against the same
 running posterior N(P⁻¹b, P⁻¹), then P and b take the block's changes before the next block.
 The cavity policy, the site from the matched marginal and the damping rule are
 :func:`~skcep.engines.gaussian.cavity`, :func:`~skcep.engines.gaussian.site_from_marginal`
 and :func:`~skcep.engines.gaussian.damped`, written out per row; sample weights follow
-:func:`~skcep.engines.glm.site_copy` / :func:`~skcep.engines.glm.site_total`.  The tilted
+:func:`~skcep.engines.glm.posterior.site_copy` / :func:`~skcep.engines.glm.posterior.site_total`.  The tilted
 derivatives are the library's compiled ones: the probit's scalar
-:func:`~skcep.engines._glm_kernel.probit_log_z_derivatives` (as the factorized step), the
-logistic's :func:`~skcep.engines._glm_kernel.logistic_derivatives_array` on a block's rows
+:func:`~skcep.engines._special.probit_log_z_derivatives` (as the factorized step), the
+logistic's :func:`~skcep.engines._special.logistic_derivatives_array` on a block's rows
 (the function behind ``Logistic.derivatives``, so the numpy reference evaluates the same code;
 vectorised across entries, 3× faster than calling the scalar rule row by row from here).
 
@@ -33,7 +33,7 @@ all-zero row, as in numpy).
 import numpy as np
 from numba import njit
 
-from ._glm_kernel import logistic_derivatives_array, probit_log_z_derivatives
+from .._special import logistic_derivatives_array, probit_log_z_derivatives
 
 __all__ = ["full_dense_step"]
 
@@ -60,7 +60,7 @@ def _row_cavity(m, s, site_prec, site_shift, w_copy):
     """The cavity of one row's linear predictor a_i (:func:`~skcep.engines.gaussian.cavity`)
     from its marginal N(m, s) under the running q and its stored site total T = (τ̃, ν̃), of
     which one copy T/w is removed (``w_copy`` = w for a row of weight w > 0, else 1,
-    :func:`~skcep.engines.glm.site_copy`).
+    :func:`~skcep.engines.glm.posterior.site_copy`).
 
     Returns (μ_c, v_c, cav_prec, cav_shift, proper): the cavity (1/s − τ, m/s − ν), or, where
     its precision is not positive, the marginal (1/s, m/s) itself with ``proper`` False.
@@ -81,13 +81,13 @@ def _row_cavity(m, s, site_prec, site_shift, w_copy):
 def _row_site_change(mean_c, var_c, cav_prec, cav_shift, proper, l1, l2, site_prec, site_shift, w, step):
     """The damped change (Δτ̃, Δν̃) of one row's site and whether it was updated, from the
     likelihood's derivatives (L_1, L_2) of log Z at the cavity N(μ_c, v_c) (the rest of
-    :func:`skcep.engines.glm.full_site_update`):
+    :func:`skcep.engines.glm.full.full_site_update`):
 
     * tilted moments E[a] = μ_c + v_c L_1, Var[a] = v_c + v_c² L_2; the update is skipped
       (change 0) if the cavity is improper, or unless both are finite and Var[a] > 0;
     * new site (:func:`~skcep.engines.gaussian.site_from_marginal`): τ* = 1/Var − cav_prec,
       floored at 0 (then ν* = E cav_prec − cav_shift, else E/Var − cav_shift);
-    * new total w t* (``w`` 1 without weights; 0 for w = 0, :func:`~skcep.engines.glm.site_total`);
+    * new total w t* (``w`` 1 without weights; 0 for w = 0, :func:`~skcep.engines.glm.posterior.site_total`);
     * change step × (new − T) (:func:`~skcep.engines.gaussian.damped`).
     """
     new_mean = mean_c + var_c * l1
@@ -142,8 +142,8 @@ def full_dense_step(X, y, weight, site_prec, site_shift, P, b, block_size, step,
        Z = xb M and c = L⁻¹ b, so each row's predictor marginal is m_i = z_i · c = x_iᵀΣb,
        s_i = ‖z_i‖² = x_iᵀΣx_i; its cavity (:func:`_row_cavity`);
     2. the derivatives (L_1, L_2) of log Z at the cavities: the probit's
-       :func:`~skcep.engines._glm_kernel.probit_log_z_derivatives` row by row, the logistic's
-       :func:`~skcep.engines._glm_kernel.logistic_derivatives_array` on the block (the
+       :func:`~skcep.engines._special.probit_log_z_derivatives` row by row, the logistic's
+       :func:`~skcep.engines._special.logistic_derivatives_array` on the block (the
        function behind ``Logistic.derivatives``, vectorised across rows);
     3. each row's damped site change (:func:`_row_site_change`; an all-zero row, s_i = 0,
        gets the site 0), the sites updated, then P += xbᵀ diag(Δτ̃) xb and b += xbᵀ Δν̃.
