@@ -17,6 +17,7 @@ each refreshing q) and runs in memory only.
 """
 
 import copy
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,6 +38,31 @@ from .sites import (
 from .statistics import _weigh, gaussian_statistics, offset_statistics
 
 
+class _Sweep(NamedTuple):
+    """What the steps of one sweep on a partition hand each other (per-entry arrays, which stay
+    with the partition): :meth:`EntryPartition.begin` makes it, :meth:`EntryPartition.offset`
+    and :meth:`EntryPartition.finish` replace it by a new record with their results filled in
+    (a record is never modified), and every step reads what it needs of the sweep from the
+    record the step before left, nothing else.
+
+    ``off_mean``: the offsets' part of E f at every entry as the sweep began; ``target``: the
+    values the statistics fit (y, or E[z_i] of the augmented model for probit and ordinal VMP);
+    ``lik``: the likelihood of the CEP sites and ``thresholds`` the sweep's cut points (ordinal
+    entries; None otherwise); ``cp_mean``: E[1ᵀz_i] after the factors' updates (from the first
+    offset step); ``rows`` and ``rest``: the rows of the offset group of the last offset step and
+    the predictor mean without that group; ``mean``: E f_i after the sweep (from
+    :meth:`EntryPartition.finish`)."""
+
+    off_mean: np.ndarray
+    target: np.ndarray
+    lik: object
+    thresholds: np.ndarray = None
+    cp_mean: np.ndarray = None
+    rows: np.ndarray = None
+    rest: np.ndarray = None
+    mean: np.ndarray = None
+
+
 class EntryPartition:
     """A partition of the training entries with its per-entry state, and the map steps of a
     group sweep on it (:class:`~skcep.engines.cp.group_schedule._GroupSweeps` runs them and the global steps
@@ -54,7 +80,10 @@ class EntryPartition:
     A sweep is :meth:`begin`, :meth:`factor` for every mode, :meth:`offset` for every offset
     group, then :meth:`finish`.  Steps replace attributes (or items of the lists that
     :meth:`copy` duplicates) and never modify an array in place: a step on a copy leaves the
-    original intact, as a Dask task must (its inputs may be shared).
+    original intact, as a Dask task must (its inputs may be shared).  What a step hands the next
+    step of the sweep is one :class:`_Sweep` record, ``sweep``, which each step takes and
+    replaces: the per-entry arrays stay with the partition (on a Dask worker, in its task),
+    only the steps' results go to the global step.
     """
 
     def __init__(
@@ -77,13 +106,13 @@ class EntryPartition:
         self.n_jobs, self.chunk_size = n_jobs, chunk_size
         self.sign = _labels(y, likelihood)
         self.probit_cep = likelihood != "gaussian" and method == "cep"  # rank-one sites (probit, ordinal)
-        self.thresholds, self.lik = None, _PROBIT
         self._chunks = {}
         self.means, self.second = [None] * len(self.shape), [None] * len(self.shape)
         self.offsets = [None] * len(self.offset_modes)
         self.factor_sites = [None] * len(self.shape)
         self.offset_sites = [(np.zeros(y.size), np.zeros(y.size)) for _ in self.offset_modes]
-        self.previous = None
+        self.previous = None  # E f_i after the last sweep: where the convergence test measures from
+        self.sweep = None  # the _Sweep record of the sweep under way
 
     def copy(self):
         """A shallow copy with its own lists and chunk cache."""
@@ -110,23 +139,26 @@ class EntryPartition:
         and ordinal VMP: E[z_i] of the augmented model) and, at the first sweep, the predictor
         means the convergence test starts from; ordinal entries get the sweep's cut points."""
         self._apply(changes)
-        if self.likelihood == "ordinal":
-            self.thresholds, self.lik = thresholds, site_likelihood("ordinal", thresholds)
-        self.off_mean = _offset_moments_of(self.offsets, self.offset_modes, self.index)[0]
+        ordinal = self.likelihood == "ordinal"
+        lik = site_likelihood("ordinal", thresholds) if ordinal else _PROBIT
+        thresholds = thresholds if ordinal else None
+        off_mean = _offset_moments_of(self.offsets, self.offset_modes, self.index)[0]
         augmented = self.likelihood != "gaussian" and self.method == "vmp"
         if self.previous is None or augmented:
-            mean = _cp_mean_of(self.means, self.index, self.n_jobs) + self.off_mean
+            mean = _cp_mean_of(self.means, self.index, self.n_jobs) + off_mean
             self.previous = mean if self.previous is None else self.previous
-        self.target = augmented_target(mean, self.sign, self.thresholds) if augmented else self.y
+        target = augmented_target(mean, self.sign, thresholds) if augmented else self.y
+        self.sweep = _Sweep(off_mean, target, lik, thresholds)
 
     def factor(self, changes, k, cov=None):
         """The statistics step of mode k: the chunks'
         :class:`~skcep.engines.cp.statistics.RowStatistics`, in chunk order, and the number of
         probit sites kept; ``cov`` is q's covariance of mode k (probit CEP)."""
         self._apply(changes)
+        sweep = self.sweep
         if self.probit_cep:
-            return self._probit_factor(k, cov)
-        resid = self.target - self.off_mean
+            return self._probit_factor(k, cov, sweep)
+        resid = sweep.target - sweep.off_mean
         means, second = self.means, self.second
         weight = self.weight
         parts = map_chunks(
@@ -138,7 +170,7 @@ class EntryPartition:
         )
         return parts, 0
 
-    def _probit_factor(self, k, cov):
+    def _probit_factor(self, k, cov, sweep):
         mean = self.means[k]
         rank = mean.shape[1]
         chunks = self.chunks(k, False, _site_chunk_size(rank, self.chunk_size))
@@ -155,12 +187,12 @@ class EntryPartition:
                 cov,
                 self.means,
                 self.second,
-                self.off_mean[c.entries],
+                sweep.off_mean[c.entries],
                 self.sign[c.entries],
                 sites[i],
                 self.damping,
                 None if self.weight is None else self.weight[c.entries],
-                self.lik,
+                sweep.lik,
             )
 
         parts = map_chunks(step, range(len(chunks)), self.n_jobs)
@@ -171,42 +203,47 @@ class EntryPartition:
         """The statistics step of offset group j: its
         :class:`~skcep.engines.cp.statistics.RowStatistics` (all of its rows) and the number of probit sites kept."""
         self._apply(changes)
+        sweep = self.sweep
         if j == 0:
-            self.cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
-            self.total = self.cp_mean + self.off_mean
+            cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
+            total = cp_mean + sweep.off_mean
         else:  # group j − 1 has just been updated
-            self.total = self.rest + self.offsets[j - 1][0][self.rows, 0]
+            cp_mean = sweep.cp_mean
+            total = sweep.rest + self.offsets[j - 1][0][sweep.rows, 0]
         mean, cov = self.offsets[j]
         rows = _offset_rows(self.offset_modes[j], self.index)
-        self.rows, self.rest = rows, self.total - mean[rows, 0]
+        rest = total - mean[rows, 0]
+        self.sweep = sweep._replace(cp_mean=cp_mean, rows=rows, rest=rest)
         if self.probit_cep:
             sites, skipped = probit_offset_sites(
-                rows, mean, cov, self.rest, self.sign, self.offset_sites[j], self.damping, self.lik
+                rows, mean, cov, rest, self.sign, self.offset_sites[j], self.damping, sweep.lik
             )
             self.offset_sites[j] = sites
             return offset_statistics(rows, *(_weigh(site, self.weight) for site in sites), mean.shape[0]), skipped
         precision = np.ones(self.y.size) if self.weight is None else self.weight
-        return offset_statistics(rows, precision, _weigh(self.target - self.rest, self.weight), mean.shape[0]), 0
+        return offset_statistics(rows, precision, _weigh(sweep.target - rest, self.weight), mean.shape[0]), 0
 
     def finish(self, changes, with_second):
         """The partition's :class:`~skcep.engines.cp.elbo.EntrySums` after the sweep (Σ E[(1ᵀz_i)²] only if
         ``with_second``: otherwise the global step has it from the last mode's statistics)."""
         self._apply(changes)
+        sweep, cp_mean = self.sweep, self.sweep.cp_mean  # from the offset steps, if no factor changed since
         if not self.offset_modes or any(group < len(self.shape) for group, _ in changes):  # a factor changed
-            self.cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
+            cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
         cp_second = _cp_second_of(self.second, self.index, self.n_jobs) if with_second else None
-        sums, self.previous = _entry_sums(
+        sums, mean = _entry_sums(
             self.index,
             self.y,
-            self.cp_mean,
+            cp_mean,
             cp_second,
             self.offsets,
             self.offset_modes,
             self.previous,
             self.likelihood,
             self.weight,
-            self.thresholds,
+            sweep.thresholds,
         )
+        self.previous, self.sweep = mean, sweep._replace(cp_mean=cp_mean, mean=mean)
         return sums
 
     def cut_points(self, n_levels):
@@ -214,12 +251,13 @@ class EntryPartition:
         :func:`~skcep.engines.ordinal.fit_thresholds`), VMP's ELBO — its θ-dependent part is
         Σ_i w_i log P(y_i | E f_i), the augmented model's bound (:func:`~skcep.engines.cp.elbo.elbo`), so the ELBO never
         decreases — or, for CEP, Σ_i w_i log P(y_i) under q's predictive N(E f_i, Var f_i)."""
-        if self.method == "vmp":  # E f_i after the sweep: what finish() has just computed
-            return fit_thresholds(self.previous, 0.0, self.sign, n_levels, self.thresholds, self.weight)
+        sweep = self.sweep
+        if self.method == "vmp":  # E f_i after the sweep
+            return fit_thresholds(sweep.mean, 0.0, self.sign, n_levels, sweep.thresholds, self.weight)
         off_mean, off_var = _offset_moments_of(self.offsets, self.offset_modes, self.index)
         cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
         variance = np.maximum(_cp_second_of(self.second, self.index, self.n_jobs) - cp_mean**2, 0.0) + off_var
-        return fit_thresholds(cp_mean + off_mean, variance, self.sign, n_levels, self.thresholds, self.weight)
+        return fit_thresholds(cp_mean + off_mean, variance, self.sign, n_levels, sweep.thresholds, self.weight)
 
 
 class InMemoryEntries:
