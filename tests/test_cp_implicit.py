@@ -1,4 +1,4 @@
-"""Implicit feedback in the CP engine (skcep.engines.implicit) and BayesianCPTensor(implicit_modes=...).
+"""Implicit feedback in the CP engine (skcep.engines.cp.implicit) and BayesianCPTensor(implicit_modes=...).
 
 Checked against independent references: the joint update of q(u) and q(y) against the dense
 solution of the block's Gaussian (mean field's fixed point in a Gaussian block has the joint
@@ -20,7 +20,7 @@ from sklearn.exceptions import ConvergenceWarning
 from skcep import BayesianCPTensor
 from skcep.engines import cp
 from skcep.engines.cp import elbo, fit_cp, init_posterior
-from skcep.engines.implicit import (
+from skcep.engines.cp.implicit import (
     cooccurrence_weights,
     effective_moments,
     implicit_prior_update,

@@ -17,7 +17,6 @@ from test_cp_ard import vmp_fit_with_monotone_elbo
 
 from skcep import BayesianCPTensor
 from skcep.engines.cp import (
-    _packing,
     component_update,
     elbo,
     fit_cp,
@@ -28,6 +27,7 @@ from skcep.engines.cp import (
     predict_cp,
     reduce_rows,
 )
+from skcep.engines.cp.packing import _packing
 
 A0 = B0 = 1e-6
 
@@ -255,12 +255,12 @@ def test_invalid_modulating_modes_raise(modes, message):
 def test_stream_starts_unseen_modulating_rows_at_their_prior_mean(monkeypatch):
     """partial_fit: an unseen row of a zero-mean mode starts at random working means (0 is a
     fixed point of the updates); one of a modulating mode starts at its prior mean 1."""
-    from skcep.engines import cp
+    from skcep.engines.cp import stream
 
     X, y = small_tensor((6, 5, 4), n=80, seed=3)
     first, later = X[:, 2] < 2, X[:, 2] >= 2  # the second batch brings time rows 2 and 3
     est = BayesianCPTensor(rank=2, modulating_modes=[2], shape=(6, 5, 4), random_state=0)
-    starts, fit = [], cp.fit_cp
+    starts, fit = [], stream.fit_cp
 
     def record(post, index, *args, **kwargs):
         starts.append([f.mean.copy() for f in post.factors])
@@ -269,7 +269,7 @@ def test_stream_starts_unseen_modulating_rows_at_their_prior_mean(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         est.partial_fit(X[first], y[first])
-        monkeypatch.setattr(cp, "fit_cp", record)
+        monkeypatch.setattr(stream, "fit_cp", record)
         est.partial_fit(X[later], y[later])
     assert np.unique(X[later][:, 2]).tolist() == [2, 3]
     np.testing.assert_array_equal(starts[0][2], 1.0)  # the batch's time rows, all unseen

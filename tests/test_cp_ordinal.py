@@ -24,6 +24,7 @@ from skcep.engines import cp
 from skcep.engines.cp import (
     augmented_target,
     fit_cp,
+    group_schedule,
     init_posterior,
     initial_thresholds,
     predict_cp,
@@ -94,7 +95,7 @@ def test_two_levels_with_the_cut_point_held_at_zero_are_the_probit_fit(method, m
     post = new_posterior((15, 12, 10), 2, seed=1, gaussian=False)
     ordinal = post.copy()
     ordinal.thresholds = np.array([0.0])
-    monkeypatch.setattr(cp, "_cut_points_of", lambda parts, thresholds: thresholds)
+    monkeypatch.setattr(group_schedule, "_cut_points_of", lambda parts, thresholds: thresholds)
     a = fit_cp(post, X, y.astype(float), likelihood="probit", method=method, max_iter=5, tol=0.0)
     b = fit_cp(ordinal, X, y.astype(float), likelihood="ordinal", method=method, max_iter=5, tol=0.0)
     for key, value in snapshot(a.posterior).items():

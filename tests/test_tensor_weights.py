@@ -27,6 +27,7 @@ from test_deep_engine import grid_moments, power_site_step, reference_entry, sma
 
 from skcep import BayesianCPTensor
 from skcep.engines import cp, deep
+from skcep.engines.cp.packing import _packing
 from skcep.tensor import StreamingDeepTensor
 
 
@@ -250,7 +251,7 @@ def test_cp_weighted_statistics_are_those_of_repeated_entries():
     rng = np.random.default_rng(2)
     shape = (5, 30, 4)
     means = [rng.standard_normal((d, 2)) for d in shape]
-    packing = cp._packing(2)
+    packing = _packing(2)
     second = [packing.pack(m[:, :, None] * m[:, None, :] + 0.1 * np.eye(2)) for m in means]
     for sparse in (False, True):
         for k in range(3):

@@ -18,12 +18,12 @@ from ..engines.cp import (
     fit_cp,
     grow_posterior,
     init_posterior,
+    new_term,
     ordinal_start,
     predict_cp,
     starting_noise_precision,
     streaming_sweeps,
 )
-from ..engines.implicit import new_term
 from ._base import TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes, link_mean, target_scaling
 from ._dask_cp import fit_tensor
 
@@ -83,7 +83,7 @@ _DOC = (
         informs their embedding (``{0: 1, 1: 0}`` for users × items: each side from the other).
         q(y_m) is Gaussian and its prior precision learned (fixed at 1/``prior_variance`` when
         that is given); each mode's rows and vectors are updated jointly by VMP's coordinate step
-        (:mod:`skcep.engines.implicit`).  N(s) is taken from the entries of ``fit``; it takes the
+        (:mod:`skcep.engines.cp.implicit`).  N(s) is taken from the entries of ``fit``; it takes the
         group schedule, entries in memory (not ``partial_fit``, not Dask collections) and VMP
         for probit and ordinal entries (``method="auto"`` then chooses VMP).  None: no implicit
         feedback (see ``docs/recommending.md`` for its effect).

@@ -38,7 +38,7 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
-from .gaussian import batched_inverse
+from ..gaussian import batched_inverse
 
 __all__ = [
     "ImplicitTerm",

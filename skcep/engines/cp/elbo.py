@@ -1,0 +1,210 @@
+"""The evidence lower bound of q (Li et al. §2.1.1) and what it is made of: the KL terms of
+the learned precisions and priors, the sums over entries of the moments of f
+(:class:`EntrySums`, which add across partitions) and their totals after a sweep
+(:class:`SweepTotals`: q(τ)'s update, the ELBO and the convergence test).
+"""
+
+import functools
+import operator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+from scipy.special import digamma, gammaln
+
+from .implicit import kl_to_prior
+from .moments import _cp_mean, _cp_second, _offset_moments_of
+from .posterior import CPPosterior
+from .sites import _labels, site_likelihood
+from .statistics import _weigh
+
+_LOG_2PI = np.log(2.0 * np.pi)
+
+
+def _noise_kl(a, b, a0, b0):
+    return (a - a0) * digamma(a) - gammaln(a) + gammaln(a0) + a0 * (np.log(b) - np.log(b0)) + a * (b0 - b) / b
+
+
+def _component_kl(post):
+    """The ARD part of −ELBO: E_q(λ)[KL(q(u) ‖ N(0, Λ⁻¹))] − KL(q(u) ‖ N(0, E[Λ]⁻¹)) summed over
+    the factor rows, i.e. ½ Σ_k d_k Σ_r (log E[λ_r] − E[log λ_r]) over the modes λ governs,
+    plus KL(q(λ) ‖ p(λ)); 0 without q(λ).  (The factors' KL terms use their prior precision,
+    diag E[λ].)"""
+    if post.components is None:
+        return 0.0
+    n_rows = sum(post.shape[k] for k in post.ard_modes)
+    return _learned_precision_kl(n_rows, *post.components, *post.component_prior)
+
+
+def _learned_precision_kl(n, a, b, a0, b0):
+    """The part of −ELBO of a precision λ ~ Gam(a0, b0) learned as q(λ) = Gam(a, b) and shared by
+    n Gaussian coordinates whose KL terms use E[λ]: ½ n (log E[λ] − E[log λ]) + KL(q(λ) ‖ p(λ)),
+    summed over the entries of array a, b."""
+    return float(np.sum(0.5 * n * (np.log(a) - digamma(a)) + _noise_kl(a, b, a0, b0)))
+
+
+def _mode_prior_kl(post):
+    """The learned priors' part of −ELBO: per mode, E_q[KL(q(u) ‖ N(μ, λ⁻¹I))] − KL(q(u) ‖ the
+    rows' prior N(E μ, E[λ]⁻¹ I)) = ½ d R (log E[λ] − E[log λ]) + ½ d R E[λ] s, plus
+    KL(q(λ) ‖ Gam(a0, b0)) and KL(q(μ) ‖ N(0, v I)); 0 without learned priors."""
+    if post.mode_priors is None:
+        return 0.0
+    a0, b0, v = post.mode_prior_hyper
+    total = 0.0
+    for f, prior in zip(post.factors, post.mode_priors):
+        if prior is None:
+            continue
+        m, s, a, b = prior
+        d, rank = f.mean.shape
+        total += _learned_precision_kl(d * rank, a, b, a0, b0) + 0.5 * d * rank * (a / b) * s
+        total += 0.5 * (rank * s / v + float(m @ m) / v - rank - rank * np.log(s / v))
+    return float(total)
+
+
+def _offset_prior_kl(post):
+    """The learned offset precisions' part of −ELBO: per offset group, ½ d (log E[β] − E[log β])
+    (the expected log prior against the rows' prior N(0, E[β]⁻¹)) plus KL(q(β) ‖ Gam(a0, b0))."""
+    if post.offset_priors is None:
+        return 0.0
+    return sum(
+        _learned_precision_kl(g.n_rows, *prior, *post.offset_prior_hyper)
+        for g, prior in zip(post.offsets, post.offset_priors)
+        if prior is not None
+    )
+
+
+def _implicit_kl(post):
+    """The implicit terms' part of −ELBO: KL(q(y) ‖ N(0, E[λ]⁻¹ I)), and for a learned λ
+    ½ d R (log E[λ] − E[log λ]) + KL(q(λ) ‖ Gam(a0, b0))."""
+    total = 0.0
+    for term in post.implicit:
+        total += kl_to_prior(term)
+        if term.hyper is not None:
+            total += _learned_precision_kl(term.mean.size, *term.precision, *term.hyper)
+    return total
+
+
+class EntrySums(NamedTuple):
+    """Sums over a set of entries of the moments of f under q, which add across partitions
+    (with entry weights, every sum weighted: ``n`` is then Σ w):
+    ``n`` entries, ``squared_residual`` Σ (y_i − E f_i)², ``cp_second`` Σ E[(1ᵀz_i)²],
+    ``cp_mean_square`` Σ (E 1ᵀz_i)², ``offset_variance`` Σ Var(offsets at i), ``log_lik``
+    Σ log Φ(s_i E f_i) (probit), ``change_square`` Σ (E f_i − E f_i before the sweep)² and
+    ``mean_square`` Σ (E f_i)²."""
+
+    n: int
+    squared_residual: float
+    cp_second: float
+    cp_mean_square: float
+    offset_variance: float
+    log_lik: float
+    change_square: float
+    mean_square: float
+
+
+def _entry_sums(
+    index, y, cp_mean, cp_second, offsets, offset_modes, previous, likelihood, weight=None, thresholds=None
+):
+    """:class:`EntrySums` of the entries ``index`` with values ``y`` and weights ``weight``
+    (None: all 1), from E[1ᵀz_i], E[(1ᵀz_i)²] (None: not needed, 0 is summed), the offset
+    groups' (mean, cov) and the predictor means of the sweep before (``previous``; None: no
+    change); ordinal entries need the cut points ``thresholds``.  Returns the sums and the
+    means E f_i."""
+    off_mean, off_var = _offset_moments_of(offsets, offset_modes, index)
+    mean = cp_mean + off_mean
+    resid = y - mean
+    if likelihood == "gaussian":
+        log_lik = 0.0
+    else:  # log P(y_i | E f_i), the augmented model's bound (probit: log Φ(s_i E f_i))
+        labels = _labels(y, likelihood)
+        log_lik = np.sum(
+            _weigh(site_likelihood(likelihood, thresholds).derivatives(mean, 0.0, labels, order=0)[0], weight)
+        )
+    if previous is None:
+        change = np.nan
+    else:
+        delta = mean - previous
+        change = _weigh(delta, weight).dot(delta)
+    sums = EntrySums(
+        y.size if weight is None else weight.sum(),
+        float(_weigh(resid, weight) @ resid),
+        0.0 if cp_second is None else np.sum(_weigh(cp_second, weight)),
+        _weigh(cp_mean, weight) @ cp_mean,
+        _weigh(off_var, weight).sum(),
+        log_lik,
+        change,
+        _weigh(mean, weight).dot(mean),
+    )
+    return sums, mean
+
+
+def posterior_sums(post, index, y, likelihood, n_jobs=None, previous=None, weight=None):
+    """:class:`EntrySums` of the entries (index, y) of weights ``weight`` (None: all 1) under q
+    ``post`` (``previous``: the predictor means to measure the change from), and the predictor
+    means E f_i."""
+    return _entry_sums(
+        index,
+        y,
+        _cp_mean(post, index, n_jobs),
+        _cp_second(post, index, n_jobs),
+        [(g.mean, g.cov) for g in post.offsets],
+        post.offset_modes,
+        previous,
+        likelihood,
+        weight,
+        post.thresholds,
+    )
+
+
+@dataclass
+class SweepTotals:
+    """The :class:`EntrySums` of all training entries after a sweep that left q ``post``: what
+    q(τ), the ELBO and the convergence test need."""
+
+    sums: EntrySums
+    post: CPPosterior
+    likelihood: str
+
+    @classmethod
+    def combine(cls, parts, post, likelihood, cp_second=None):
+        """The partitions' sums added field by field, in partition order; ``cp_second`` replaces
+        Σ E[(1ᵀz_i)²] when the global step has it already."""
+        sums = EntrySums(*(functools.reduce(operator.add, column) for column in zip(*parts)))
+        if cp_second is not None:
+            sums = sums._replace(cp_second=cp_second)
+        return cls(sums, post, likelihood)
+
+    def total_variance(self):
+        s = self.sums
+        return float(s.cp_second - s.cp_mean_square + s.offset_variance)
+
+    def sum_squared_error(self, y=None):
+        """Σ_i E[(y_i − f_i)²] (Li et al. §4.2; ``y`` is not needed: the sums hold it)."""
+        return float(self.sums.squared_residual) + self.total_variance()
+
+    def relative_change(self):
+        """‖E f − E f before the sweep‖ / ‖E f‖ over the training entries."""
+        return np.sqrt(self.sums.change_square) / max(np.sqrt(self.sums.mean_square), 1e-12)
+
+    def elbo(self, y=None, likelihood=None):
+        """The ELBO of ``post`` (``y`` and ``likelihood`` are accepted for symmetry with the
+        module function :func:`elbo`; the sums hold what it needs)."""
+        post, s = self.post, self.sums
+        kl = sum(f.kl_to_prior() for f in post.factors) + sum(g.kl_to_prior() for g in post.offsets)
+        kl += _component_kl(post) + _mode_prior_kl(post) + _offset_prior_kl(post) + _implicit_kl(post)
+        if (likelihood or self.likelihood) in ("probit", "ordinal"):
+            return float(s.log_lik - 0.5 * self.total_variance() - kl)
+        a, b = post.noise
+        a0, b0 = post.noise_prior
+        e_log_tau = digamma(a) - np.log(b)
+        loglik = 0.5 * s.n * (e_log_tau - _LOG_2PI) - 0.5 * (a / b) * self.sum_squared_error()
+        return float(loglik - kl - _noise_kl(a, b, a0, b0))
+
+
+def elbo(post, index, y, likelihood, n_jobs=None, weight=None):
+    """The evidence lower bound of q (Li et al. §2.1.1).  For probit, the augmented model's
+    bound with q(z) at its optimum: Σ log Φ(s_i E[f_i]) − ½ Σ Var f_i − KL (ordinal: log Φ(s_i E f_i)
+    becomes log P(y_i | E f_i), the mass of y_i's interval).  With entry
+    ``weight``, every entry's likelihood term is multiplied by its weight."""
+    sums, _ = posterior_sums(post, index, y, likelihood, n_jobs, weight=weight)
+    return SweepTotals.combine([sums], post, likelihood).elbo()

@@ -1,0 +1,183 @@
+"""The drivers of a fit: :func:`start_sweeps` sets up the schedule (group or entry; entries in
+memory or in partitions), :func:`fit_cp` runs sweeps until convergence and returns a
+:class:`CPFitResult`.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .chunks import CHUNK_SIZE
+from .entry_schedule import _EntrySweeps
+from .group_schedule import _GroupSweeps
+from .partition import EntryPartition, InMemoryEntries
+from .posterior import CPPosterior
+
+
+def start_sweeps(
+    post,
+    index,
+    y,
+    *,
+    likelihood="gaussian",
+    method="vmp",
+    schedule="group",
+    damping=1.0,
+    block_size=None,
+    rng=None,
+    n_jobs=None,
+    chunk_size=CHUNK_SIZE,
+    partitions=None,
+    weight=None,
+    simultaneous=False,
+):
+    """The sweeps :func:`fit_cp` runs, on a copy of ``post``: an object whose
+    ``sweep(update_noise=True)`` runs one sweep and returns its :class:`~skcep.engines.cp.elbo.SweepTotals`, and
+    whose ``posterior`` is q after the last sweep (updated in place).
+
+    ``partitions`` (group schedule only) holds the entries elsewhere, e.g. on Dask workers:
+    ``partitions(**options)`` returns a holder whose ``step(name, *args)`` runs the
+    :class:`~skcep.engines.cp.partition.EntryPartition` step ``name`` on every partition (each built from
+    its entries and ``options`` before its first step) and returns their results in partition order; ``index``
+    and ``y`` are then unused.  By default the entries are one
+    :class:`~skcep.engines.cp.partition.InMemoryEntries`.
+    ``weight`` (n,): the entries' weights (None: all 1; see :mod:`~skcep.engines.cp.statistics`).
+    ``simultaneous`` (group schedule): every group of a sweep updated from the q before the
+    sweep (see :func:`~skcep.engines.cp.stream.streaming_sweeps`).
+    """
+    post = post.copy()
+    if likelihood == "ordinal" and (post.thresholds is None or np.size(post.thresholds) < 1):
+        raise ValueError("Ordinal entries need the posterior's cut points (post.thresholds, at least one).")
+    if post.implicit and (
+        schedule == "entry" or partitions is not None or (likelihood != "gaussian" and method == "cep")
+    ):
+        raise ValueError(
+            "Implicit feedback takes the group schedule in memory, with VMP for probit and ordinal "
+            "entries (method='vmp'): its update solves for every row of a mode at once."
+        )
+    if schedule == "entry":
+        if likelihood == "ordinal":
+            raise ValueError(
+                "The entry schedule takes Gaussian and probit entries; use schedule='group' for ordinal ones."
+            )
+        if simultaneous:
+            raise ValueError(
+                "simultaneous updates are a variant of the group schedule; the entry schedule updates "
+                "block after block."
+            )
+        if partitions is not None:
+            raise ValueError(
+                "The entry schedule updates the sites block after block, each from the q left by the "
+                "one before: it needs the entries in memory. Use schedule='group' for partitioned "
+                "entries."
+            )
+        return _EntrySweeps(post, index, y, likelihood, damping, block_size, rng, n_jobs, weight)
+    options = dict(
+        shape=post.shape,
+        offset_modes=post.offset_modes,
+        likelihood=likelihood,
+        method=method,
+        damping=damping,
+        chunk_size=chunk_size,
+    )
+    if partitions is None:
+        parts = InMemoryEntries(EntryPartition(index, y, n_jobs=n_jobs, weight=weight, **options))
+    else:
+        if weight is not None:
+            raise ValueError("Partitioned entries carry their own weights; pass weight=None.")
+        parts = partitions(**options)
+    return _GroupSweeps(post, parts, likelihood, method, simultaneous)
+
+
+def _largest_change(before, groups):
+    """max over every row and coordinate of |Δ mean| / posterior sd."""
+    change = 0.0
+    for old, g in zip(before, groups):
+        sd = np.sqrt(np.diagonal(g.cov, axis1=1, axis2=2))
+        change = max(change, float(np.max(np.abs(g.mean - old) / sd, initial=0.0)))
+    return change
+
+
+@dataclass
+class CPFitResult:
+    posterior: CPPosterior
+    n_iter: int
+    converged: bool
+    elbo: list
+    n_skipped: int = 0
+
+
+def fit_cp(
+    post,
+    index,
+    y,
+    *,
+    likelihood="gaussian",
+    method="vmp",
+    schedule="group",
+    max_iter=100,
+    tol=1e-4,
+    damping=1.0,
+    block_size=None,
+    rng=None,
+    n_jobs=None,
+    callback=None,
+    track_elbo=True,
+    hold_noise=0,
+    hold_priors=0,
+    chunk_size=CHUNK_SIZE,
+    partitions=None,
+    weight=None,
+    simultaneous=False,
+):
+    """Fit q on the entries (index, y), starting from and with the priors of ``post``.
+
+    Iterates until the relative change of the training predictor means is below ``tol`` or
+    ``max_iter`` sweeps.  ``damping`` (0, 1] damps the probit CEP sites (each update moves a
+    site's natural parameters by damping × (proposed − current)); ``rng`` draws the block order
+    of the entry schedule (nothing else is random); ``n_jobs`` threads run the chunks of a
+    sweep (``chunk_size`` entries each), with results that do not depend on it.
+    ``callback(iteration, change, objective)`` runs after every sweep, with the largest change
+    of a posterior mean in posterior standard deviations and the ELBO (None unless
+    ``track_elbo``).  q(τ) is held at its starting value for the first ``hold_noise`` sweeps:
+    early residuals of a random start would make E[τ] small and shrink every embedding to the
+    zero fixed point.  Learned priors
+    (:func:`~skcep.engines.cp.updates.mode_prior_update`) are held at their start for the first
+    ``hold_priors`` sweeps: a precision learned from rows still near their random start would be
+    large, and would pin them there.  ``partitions``: the entries held elsewhere,
+    ``simultaneous``: Jacobi sweeps
+    (see :func:`start_sweeps`).  ``weight`` (n,): entry weights w ≥ 0, each entry's likelihood to
+    the power w (None: all 1).
+    Returns a :class:`CPFitResult` holding a new posterior (``post`` is not modified).
+    """
+    sweeps = start_sweeps(
+        post,
+        index,
+        y,
+        likelihood=likelihood,
+        method=method,
+        schedule=schedule,
+        damping=damping,
+        block_size=block_size,
+        rng=rng,
+        n_jobs=n_jobs,
+        chunk_size=chunk_size,
+        partitions=partitions,
+        weight=weight,
+        simultaneous=simultaneous,
+    )
+    post = sweeps.posterior
+    trace, converged, n_iter = [], False, 0
+    for n_iter in range(1, max_iter + 1):
+        update_noise, update_priors = n_iter > hold_noise, n_iter > hold_priors
+        before = None if callback is None else [g.mean.copy() for g in post.groups]
+        stats = sweeps.sweep(update_noise, update_priors)
+        objective = stats.elbo() if track_elbo else None
+        if track_elbo:
+            trace.append(objective)
+        if callback is not None:
+            callback(n_iter, _largest_change(before, post.groups), objective)
+        if stats.relative_change() < tol and update_noise and update_priors:
+            converged = True
+            break
+    return CPFitResult(post, n_iter, converged, trace, sweeps.n_skipped)

@@ -1,0 +1,109 @@
+"""Streaming: :func:`absorb_batch` folds a batch of entries into the posterior (assumed density
+filtering; Li et al. §4.4 eq. 30, Wang & Zhe §6.3), with the sweeps of :func:`streaming_sweeps`.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+
+from .fit import fit_cp
+from .posterior import put_rows, take_rows
+from .start import _learned_prior, _random_rows, grow_posterior
+from .updates import component_update, learned_prior_update
+
+
+def streaming_sweeps(index, first, likelihood="gaussian", method="cep", weight=None, learned_priors=False):
+    """The sweeps of a batch of ``partial_fit`` with ``n_inner_iter="auto"``: (number, simultaneous).
+
+    A later batch gets one sweep.  For probit (and ordinal) CEP it is simultaneous: every site of the batch
+    computed from the posterior before it — the prior of the batch, i.e. the cavity of assumed
+    density filtering (ADF-CEP; Wang & Zhe §6.3) — and every group updated at once.  A probit
+    CEP sweep in turn counts the batch twice: the modes updated last (the small, shared time
+    mode) get sites from partners already fitted to those very entries and grow to carry the
+    batch (binary MovieLens, rank 8, batches of 1,000: mean |time embedding| 5.6 against 2.5 in
+    the batch fit, test AUC 0.632; simultaneous: 0.37, 0.705).  Gaussian entries and VMP keep
+    the sweep in turn: it is VMP's coordinate step (Li et al., Corollary 1), and a simultaneous
+    step overshoots when a batch holds many entries per object.  More sweeps of a batch whose
+    objects have one or two entries each drive their embeddings to the all-zero fixed point,
+    and an object seen once restarts later batches from there.
+
+    The first batch has no posterior to start from, only random working means: one sweep in
+    turn, up to 10 if it holds at least two entries per object it touches (its shared modes'
+    sites from random partners would otherwise stay wrong and confident).  With CEP and the
+    embeddings' priors learned (``learned_priors``) the first batch always gets 10: the zero
+    fixed point that more sweeps would drive sparse objects to is gone (Enron, rank 8, batches of
+    1,000: test AUC 0.641 → 0.952; binary MovieLens 0.786 → 0.788); VMP keeps the rule above
+    (Enron 0.228 → 0.925 but binary MovieLens 0.692 → 0.588).  An entry of ``weight`` w counts
+    w times."""
+    if not first:
+        return 1, likelihood != "gaussian" and method == "cep"
+    if learned_priors and method == "cep":
+        return 10, False
+    touched = sum(np.unique(column).size for column in index.T)
+    n = index.shape[0] if weight is None else weight.sum()  # an entry of weight w counts w times
+    return (10 if n >= 2 * touched else 1), False
+
+
+def absorb_batch(
+    post,
+    index,
+    y,
+    n_seen,
+    *,
+    shape,
+    prior_variance,
+    init_scale,
+    rng=None,
+    mode_offset_variance=None,
+    weight=None,
+    **fit_options,
+):
+    """Fold a batch of entries into ``post`` (assumed density filtering; Li et al. §4.4 eq. 30,
+    Wang & Zhe §6.3): the current posterior is the prior of the batch.
+
+    Modes grow to ``shape`` (new objects at their prior).  Only the rows the batch touches
+    change, so the sub-model of those rows is fitted
+    (:func:`~skcep.engines.cp.posterior.take_rows`) and written back
+    (:func:`~skcep.engines.cp.posterior.put_rows`).  Objects never seen before (``n_seen[k]`` counts the entries
+    seen per object) sit at the prior mean 0, a fixed point of the updates: they start the batch from
+    random working means drawn from ``rng`` with scale ``init_scale`` (their prior stays
+    N(0, prior_variance·I)); those of a modulating mode start at their prior mean 1.
+    ``fit_options`` go to :func:`~skcep.engines.cp.fit.fit_cp`.  With q(λ) (automatic
+    relevance determination) λ is held during the batch (the sub-model sees a part of the rows
+    only) and updated once after it from every row, moving every row's prior and q
+    (:func:`~skcep.engines.cp.updates.component_update` with ``refresh``); so are learned priors
+    (:func:`~skcep.engines.cp.updates.mode_prior_update`).
+    ``weight``: the batch's entry weights (None: 1).  Ordinal cut points are refitted on the
+    batch (from the current ones) and averaged in by the batch's share of the entries seen: after
+    batches of n_1, n_2, … entries θ is the n-weighted mean of the batches' fits.
+
+    Returns the :class:`~skcep.engines.cp.fit.CPFitResult` with the whole new posterior, and the updated
+    ``n_seen``.
+    """
+    if post.implicit:
+        raise ValueError(
+            "Implicit feedback is fitted on all entries at once (each row's term sums over every "
+            "object it shares an entry with); a stream cannot fold it in batch by batch."
+        )
+    full = grow_posterior(post, shape, prior_variance=prior_variance, mode_offset_variance=mode_offset_variance)
+    n_seen = [np.r_[c, np.zeros(d - c.size, dtype=np.int64)] for c, d in zip(n_seen, shape)]
+    rows = [np.unique(index[:, k]) for k in range(index.shape[1])]
+    local = np.column_stack([np.searchsorted(r, index[:, k]) for k, r in enumerate(rows)])
+    sub = take_rows(full, rows).as_prior()
+    rank = post.rank
+    for k, (f, c, r) in enumerate(zip(sub.factors, n_seen, rows)):
+        unseen = np.flatnonzero(c[r] == 0)
+        if unseen.size and init_scale > 0 and k not in post.modulating_modes:  # those start at 1
+            mean, variance = (0.0, prior_variance) if post.mode_priors is None else _learned_prior(post, k)
+            start = _random_rows(unseen.size, rank, variance, init_scale, rng, mean)
+            f.mean[unseen], f.cov[unseen] = start.mean, start.cov
+    result = fit_cp(sub, local, y, rng=rng, weight=weight, **fit_options)
+    put_rows(full, rows, result.posterior)
+    if full.thresholds is not None:
+        share = index.shape[0] / (float(n_seen[0].sum()) + index.shape[0])
+        full.thresholds = full.thresholds + share * (result.posterior.thresholds - full.thresholds)
+    if full.components is not None:
+        component_update(full, refresh=True)
+    learned_prior_update(full, refresh=True)
+    n_seen = [c + np.bincount(index[:, k], minlength=c.size) for k, c in enumerate(n_seen)]
+    return replace(result, posterior=full), n_seen

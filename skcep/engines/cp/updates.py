@@ -1,0 +1,201 @@
+r"""The global steps of a sweep: the chunks' statistics reduced per row, and the conjugate
+updates of the groups, of q(τ), of q(λ) (automatic relevance determination) and of the priors
+learned from the data.
+
+* **VMP** (Li et al. §4.2 eq. 27): q(u_s) ∝ prior × exp E[log lik], i.e. precision
+  P0 + E[τ] Σ_{i∈s} E[x xᵀ], shift h0 + E[τ] Σ_{i∈s} (y_i − E[rest_i]) E[x_i]; then
+  q(τ) = Gam(a0 + n/2, b0 + ½ Σ E[(y − f)²]).  Probit uses the augmented model (latent
+  z_i ~ N(f_i, 1) truncated to the sign of y_i), whose E[z_i] replaces y_i.
+* **Group CEP** (Li et al. §4.3): each entry sends a site to the rows it touches; for Gaussian
+  entries Lemma 4 (§3.1) gives it in closed form — precision E[τ] E[x xᵀ], shift
+  E[τ] y E[x] — and merging the sites per row (eq. 28) is the VMP update (eq. 29 = eq. 27,
+  Theorem 1), so both run the same statistics and global step.  The τ sites are a_i = ½,
+  b_i = ½ E[(y_i − f_i)²].
+
+``reduce_rows(parts, n_rows, rank) -> RowStatistics``
+    The chunks' statistics summed per row, in chunk order (bit-for-bit the same for any
+    ``n_jobs``).
+``group_update(group, statistics, scale=None)``
+    q(u_s) = prior_s × exp(scale × statistics): precision P0_s + scale Σ…, shift
+    h0_s + scale Σ… (scale = E[τ] for Gaussian VMP / group CEP, none for probit sites).
+``noise_update(noise_prior, n, sum_squared_error) -> (a, b)``
+    q(τ) = Gam(a0 + n/2, b0 + ½ Σ_i E[(y_i − f_i)²]) (Li et al. §4.2; the merged CEP τ sites
+    of §4.3).
+``mode_prior_update(post, refresh=False)``
+    Priors learned from the data: the mean-field hierarchical prior of Bayesian PMF per mode,
+    q(μ_k) and q(λ_k) of row priors N(μ_k, λ_k⁻¹ I), after the last group of a sweep.
+``offset_prior_update(post, refresh=False)``
+    Likewise for the offsets' precisions: q(β_j) of the offset rows' prior N(0, β_j⁻¹).
+    ``learned_prior_update`` runs both, each when it is on.
+``component_update(post, refresh=False)``
+    Automatic relevance determination (Zhao, Zhang & Cichocki, TPAMI 2015): q(λ_r) =
+    Gam(a0 + ½ Σ_k d_k, b0 + ½ Σ_k Σ_s E[(u^k_{sr})²]) from the factors' moments, after the
+    last group of a sweep; the factors' prior precision becomes diag E[λ].
+"""
+
+import numpy as np
+
+from .implicit import implicit_update
+from .packing import _packing
+from .statistics import RowStatistics
+
+
+def reduce_rows(parts, n_rows, rank):
+    """Sum the chunks' :class:`~skcep.engines.cp.statistics.RowStatistics` per row, in chunk order."""
+    second = np.zeros((n_rows, rank * (rank + 1) // 2))
+    first = np.zeros((n_rows, rank))
+    for part in parts:
+        second[part.rows] += part.second
+        first[part.rows] += part.first
+    return RowStatistics(np.arange(n_rows), second, first)
+
+
+def group_update(group, statistics, scale=None):
+    """q(u_s) ∝ prior_s × N-site(scale × statistics) for every row of the group: precision
+    P0_s + scale Σ…, shift h0_s + scale Σ… (``statistics`` summed over all entries)."""
+    second, first = _scaled(statistics, scale)
+    unpack = _packing(group.mean.shape[1]).unpack
+    group.set_natural(group.prior_precision + unpack(second), group.prior_shift + first)
+
+
+def _scaled(statistics, scale):
+    """The statistics' (packed second, first) sums, times ``scale`` unless it is None."""
+    if scale is None:
+        return statistics.second, statistics.first
+    return scale * statistics.second, scale * statistics.first
+
+
+def implicit_group_update(group, term, statistics, scale=None):
+    """The update of a mode with implicit feedback (:func:`~skcep.engines.cp.implicit.implicit_update`):
+    q(u_s) and q(y_m) jointly, from the entries' message in ũ_s — precision scale × Σ E[z zᵀ],
+    shift scale × Σ target E[z] (the statistics :func:`group_update` adds to the prior)."""
+    second, first = _scaled(statistics, scale)
+    return implicit_update(group, term, _packing(group.mean.shape[1]).unpack(second), first)
+
+
+def noise_update(noise_prior, n, sum_squared_error):
+    """q(τ) = Gam(a0 + n/2, b0 + ½ Σ_i E[(y_i − f_i)²]) — VMP's update (Li et al. §4.2), and the
+    merged CEP τ sites a_i = ½, b_i = ½ E[(y_i − f_i)²] (§4.3)."""
+    a0, b0 = noise_prior
+    return a0 + 0.5 * n, b0 + 0.5 * sum_squared_error
+
+
+def _capped_rate(post, shape, rate):
+    """The rate of a learned precision's q = Gam(shape, rate), capped so that its mean stays at
+    least ``post.precision_floor`` (probit CEP: its sites are not a bound optimizer, and on
+    separable entries a falling precision and growing factors would feed each other without end)."""
+    return np.minimum(rate, shape / post.precision_floor) if post.precision_floor else rate
+
+
+def component_update(post, refresh=False):
+    """Automatic relevance determination, a global step (Zhao, Zhang & Cichocki, "Bayesian CP
+    factorization of incomplete tensors with automatic rank determination", TPAMI 2015, §3):
+    q(λ_r) = Gam(a0 + ½ Σ_k d_k, b0 + ½ Σ_k Σ_s E[(u^k_{sr})²]), the VMP update of λ_r given q
+    of every factor; then every factor row's prior precision moves by diag(E[λ] − E[λ]_old).
+    The sums run over ``post.ard_modes``: modulating modes keep their fixed prior N(1, v·I).
+
+    E[λ_r] stays at least ``post.precision_floor`` (:func:`_capped_rate`).
+
+    ``refresh``: also move q(u_s) = prior_s × sites by the same amount (EP bookkeeping: the
+    entry schedule, and streaming, whose q serves as the next prior).  Without it q(u) is left
+    as it is — a coordinate step on q(λ) alone, so the VMP ELBO cannot decrease — and the next
+    group update combines the new prior with the sites.  Returns the change of E[λ].
+    """
+    a0, b0 = post.component_prior
+    old = post.component_precision
+    factors = [post.factors[k] for k in post.ard_modes]
+    square = sum(np.einsum("sii->i", f.cov) + np.einsum("si,si->i", f.mean, f.mean) for f in factors)
+    a = np.full(post.rank, a0 + 0.5 * sum(f.n_rows for f in factors))
+    post.components = (a, _capped_rate(post, a, b0 + 0.5 * square))
+    change = post.component_precision - old
+    if not np.any(change):
+        return change
+    for f in factors:
+        if refresh:  # (Σ⁻¹ + D)⁻¹ = (I + Σ D)⁻¹ Σ and its mean (I + Σ D)⁻¹ μ: one solve per row
+            both = np.linalg.solve(np.eye(post.rank) + f.cov * change, np.concatenate([f.cov, f.mean[:, :, None]], 2))
+            f.cov, f.mean = 0.5 * (both[:, :, :-1] + np.swapaxes(both[:, :, :-1], 1, 2)), both[:, :, -1]
+        f.prior_precision = f.prior_precision + np.diag(change)  # a new array: the KL caches the old one
+    return change
+
+
+def mode_prior_update(post, refresh=False):
+    """Priors learned from the data, a global step: the hierarchical prior of Bayesian PMF
+    (Salakhutdinov & Mnih, ICML 2008) in its mean-field form, per mode k (the modulating modes
+    keep their fixed prior).  Row s of mode k has prior u^k_s ~ N(μ_k, λ_k⁻¹ I) with
+    μ_k ~ N(0, v I) and λ_k ~ Gam(a0, b0) (``post.mode_prior_hyper`` = (a0, b0, v)); given q of
+    the d rows, the VMP updates are, in turn,
+
+        q(μ_k) = N(m, s I),  1/s = 1/v + d E[λ_k],  m = s E[λ_k] Σ_s E[u_s],
+        q(λ_k) = Gam(a0 + d R/2, b0 + ½ Σ_s (tr Cov u_s + ‖E u_s − m‖²) + ½ d R s),
+
+    the rate capped by ``post.precision_floor`` (:func:`_capped_rate`).
+
+    Every row's prior then moves by the change of E[λ_k] I (precision) and of E[λ_k] m (shift);
+    ``refresh`` moves q(u_s) by the same amount (EP bookkeeping, as :func:`component_update`).
+    Without it, q(u) is left as it is: a coordinate step on q(μ, λ) alone, so the VMP ELBO
+    cannot decrease.  Returns the changes [(k, ΔE[λ_k], Δ(E[λ_k] m))] of the priors' natural
+    parameters."""
+    a0, b0, v = post.mode_prior_hyper
+    changes = []
+    for k, f in enumerate(post.factors):
+        if post.mode_priors[k] is None:
+            continue
+        m, s, a, b = post.mode_priors[k]
+        d, rank = f.mean.shape
+        lam_old, shift_old = a / b, (a / b) * m
+        total = f.mean.sum(axis=0)
+        s = 1.0 / (1.0 / v + d * lam_old)
+        m = s * lam_old * total
+        spread = float(np.einsum("sii->", f.cov) + np.sum((f.mean - m) ** 2)) + d * rank * s
+        a = a0 + 0.5 * d * rank
+        b = _capped_rate(post, a, b0 + 0.5 * spread)
+        post.mode_priors[k] = (m, s, a, b)
+        d_prec, d_shift = a / b - lam_old, (a / b) * m - shift_old
+        changes.append((k, d_prec, d_shift))
+        _move_prior(f, d_prec, d_shift, refresh)
+    return changes
+
+
+def offset_prior_update(post, refresh=False):
+    """The offsets' precisions learned from the data, a global step (as :func:`mode_prior_update`
+    with the mean held at 0: the global offset carries the mean).  Offset group j (one scalar
+    c_s per object of its mode, d of them) has prior c_s ~ N(0, β_j⁻¹), β_j ~ Gam(a0, b0)
+    (``post.offset_prior_hyper``); given q(c), the VMP update is
+
+        q(β_j) = Gam(a0 + d/2, b0 + ½ Σ_s (Var c_s + E[c_s]²)),
+
+    the rate capped by ``post.precision_floor``.  Every row's prior precision then moves by the
+    change of E[β_j] (``refresh``: q(c_s) too, EP bookkeeping).  Returns [(j, ΔE[β_j])]."""
+    a0, b0 = post.offset_prior_hyper
+    changes = []
+    for j, g in enumerate(post.offsets):
+        if post.offset_priors[j] is None:
+            continue
+        a_old, b_old = post.offset_priors[j]
+        a = a0 + 0.5 * g.n_rows
+        b = _capped_rate(post, a, b0 + 0.5 * float(np.sum(g.cov) + np.sum(g.mean**2)))
+        post.offset_priors[j] = (a, b)
+        d_prec = a / b - a_old / b_old
+        changes.append((j, d_prec))
+        _move_prior(g, d_prec, 0.0, refresh)
+    return changes
+
+
+def learned_prior_update(post, refresh=False):
+    """Both global steps of the priors learned from the data, those of the embeddings
+    (:func:`mode_prior_update`) and of the offsets (:func:`offset_prior_update`), each when it
+    is on.  Returns their changes, ([(k, Δprec, Δshift)], [(j, Δprec)])."""
+    modes = mode_prior_update(post, refresh) if post.mode_priors is not None else []
+    offsets = offset_prior_update(post, refresh) if post.offset_priors is not None else []
+    return modes, offsets
+
+
+def _move_prior(f, d_prec, d_shift, refresh):
+    """Move every row's prior of group f by the scalar precision change d_prec (times I) and the
+    shift change d_shift; ``refresh`` moves q(u_s) = prior × sites by the same amount."""
+    eye = d_prec * np.eye(f.mean.shape[1])
+    if refresh:
+        precision, shift = f.natural()
+        f.set_natural(precision + eye, shift + d_shift)
+    f.prior_precision = f.prior_precision + eye  # new arrays: the KL caches the old ones
+    f.prior_shift = f.prior_shift + d_shift
