@@ -347,7 +347,7 @@ def run(data, tr, te, args, log):
 COMPILE_CHECK = """
 import time
 import numpy as np
-from skcep.engines import deep
+from skcep.engines.sbdt import posterior as deep
 post = deep.init_posterior((5, 5, 5), (8, 8, 8), (50, 50), "relu", spike_prob=0.5, slab_variance=1.0,
                            noise_prior=(1.0, 1.0), rng=np.random.default_rng(0))
 t0 = time.perf_counter()
@@ -398,10 +398,10 @@ def profile_pass(data, order, log):
             if n == name and f.replace(os.sep, "/").endswith(module)
         )
 
-    loop = own("skcep/engines/_deep_kernel.py", "adf_loop", cumulative=False)
-    adf = own("skcep/engines/deep.py", "adf_pass")
-    refine = own("skcep/engines/deep.py", "refine_spike_slab")
-    fold = own("skcep/engines/deep.py", "fold_batch")
+    loop = own("skcep/engines/sbdt/_kernel.py", "adf_loop", cumulative=False)
+    adf = own("skcep/engines/sbdt/posterior.py", "adf_pass")
+    refine = own("skcep/engines/sbdt/posterior.py", "refine_spike_slab")
+    fold = own("skcep/engines/sbdt/posterior.py", "fold_batch")
     n = order.size
     parts = [
         ("compiled ADF loop (`_deep_kernel.adf_loop`: delta method, evidence, eq. 7, noise)", loop),

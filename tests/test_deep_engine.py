@@ -24,10 +24,10 @@ from scipy.linalg.blas import daxpy
 from scipy.special import expit, log_ndtr, ndtr
 from scipy.stats import norm
 
-from skcep.engines import deep
 from skcep.engines._special import mills_ratio
 from skcep.engines.likelihoods import Gaussian
 from skcep.engines.likelihoods import mills_ratio as library_mills_ratio
+from skcep.engines.sbdt import posterior as deep
 
 
 def small_posterior(

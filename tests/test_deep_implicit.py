@@ -18,7 +18,7 @@ import pickle
 import numpy as np
 import pytest
 
-from skcep.engines import deep
+from skcep.engines.sbdt import posterior as deep
 from skcep.tensor import StreamingDeepTensor
 
 SMALL = dict(rank=2, hidden_layer_sizes=(8,), batch_size=32)

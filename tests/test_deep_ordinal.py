@@ -26,9 +26,9 @@ from sklearn.base import clone, is_classifier, is_regressor
 from test_deep_engine import grid_moments, power_site_step, reference_entry, small_posterior, store_entry_moments
 from test_deep_tensor import assert_same
 
-from skcep.engines import deep
-from skcep.engines._deep_kernel import ORDINAL, evidence_derivatives, ordinal_derivatives
 from skcep.engines.ordinal import OrderedProbit, log_interval_prob
+from skcep.engines.sbdt import posterior as deep
+from skcep.engines.sbdt._kernel import ORDINAL, evidence_derivatives, ordinal_derivatives
 from skcep.tensor import StreamingDeepTensor
 
 ORDERED_PROBIT = OrderedProbit()

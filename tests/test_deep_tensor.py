@@ -19,7 +19,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from skcep.engines import deep
+from skcep.engines.sbdt import posterior as deep
 from skcep.tensor import StreamingDeepTensor
 
 SMALL = dict(rank=2, hidden_layer_sizes=(8,), batch_size=32)

@@ -26,7 +26,8 @@ from sklearn.exceptions import ConvergenceWarning
 from test_deep_engine import grid_moments, power_site_step, reference_entry, small_posterior, store_entry_moments
 
 from skcep import BayesianCPTensor
-from skcep.engines import cp, deep
+from skcep.engines import cp
+from skcep.engines.sbdt import posterior as deep
 from skcep.tensor import StreamingDeepTensor
 
 

@@ -12,7 +12,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, fit_method
-from ..engines import deep
+from ..engines.sbdt import posterior as deep
 from ._base import TensorEstimator, _check_noise_prior, _check_positive_ints, check_tensor_index
 from ._dask_sbdt import fit_stream
 

@@ -40,7 +40,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._special import mills_ratio, truncated_normal
+from .._special import mills_ratio, truncated_normal
 
 __all__ = [
     "PROBIT",

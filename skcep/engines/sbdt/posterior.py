@@ -96,7 +96,10 @@ import scipy.sparse as sp
 from scipy.special import expit, logit
 from scipy.stats import truncnorm
 
-from ._deep_kernel import (
+from ..gaussian import cavity_natural, damped_update
+from ..likelihoods import Gaussian, Probit
+from ..ordinal import OrderedProbit, fit_thresholds
+from ._kernel import (
     GAUSSIAN,
     ORDINAL,
     PROBIT,
@@ -109,9 +112,6 @@ from ._deep_kernel import (
     power_step,
     workspace_buffers,
 )
-from .gaussian import cavity_natural, damped_update
-from .likelihoods import Gaussian, Probit
-from .ordinal import OrderedProbit, fit_thresholds
 
 __all__ = [
     "ACTIVATIONS",
