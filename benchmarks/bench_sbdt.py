@@ -347,17 +347,17 @@ def run(data, tr, te, args, log):
 COMPILE_CHECK = """
 import time
 import numpy as np
-from skcep.engines import deep
-post = deep.init_posterior((5, 5, 5), (8, 8, 8), (50, 50), "relu", spike_prob=0.5, slab_variance=1.0,
-                           noise_prior=(1.0, 1.0), rng=np.random.default_rng(0))
+from skcep.engines.sbdt import absorb_batch, init_posterior
+post = init_posterior((5, 5, 5), (8, 8, 8), (50, 50), "relu", spike_prob=0.5, slab_variance=1.0,
+                      noise_prior=(1.0, 1.0), rng=np.random.default_rng(0))
 t0 = time.perf_counter()
-deep.fold_batch(post, np.zeros((4, 3), dtype=int), np.ones(4), "gaussian", 0.03)
+absorb_batch(post, np.zeros((4, 3), dtype=int), np.ones(4), "gaussian", 0.03)
 print(time.perf_counter() - t0)
 """
 
 
 def compile_seconds():
-    """Seconds of the first ``fold_batch`` call in a fresh interpreter with an empty numba cache
+    """Seconds of the first ``absorb_batch`` call in a fresh interpreter with an empty numba cache
     directory (compilation), then in a second fresh interpreter that finds the cache (loading)."""
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
@@ -398,17 +398,20 @@ def profile_pass(data, order, log):
             if n == name and f.replace(os.sep, "/").endswith(module)
         )
 
-    loop = own("skcep/engines/_deep_kernel.py", "adf_loop", cumulative=False)
-    adf = own("skcep/engines/deep.py", "adf_pass")
-    refine = own("skcep/engines/deep.py", "refine_spike_slab")
-    fold = own("skcep/engines/deep.py", "fold_batch")
+    loop = own("skcep/engines/sbdt/_kernel.py", "adf_loop", cumulative=False)
+    adf = own("skcep/engines/sbdt/adf.py", "adf_pass")
+    refine = own("skcep/engines/sbdt/spike_slab.py", "refine_spike_slab")
+    absorb = own("skcep/engines/sbdt/adf.py", "absorb_batch")
     n = order.size
     parts = [
-        ("compiled ADF loop (`_deep_kernel.adf_loop`: delta method, evidence, eq. 7, noise)", loop),
+        ("compiled ADF loop (`sbdt._kernel.adf_loop`: delta method, evidence, eq. 7, noise)", loop),
         ("rest of `adf_pass` (gather and scatter of the embeddings, log Z)", adf - loop),
         ("spike-and-slab EP step (`refine_spike_slab`, once per batch)", refine),
-        ("rest of `fold_batch`", fold - adf - refine),
-        ("estimator around the step (parameter and input validation, copy of the posterior, attributes)", total - fold),
+        ("rest of `absorb_batch`", absorb - adf - refine),
+        (
+            "estimator around the step (parameter and input validation, copy of the posterior, attributes)",
+            total - absorb,
+        ),
     ]
     rows = [[label, f"{sec:.3f}", f"{sec / total:.0%}", f"{1e6 * sec / n:.2f}"] for label, sec in parts]
     rows.append(["total (under the profiler)", f"{total:.3f}", "100%", f"{1e6 * total / n:.2f}"])
@@ -795,7 +798,7 @@ def report(rows, skipped, base, args, elapsed, n_train, n_test, files, load_text
         out += [
             "### Compilation",
             "",
-            f"First `fold_batch` call in a fresh interpreter with an empty numba cache directory "
+            f"First `absorb_batch` call in a fresh interpreter with an empty numba cache directory "
             f"(`NUMBA_CACHE_DIR`): **{first:.2f} s** (compilation of the loop, wall). In a second fresh "
             f"interpreter that finds the cache: {again:.2f} s. One compiled signature serves every "
             "network, likelihood, activation and number of modes; `cache=True` keeps it on disk.",

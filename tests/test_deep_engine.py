@@ -11,7 +11,7 @@ Factorization", ICML 2021): every function the fit runs, against an independent 
 * the spike-and-slab EP step (supplement eqs. 5–9) against a 1-D grid over the weight;
 * the τ update against its closed form (supplement §1, eq. 4);
 * the loop itself against a step-by-step reference, and a long stream of extreme values;
-* the compiled loop (:mod:`skcep.engines._deep_kernel`) against the numpy implementation it
+* the compiled loop (:mod:`skcep.engines.sbdt._kernel`) against the numpy implementation it
   replaced, kept in this file as the reference, for both likelihoods, both activations, one to
   three modes and zero to three hidden layers.
 """
@@ -24,17 +24,22 @@ from scipy.linalg.blas import daxpy
 from scipy.special import expit, log_ndtr, ndtr
 from scipy.stats import norm
 
-from skcep.engines import deep
 from skcep.engines._special import mills_ratio
 from skcep.engines.likelihoods import Gaussian
 from skcep.engines.likelihoods import mills_ratio as library_mills_ratio
+from skcep.engines.sbdt import absorb_batch, absorb_summary, init_posterior, predict_moments
+from skcep.engines.sbdt._kernel import evidence_derivatives, moment_update, noise_update
+from skcep.engines.sbdt.adf import adf_pass
+from skcep.engines.sbdt.moments import delta_moments, log_evidence
+from skcep.engines.sbdt.posterior import Workspace
+from skcep.engines.sbdt.spike_slab import refine_spike_slab, spike_slab_tilted
 
 
 def small_posterior(
     activation, ranks=(2, 3), hidden=(5, 4), shape=(6, 5), seed=0, likelihood="gaussian", intercept_variance=0.0
 ):
     rng = np.random.default_rng(seed)
-    return deep.init_posterior(
+    return init_posterior(
         shape,
         ranks,
         hidden,
@@ -88,7 +93,7 @@ def test_forward_backward_matches_central_differences(activation):
     offset (the whole of ``theta[0]``), against central differences of the same pass."""
     post = small_posterior(activation, ranks=(3, 2, 2), hidden=(6, 5), shape=(4, 4, 4), intercept_variance=1.0)
     post.theta[0, -1] = 0.7
-    ws = deep.Workspace(post)
+    ws = Workspace(post)
     ws.x_mean[:] = np.random.default_rng(1).standard_normal(7)
     alpha = ws.forward_backward()
     analytic = ws.grad.copy()
@@ -114,7 +119,7 @@ def test_forward_backward_matches_central_differences(activation):
 def test_forward_backward_matches_the_reference(activation):
     post = small_posterior(activation, ranks=(4, 3, 2), hidden=(7, 6, 5), shape=(5, 5, 5), intercept_variance=2.0)
     post.theta[0, -1] = 0.7  # intercept mean
-    ws = deep.Workspace(post)
+    ws = Workspace(post)
     x = np.random.default_rng(2).standard_normal(9)
     ws.x_mean[:] = x
     alpha = ws.forward_backward()
@@ -133,10 +138,8 @@ def test_vectorized_delta_moments_match_the_per_entry_delta_method(activation):
     post.theta[0, -1] = 0.4
     rng = np.random.default_rng(4)
     x_mean, x_var = rng.standard_normal((6, 5)), rng.uniform(0.1, 1.0, (6, 5))
-    alpha, beta = deep.delta_moments(
-        post.weight_mean, post.weight_var, x_mean, x_var, activation, intercept=post.intercept
-    )
-    ws = deep.Workspace(post)
+    alpha, beta = delta_moments(post.weight_mean, post.weight_var, x_mean, x_var, activation, intercept=post.intercept)
+    ws = Workspace(post)
     for i in range(6):
         ws.x_both[0], ws.x_both[1] = x_mean[i], x_var[i]
         a, b = ws.delta_method()
@@ -165,12 +168,12 @@ def test_delta_method_moments_against_monte_carlo(activation):
     w_var, x_var = np.full(P, v), np.full(4, v)
     shapes = post.shapes
 
-    alpha, beta = deep.delta_moments(
+    alpha, beta = delta_moments(
         unflatten(w_mean, shapes), unflatten(w_var, shapes), x_mean[None], x_var[None], activation
     )
     alpha, beta = alpha[0], beta[0]
     post.theta[1, :P] = v
-    ws = deep.Workspace(post)
+    ws = Workspace(post)
     ws.x_both[0], ws.x_both[1] = x_mean, x_var
     alpha_ws, beta_ws = ws.delta_method()
     assert alpha_ws == pytest.approx(alpha, abs=1e-13) and beta_ws == pytest.approx(beta, rel=1e-12)
@@ -229,9 +232,7 @@ def reference_log_z(likelihood, y, alpha, beta, noise=None):
 def check_evidence_derivatives(likelihood, y, alpha, beta, noise=None, h_alpha=1e-6, h_beta=1e-6):
     """∂log Z/∂α, and ∂log Z/∂β = ½(∂log Z/∂α)² − ½κ, against central differences; κ against
     the second difference in α; the vectorised log Z against scipy."""
-    d_alpha, kappa = deep.evidence_derivatives(
-        likelihood == "gaussian", y, alpha, beta, 1.0 if noise is None else noise
-    )
+    d_alpha, kappa = evidence_derivatives(likelihood == "gaussian", y, alpha, beta, 1.0 if noise is None else noise)
     assert isinstance(d_alpha, float) and isinstance(kappa, float)
     lz = lambda a, b: reference_log_z(likelihood, y, a, b, noise)  # noqa: E731
     fd_alpha = (lz(alpha + h_alpha, beta) - lz(alpha - h_alpha, beta)) / (2 * h_alpha)
@@ -242,7 +243,7 @@ def check_evidence_derivatives(likelihood, y, alpha, beta, noise=None, h_alpha=1
     fd_second = (lz(alpha + h2, beta) - 2 * lz(alpha, beta) + lz(alpha - h2, beta)) / h2**2
     assert kappa == pytest.approx(-fd_second, rel=1e-3, abs=1e-6)
     assert kappa > 0
-    log_z = deep.log_evidence(
+    log_z = log_evidence(
         likelihood,
         np.array([y, y]),
         np.array([alpha, alpha]),
@@ -290,8 +291,8 @@ def test_moment_update_matches_tilted_moments_on_a_grid(likelihood, y, g, mu, v)
     mean, var, grad = np.array([mu]), np.array([v]), np.array([g])
     vg = var * grad
     beta = float(vg @ grad)
-    d_alpha, kappa = deep.evidence_derivatives(likelihood == "gaussian", y, alpha0, beta, noise)
-    deep.moment_update(mean, var, grad, beta, d_alpha, kappa)
+    d_alpha, kappa = evidence_derivatives(likelihood == "gaussian", y, alpha0, beta, noise)
+    moment_update(mean, var, grad, beta, d_alpha, kappa)
 
     def log_tilted(theta):
         f = alpha0 + g * (theta - mu)
@@ -309,7 +310,7 @@ def test_moment_update_keeps_variances_positive():
     mean, var, grad = np.array([0.0, 1.0]), np.array([1.0, 2.0]), np.array([2.0, 0.0])
     vg = var * grad
     beta = float(vg @ grad)
-    deep.moment_update(mean, var, grad, beta, 0.5, 2.0 / beta)
+    moment_update(mean, var, grad, beta, 0.5, 2.0 / beta)
     np.testing.assert_allclose(var, [1e-12, 2.0], rtol=1e-12)
     np.testing.assert_allclose(mean, [1.0, 1.0], rtol=1e-15)
 
@@ -337,7 +338,7 @@ def test_engine_update_of_one_weight_matches_the_grid(likelihood):
         return norm.logpdf(w, mu, math.sqrt(v)) + lik
 
     m, var = grid_moments(log_tilted, mu, math.sqrt(v))
-    deep.adf_pass(post, X, y, likelihood)
+    adf_pass(post, X, y, likelihood)
     assert post.mean[j] == pytest.approx(m, rel=1e-7)
     assert post.var[j] == pytest.approx(var, rel=1e-6)
     others = np.r_[0, 2]
@@ -348,16 +349,16 @@ def test_noise_update_is_the_closed_form():
     """Supplement §1 eq. 4: a* = a + ½, b* = b + ½((y − α)² + β), i.e. the CEP expectation
     E[h1] of h1 = â/b̂ with b̂ = b + ½(y² − 2y f + f²), Taylor-expanded to first order in
     (f, f²) at (α, α² + β)."""
-    assert deep.noise_update(2.0, 1.5, 0.7, 0.2, 0.3) == (2.5, 1.5 + 0.5 * (0.25 + 0.3))
+    assert noise_update(2.0, 1.5, 0.7, 0.2, 0.3) == (2.5, 1.5 + 0.5 * (0.25 + 0.3))
     post = small_posterior("tanh", intercept_variance=1.0)
     X = np.array([[1, 2], [3, 4], [1, 4]])
     y = np.array([0.7, -1.2, 3.0])
     a, b = post.noise
     for i in range(3):
-        alpha, beta = deep.predict_moments(post, X[i : i + 1])
+        alpha, beta = predict_moments(post, X[i : i + 1])
         ef, ef2 = alpha[0], alpha[0] ** 2 + beta[0]
         expected_b = b + 0.5 * (y[i] ** 2 - 2 * y[i] * ef + ef2)
-        deep.adf_pass(post, X[i : i + 1], y[i : i + 1], "gaussian")
+        adf_pass(post, X[i : i + 1], y[i : i + 1], "gaussian")
         a, b = a + 0.5, expected_b
         assert post.noise[0] == pytest.approx(a, rel=1e-14)
         assert post.noise[1] == pytest.approx(b, rel=1e-12)
@@ -426,7 +427,7 @@ def test_adf_pass_matches_step_by_step_reference(activation, likelihood):
     X[5] = X[2]  # an entry seen twice, and objects shared between entries
     y = rng.standard_normal(12) if likelihood == "gaussian" else np.sign(rng.standard_normal(12))
     ref = post.copy()
-    deep.adf_pass(post, X, y, likelihood)
+    adf_pass(post, X, y, likelihood)
     log_z = sum(reference_adf_step(ref, row, yn, likelihood) for row, yn in zip(X, y))
     np.testing.assert_allclose(post.theta[:, : post.n_weights], ref.theta[:, : ref.n_weights], rtol=1e-9, atol=1e-13)
     np.testing.assert_allclose(post.theta[:, -1], ref.theta[:, -1], rtol=1e-9)
@@ -442,7 +443,7 @@ def test_adf_pass_matches_step_by_step_reference(activation, likelihood):
 # --------------------------------------------------------------------------------------------
 # the compiled loop against the numpy implementation it replaced
 #
-# Until the per-entry loop was compiled (skcep.engines._deep_kernel), the engine ran it as
+# Until the per-entry loop was compiled (skcep.engines.sbdt._kernel), the engine ran it as
 # about 25 numpy calls per entry.  That implementation is kept here, unchanged but for its
 # names, as the reference: the compiled loop must give the same posterior and predictions for
 # the same entries in the same order.
@@ -450,7 +451,7 @@ def test_adf_pass_matches_step_by_step_reference(activation, likelihood):
 
 class NumpyWorkspace:
     """The numpy per-entry forward/backward pass and delta method (the former
-    ``deep.Workspace``)."""
+    ``Workspace``)."""
 
     def __init__(self, post):
         sizes = post.layer_sizes
@@ -566,7 +567,7 @@ def numpy_moment_update(mean, var, vg, grad, beta, d_alpha, kappa, out):
 
 
 def numpy_adf_pass(post, X, y, likelihood):
-    """The former ``deep.adf_pass``: the per-entry loop in numpy calls."""
+    """The former ``adf_pass``: the per-entry loop in numpy calls."""
     ws = NumpyWorkspace(post)
     mean, var, grad, vg, tmp = post.mean, post.var, ws.grad, ws.vg, ws.tmp
     emb, slots = post.emb, ws.slots
@@ -595,7 +596,7 @@ def numpy_adf_pass(post, X, y, likelihood):
         post.noise = (a_tau, b_tau)
     if rows:
         alphas, betas = np.array(moments).T
-        log_z = deep.log_evidence(
+        log_z = log_evidence(
             likelihood, np.asarray(values), alphas, betas, np.asarray(noise_variances) if gaussian else None
         )
         post.log_evidence += float(np.sum(log_z))
@@ -628,7 +629,7 @@ def test_compiled_loop_matches_the_numpy_implementation(
     followed by the same spike-and-slab step after every batch: posterior, running evidence and
     predictions agree to 1e-10 (the two differ only in the order of summation)."""
     rng = np.random.default_rng(21)
-    post = deep.init_posterior(
+    post = init_posterior(
         shape,
         ranks,
         hidden,
@@ -647,9 +648,9 @@ def test_compiled_loop_matches_the_numpy_implementation(
             y = 3.0 + 1.5 * rng.standard_normal(batch)
         else:
             y = np.sign(rng.standard_normal(batch))
-        deep.fold_batch(post, X, y, likelihood, 0.3)
+        absorb_batch(post, X, y, likelihood, 0.3)
         numpy_adf_pass(ref, X, y, likelihood)
-        deep.refine_spike_slab(ref, 0.3)
+        refine_spike_slab(ref, 0.3)
     assert_close(post.theta, ref.theta)
     for a, b in zip(post.emb, ref.emb):
         assert_close(a, b)
@@ -660,11 +661,11 @@ def test_compiled_loop_matches_the_numpy_implementation(
         assert_close(post.noise, ref.noise)
     assert post.n_seen == ref.n_seen == n_batches * batch
     X_new = np.column_stack([rng.integers(0, d + 2, 50) for d in shape])  # some objects unseen
-    for a, b in zip(deep.predict_moments(post, X_new), deep.predict_moments(ref, X_new)):
+    for a, b in zip(predict_moments(post, X_new), predict_moments(ref, X_new)):
         assert_close(a, b)
     assert not np.array_equal(
         post.theta,
-        deep.init_posterior(
+        init_posterior(
             shape,
             ranks,
             hidden,
@@ -691,7 +692,7 @@ def test_adf_pass_rejects_indices_outside_the_shape():
     before = post.copy()
     for X in (np.array([[6, 0]]), np.array([[0, 5]]), np.array([[0, -1]])):
         with pytest.raises(IndexError):
-            deep.adf_pass(post, X, np.ones(1), "gaussian")
+            adf_pass(post, X, np.ones(1), "gaussian")
     np.testing.assert_array_equal(post.theta, before.theta)
     assert post.n_seen == 0
 
@@ -725,7 +726,7 @@ def spike_slab_on_grid(mu_c, v_c, rho0, s0):
     ],
 )
 def test_spike_slab_tilted_moments_match_the_grid(mu_c, v_c, rho0, s0):
-    rho_star, mean, var = deep.spike_slab_tilted(1 / v_c, mu_c / v_c, math.log(rho0 / (1 - rho0)), s0)
+    rho_star, mean, var = spike_slab_tilted(1 / v_c, mu_c / v_c, math.log(rho0 / (1 - rho0)), s0)
     p1, m, v = spike_slab_on_grid(mu_c, v_c, rho0, s0)
     assert expit(rho_star + math.log(rho0 / (1 - rho0))) == pytest.approx(p1, rel=1e-7)
     assert mean == pytest.approx(m, rel=1e-7, abs=1e-12)
@@ -735,7 +736,7 @@ def test_spike_slab_tilted_moments_match_the_grid(mu_c, v_c, rho0, s0):
 
 
 def test_flat_cavity_gives_the_projected_prior():
-    rho, mean, var = deep.spike_slab_tilted(np.array([0.0]), np.array([0.0]), math.log(0.3 / 0.7), 2.0)
+    rho, mean, var = spike_slab_tilted(np.array([0.0]), np.array([0.0]), math.log(0.3 / 0.7), 2.0)
     assert rho[0] == 0.0 and mean[0] == 0.0
     assert var[0] == pytest.approx(0.3 * 2.0)  # E[w²] of the prior: ρ0 σ0²
 
@@ -745,17 +746,17 @@ def test_refine_spike_slab_is_an_ep_step(damping):
     post = small_posterior("tanh", seed=9)
     rng = np.random.default_rng(10)
     X = np.column_stack([rng.integers(0, 6, 40), rng.integers(0, 5, 40)])
-    deep.adf_pass(post, X, rng.standard_normal(40), "gaussian")
+    adf_pass(post, X, rng.standard_normal(40), "gaussian")
     P = post.n_weights
     old = post.copy()
     lam, eta = 1 / old.var[:P], old.mean[:P] / old.var[:P]
     cav_lam, cav_eta = lam - old.site_precision, eta - old.site_shift
     assert np.all(cav_lam >= 0)
-    assert deep.refine_spike_slab(post, damping=damping) == 0
+    assert refine_spike_slab(post, damping=damping) == 0
     # q = cavity × A, in natural parameters, after the step
     np.testing.assert_allclose(1 / post.var[:P], cav_lam + post.site_precision, rtol=1e-9)
     np.testing.assert_allclose(post.mean[:P] / post.var[:P], cav_eta + post.site_shift, rtol=1e-9, atol=1e-9)
-    rho, m, v = deep.spike_slab_tilted(cav_lam, cav_eta, old.prior_logit, old.slab_variance)
+    rho, m, v = spike_slab_tilted(cav_lam, cav_eta, old.prior_logit, old.slab_variance)
     if damping == 1.0:  # q is the projected tilted distribution, checked on a grid for a few weights
         np.testing.assert_allclose(post.mean[:P], m, rtol=1e-12, atol=1e-15)
         np.testing.assert_allclose(post.var[:P], v, rtol=1e-12)
@@ -776,7 +777,7 @@ def test_refine_spike_slab_is_an_ep_step(damping):
     # a second step at once changes nothing more (EP fixed point for this cavity) when undamped
     if damping == 1.0:
         before = post.theta.copy()
-        deep.refine_spike_slab(post)
+        refine_spike_slab(post)
         np.testing.assert_allclose(post.theta, before, rtol=1e-9, atol=1e-12)
 
 
@@ -784,7 +785,7 @@ def test_improper_cavity_is_skipped_and_counted():
     post = small_posterior("tanh")
     post.site_precision[3] = 1 / post.var[3] + 1.0  # cavity precision −1
     before_mean, before_var, before_site = post.mean[3], post.var[3], post.site_shift[3]
-    assert deep.refine_spike_slab(post) == 1
+    assert refine_spike_slab(post) == 1
     assert post.n_skipped == 1 and post.mean[3] == before_mean and post.var[3] == before_var
     assert post.site_shift[3] == before_site  # the term is kept
     assert np.all(np.isfinite(post.theta))
@@ -797,7 +798,7 @@ def test_flat_cavity_is_refined_to_the_projected_prior():
     post = small_posterior("tanh")
     P = post.n_weights
     assert np.all(1 / post.var[:P] - post.site_precision == 0)
-    assert deep.refine_spike_slab(post, damping=1.0) == 0
+    assert refine_spike_slab(post, damping=1.0) == 0
     np.testing.assert_allclose(post.mean[:P], 0.0, atol=1e-15)
     np.testing.assert_allclose(post.var[:P], 0.5, rtol=1e-12)
     np.testing.assert_allclose(expit(post.inclusion_logit), 0.5, rtol=1e-12)
@@ -808,28 +809,28 @@ def test_flat_cavity_is_refined_to_the_projected_prior():
 
 
 @pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
-def test_fold_batch_is_adf_then_the_spike_and_slab_step(likelihood):
+def test_absorb_batch_is_adf_then_the_spike_and_slab_step(likelihood):
     post = small_posterior("relu", likelihood=likelihood, intercept_variance=1.0, seed=3)
     rng = np.random.default_rng(4)
     X = np.column_stack([rng.integers(0, 6, 30), rng.integers(0, 5, 30)])
     y = rng.standard_normal(30) if likelihood == "gaussian" else np.sign(rng.standard_normal(30))
     by_hand = post.copy()
-    deep.adf_pass(by_hand, X, y, likelihood)
-    deep.refine_spike_slab(by_hand, 0.2)
-    assert deep.fold_batch(post, X, y, likelihood, 0.2) is post
+    adf_pass(by_hand, X, y, likelihood)
+    refine_spike_slab(by_hand, 0.2)
+    assert absorb_batch(post, X, y, likelihood, 0.2) is post
     np.testing.assert_array_equal(post.theta, by_hand.theta)
     np.testing.assert_array_equal(post.site_logit, by_hand.site_logit)
     assert post.n_batches == 1 and post.n_seen == 30 and post.log_evidence == by_hand.log_evidence
 
 
-def test_fold_summary():
+def test_absorb_summary():
     post = small_posterior("tanh", intercept_variance=1.0)
     before = post.copy()
     rng = np.random.default_rng(5)
     X = np.column_stack([rng.integers(0, 6, 20), rng.integers(0, 5, 20)])
     y = rng.standard_normal(20)
-    deep.fold_batch(post, X, y, "gaussian", 0.5)
-    change, mean_log_z = deep.fold_summary(before, post)
+    absorb_batch(post, X, y, "gaussian", 0.5)
+    change, mean_log_z = absorb_summary(before, post)
     P = post.n_weights
     expected = max(
         [
@@ -859,14 +860,14 @@ def test_long_stream_of_extreme_values_stays_finite(activation, likelihood):
         batches = [(one, np.ones(600)), (mixed, np.sign(rng.standard_normal(600))), (one, -np.ones(600))]
     for X, y in batches:
         for start in range(0, 600, 100):
-            deep.fold_batch(post, X[start : start + 100], y[start : start + 100], likelihood, 0.5)
+            absorb_batch(post, X[start : start + 100], y[start : start + 100], likelihood, 0.5)
             assert np.all(np.isfinite(post.theta)), "NaN/inf in the weights"
             assert np.all(post.theta[1] >= 0) and np.all(post.var[: post.n_weights] > 0)
             assert all(np.all(np.isfinite(e)) and np.all(e[1] > 0) for e in post.emb)
     if likelihood == "gaussian":
         assert np.all(np.isfinite(post.noise)) and post.noise[1] > 0
     assert np.isfinite(post.log_evidence)
-    alpha, beta = deep.predict_moments(post, mixed)
+    alpha, beta = predict_moments(post, mixed)
     assert np.all(np.isfinite(alpha)) and np.all(beta >= 0)
     assert post.n_seen == 1800 and post.n_batches == 18
 
@@ -875,7 +876,7 @@ def test_predict_moments_use_the_prior_for_unseen_indices():
     post = small_posterior("tanh", intercept_variance=0.5)
     post.theta[0, -1] = 0.25
     X = np.array([[1, 7], [9, 2]])  # mode-1 object 7 and mode-0 object 9 are beyond the shape
-    alpha, beta = deep.predict_moments(post, X)
+    alpha, beta = predict_moments(post, X)
     for i, (a, b) in enumerate(X):
         x_mean = np.concatenate(
             [post.emb[0][0, a] if a < 6 else np.zeros(2), post.emb[1][0, b] if b < 5 else np.zeros(3)]
@@ -889,8 +890,8 @@ def test_predict_moments_use_the_prior_for_unseen_indices():
 
 def test_probit_evidence_stays_finite_far_in_the_tail():
     for z_alpha in (-40.0, -1e3, -1e8):
-        d_alpha, kappa = deep.evidence_derivatives(False, 1.0, z_alpha, 0.0, 1.0)
-        log_z = deep.log_evidence("probit", np.array([1.0]), np.array([z_alpha]), np.array([0.0]))
+        d_alpha, kappa = evidence_derivatives(False, 1.0, z_alpha, 0.0, 1.0)
+        log_z = log_evidence("probit", np.array([1.0]), np.array([z_alpha]), np.array([0.0]))
         assert np.all(np.isfinite(log_z)) and np.isfinite(d_alpha) and np.isfinite(kappa)
         assert kappa > 0  # −∂²log Φ/∂z² ∈ (0, 1); r(r + z) cancels beyond |z| ≈ 1e4
         assert kappa < 1 or z_alpha < -1e4

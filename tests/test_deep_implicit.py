@@ -18,7 +18,9 @@ import pickle
 import numpy as np
 import pytest
 
-from skcep.engines import deep
+from skcep.engines.sbdt import grow_posterior, init_posterior, predict_moments
+from skcep.engines.sbdt.adf import adf_pass
+from skcep.engines.sbdt.posterior import entry_inputs
 from skcep.tensor import StreamingDeepTensor
 
 SMALL = dict(rank=2, hidden_layer_sizes=(8,), batch_size=32)
@@ -62,7 +64,7 @@ def test_one_entry_update_is_exact_gaussian_conditioning():
     its exact conditioning on y = f + ε, ε ~ N(0, b_τ/a_τ)."""
     rng = np.random.default_rng(3)
     shape, ranks = (7, 6), (2, 3)
-    post = deep.init_posterior(
+    post = init_posterior(
         shape,
         ranks,
         (),
@@ -75,7 +77,7 @@ def test_one_entry_update_is_exact_gaussian_conditioning():
         implicit_modes={0: 1, 1: 0},
     )
     X = np.column_stack([rng.integers(0, 7, 40), rng.integers(0, 6, 40)])
-    deep.adf_pass(post, X, rng.standard_normal(40), "gaussian")  # N(s) of several members
+    adf_pass(post, X, rng.standard_normal(40), "gaussian")  # N(s) of several members
     imp = post.implicit
     imp.y[0] = rng.standard_normal(imp.y.shape[1])  # arbitrary moments, so the check is not trivial
     imp.y[1] = rng.uniform(0.2, 2.0, imp.y.shape[1])
@@ -103,7 +105,7 @@ def test_one_entry_update_is_exact_gaussian_conditioning():
     cov = np.diag(v) - np.outer(v * a, v * a) / (a @ (v * a) + noise)
     mu_ref = mu + v * a * (value - f_mean) / (a @ (v * a) + noise)
     before = post.copy()
-    _, alpha, beta = deep.adf_pass(post, entry, [value], "gaussian", return_moments=True)
+    _, alpha, beta = adf_pass(post, entry, [value], "gaussian", return_moments=True)
     assert alpha[0] == pytest.approx(f_mean, rel=1e-12) and beta[0] == pytest.approx(a @ (v * a), rel=1e-12)
     got_mu = np.concatenate(
         [q[0, j] for q, j, _, _ in [(post.emb[0], s, 0, 0), (post.emb[1], m, 0, 0)]]
@@ -131,11 +133,11 @@ def test_one_entry_update_is_exact_gaussian_conditioning():
 @pytest.mark.parametrize("likelihood", ["gaussian", "probit", "ordinal"])
 def test_an_entry_is_absorbed_with_its_own_pair_and_predictions_read_the_sets(activation, likelihood):
     """Entry by entry, the moments (α, β) the loop absorbs an entry with are the delta-method
-    prediction (vectorised, :func:`deep.predict_moments`) of the posterior whose N(s) already
+    prediction (vectorised, :func:`predict_moments`) of the posterior whose N(s) already
     hold the entry's pairs (the entry passed first with weight 0, which adds the pairs and moves
     nothing)."""
     rng = np.random.default_rng(4)
-    post = deep.init_posterior(
+    post = init_posterior(
         (6, 5, 3),
         (2, 2, 1),
         (5,),
@@ -156,9 +158,9 @@ def test_an_entry_is_absorbed_with_its_own_pair_and_predictions_read_the_sets(ac
     }[likelihood]
     for x, value in zip(X, y):
         primed = post.copy()
-        deep.adf_pass(primed, x[None], [value], likelihood, weight=np.zeros(1))
-        expected = deep.predict_moments(primed, x[None])
-        _, alpha, beta = deep.adf_pass(post, x[None], [value], likelihood, return_moments=True)
+        adf_pass(primed, x[None], [value], likelihood, weight=np.zeros(1))
+        expected = predict_moments(primed, x[None])
+        _, alpha, beta = adf_pass(post, x[None], [value], likelihood, return_moments=True)
         np.testing.assert_allclose([alpha[0], beta[0]], [expected[0][0], expected[1][0]], rtol=1e-11, atol=1e-13)
     for t, (k, j) in enumerate([(0, 1), (2, 0)]):
         for s in range(post.shape[k]):
@@ -170,7 +172,7 @@ def test_sets_grow_across_batches_and_with_the_shape():
     """N(s) keeps its members across batches in the order they joined; new rows and objects of
     a grown tensor start empty and at the prior."""
     rng = np.random.default_rng(5)
-    post = deep.init_posterior(
+    post = init_posterior(
         (4, 3),
         (2, 2),
         (),
@@ -182,12 +184,12 @@ def test_sets_grow_across_batches_and_with_the_shape():
         implicit_modes={0: 1},
     )
     first = np.array([[0, 2], [0, 1], [1, 1], [0, 2]])
-    deep.adf_pass(post, first, np.zeros(4), "gaussian")
+    adf_pass(post, first, np.zeros(4), "gaussian")
     assert list(post.implicit.neighbours(0, 0)) == [2, 1]
-    deep.grow_posterior(post, (6, 5), rng)
+    grow_posterior(post, (6, 5), rng)
     assert post.implicit.factors(0).shape == (2, 5, 2) and list(post.implicit.neighbours(0, 5)) == []
     np.testing.assert_array_equal(post.implicit.factors(0)[:, 3:], [[[0, 0]] * 2, [[1, 1]] * 2])
-    deep.adf_pass(post, np.array([[0, 4], [5, 4], [0, 0]] * 30), np.zeros(90), "gaussian")
+    adf_pass(post, np.array([[0, 4], [5, 4], [0, 0]] * 30), np.zeros(90), "gaussian")
     assert list(post.implicit.neighbours(0, 0)) == [2, 1, 4, 0] and list(post.implicit.neighbours(0, 5)) == [4]
     assert list(post.implicit.neighbours(0, 1)) == [1]
 
@@ -261,7 +263,7 @@ def test_partial_fit_continues_the_stream_and_fit_starts_afresh(likelihood):
     unseen = np.array([[40, 0, 0], [0, 30, 0], [40, 30, 9]])
     out = fitted.predict_proba(unseen) if likelihood != "gaussian" else fitted.predict(unseen, return_std=True)[1]
     assert np.all(np.isfinite(out))
-    x_mean, x_var = deep.entry_inputs(fitted._posterior, unseen)
+    x_mean, x_var = entry_inputs(fitted._posterior, unseen)
     np.testing.assert_array_equal(x_mean[[0, 2], :2], 0.0)
     np.testing.assert_array_equal(x_var[[0, 2], :2], 1.0)
 
@@ -308,7 +310,7 @@ def test_rejected_calls_leave_the_model_unchanged(monkeypatch):
         raise RuntimeError("after the ADF pass")
 
     with monkeypatch.context() as patch:
-        patch.setattr(deep, "refine_spike_slab", fail)
+        patch.setattr("skcep.engines.sbdt.adf.refine_spike_slab", fail)
         with pytest.raises(RuntimeError, match="after the ADF pass"):
             est.partial_fit(np.array([[0, 8, 0], [11, 0, 3]]), [0.5, -0.5])
     est.set_params(implicit_modes={0: 0})

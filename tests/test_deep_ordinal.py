@@ -26,9 +26,11 @@ from sklearn.base import clone, is_classifier, is_regressor
 from test_deep_engine import grid_moments, power_site_step, reference_entry, small_posterior, store_entry_moments
 from test_deep_tensor import assert_same
 
-from skcep.engines import deep
-from skcep.engines._deep_kernel import ORDINAL, evidence_derivatives, ordinal_derivatives
 from skcep.engines.ordinal import OrderedProbit, log_interval_prob
+from skcep.engines.sbdt import absorb_batch, init_posterior, initial_thresholds, predict_moments
+from skcep.engines.sbdt._kernel import ORDINAL, evidence_derivatives, ordinal_derivatives
+from skcep.engines.sbdt.adf import adf_pass
+from skcep.engines.sbdt.thresholds import update_thresholds
 from skcep.tensor import StreamingDeepTensor
 
 ORDERED_PROBIT = OrderedProbit()
@@ -132,8 +134,8 @@ def test_two_level_adf_pass_equals_the_probit_pass(theta0):
     ordinal.theta[0, -1] = 0.3
     probit = small_posterior("tanh", likelihood="probit", intercept_variance=1.0, seed=4)
     probit.theta[0, -1] = 0.3 - theta0
-    deep.adf_pass(ordinal, X, levels, "ordinal")
-    deep.adf_pass(probit, X, 2 * levels - 1, "probit")
+    adf_pass(ordinal, X, levels, "ordinal")
+    adf_pass(probit, X, 2 * levels - 1, "probit")
     shifted = ordinal.theta.copy()
     shifted[0, -1] -= theta0
     np.testing.assert_allclose(shifted, probit.theta, rtol=1e-10, atol=1e-13)
@@ -174,7 +176,7 @@ def test_engine_update_of_one_weight_matches_the_grid(y, weight):
     m1, v1 = grid_moments(log_tilted, mu, math.sqrt(v))
     precision = 1 / v + weight * (1 / v1 - 1 / v)
     shift = mu / v + weight * (m1 / v1 - mu / v)
-    deep.adf_pass(post, np.array([[1, 0]]), np.array([float(y)]), "ordinal", np.array([weight]))
+    adf_pass(post, np.array([[1, 0]]), np.array([float(y)]), "ordinal", np.array([weight]))
     assert post.mean[j] == pytest.approx(shift / precision, rel=1e-7, abs=1e-9)
     assert post.var[j] == pytest.approx(1 / precision, rel=1e-6)
     np.testing.assert_array_equal(post.mean[np.r_[0, 2]], w0[np.r_[0, 2]])  # no variance, no change
@@ -205,7 +207,7 @@ def test_adf_pass_matches_step_by_step_reference(activation, weighted):
     y = rng.integers(0, 5, 14)
     w = rng.uniform(0.2, 4.0, 14) if weighted else np.ones(14)
     ref = post.copy()
-    _, alpha, beta = deep.adf_pass(post, X, y.astype(float), "ordinal", w if weighted else None, return_moments=True)
+    _, alpha, beta = adf_pass(post, X, y.astype(float), "ordinal", w if weighted else None, return_moments=True)
     steps = np.array([reference_ordinal_step(ref, row, yn, wn) for row, yn, wn in zip(X, y, w)])
     P = post.n_weights
     np.testing.assert_allclose(post.theta[:, :P], ref.theta[:, :P], rtol=1e-9, atol=1e-13)
@@ -226,19 +228,17 @@ def test_integer_weight_is_close_to_the_entry_fed_w_times(w):
     (10 entries): measured 0.014 (w = 2) and 0.029 (w = 3); the tolerances are about 1.5 times
     that."""
     rng = np.random.default_rng(5)
-    post = deep.init_posterior(
-        (15, 12), (2, 3), (8,), "tanh", spike_prob=0.5, slab_variance=1.0, noise_prior=None, rng=rng
-    )
+    post = init_posterior((15, 12), (2, 3), (8,), "tanh", spike_prob=0.5, slab_variance=1.0, noise_prior=None, rng=rng)
     post.thresholds = np.array([-1.0, -0.2, 0.6])
     X = np.column_stack([rng.integers(0, 15, 210), rng.integers(0, 12, 210)])
     f = np.sin(X[:, 0]) + 0.3 * X[:, 1] - 1.5
     y = np.digitize(f + 0.3 * rng.standard_normal(210), [-1.0, -0.2, 0.6]).astype(float)
-    deep.adf_pass(post, X[:200], y[:200], "ordinal")
+    adf_pass(post, X[:200], y[:200], "ordinal")
     worst = 0.0
     for i in range(200, 210):
         one, many = post.copy(), post.copy()
-        deep.adf_pass(one, X[i : i + 1], y[i : i + 1], "ordinal", np.array([float(w)]))
-        deep.adf_pass(many, np.repeat(X[i : i + 1], w, axis=0), np.repeat(y[i : i + 1], w), "ordinal")
+        adf_pass(one, X[i : i + 1], y[i : i + 1], "ordinal", np.array([float(w)]))
+        adf_pass(many, np.repeat(X[i : i + 1], w, axis=0), np.repeat(y[i : i + 1], w), "ordinal")
         P = post.n_weights  # (no offset: its variance is 0)
         worst = max(worst, float(np.max(np.abs(one.mean[:P] - many.mean[:P]) / np.sqrt(many.var[:P]))))
         for a, b in zip(one.emb, many.emb):
@@ -254,8 +254,8 @@ def test_zero_weight_entry_is_skipped_by_the_engine():
     w = np.ones(10)
     w[[2, 7]] = 0.0
     ref = post.copy()
-    deep.fold_batch(post, X, y, "ordinal", 0.5, w)
-    deep.fold_batch(ref, X[w > 0], y[w > 0], "ordinal", 0.5)
+    absorb_batch(post, X, y, "ordinal", 0.5, w)
+    absorb_batch(ref, X[w > 0], y[w > 0], "ordinal", 0.5)
     np.testing.assert_array_equal(post.theta, ref.theta)
     for a, b in zip(post.emb, ref.emb):
         np.testing.assert_array_equal(a, b)
@@ -283,7 +283,7 @@ def brute_force_thresholds(alpha, beta, y, n_levels, weight, start):
 
 @pytest.mark.parametrize("seen", [0.0, 300.0])
 def test_cut_point_update_is_the_batch_optimum_averaged_in(seen):
-    """fold_batch's cut points: θ̂ maximises the batch's Σ w log Z at the predictive (α, β) its
+    """absorb_batch's cut points: θ̂ maximises the batch's Σ w log Z at the predictive (α, β) its
     entries were absorbed with (found here by scipy.optimize), and θ moves to it by the
     batch's share of the weight seen (all of the way on a stream's first batch)."""
     theta_old = np.array([-1.2, -0.3, 0.4, 1.5])
@@ -293,9 +293,9 @@ def test_cut_point_update_is_the_batch_optimum_averaged_in(seen):
     X = np.column_stack([rng.integers(0, 6, 60), rng.integers(0, 5, 60)])
     y = rng.integers(0, 5, 60)
     w = rng.uniform(0.5, 2.0, 60)
-    _, alpha, beta = deep.adf_pass(post.copy(), X, y.astype(float), "ordinal", w, return_moments=True)
+    _, alpha, beta = adf_pass(post.copy(), X, y.astype(float), "ordinal", w, return_moments=True)
     best = brute_force_thresholds(alpha, beta, y, 5, w, theta_old)
-    deep.fold_batch(post, X, y.astype(float), "ordinal", 0.5, w)
+    absorb_batch(post, X, y.astype(float), "ordinal", 0.5, w)
     share = w.sum() / (seen + w.sum())
     np.testing.assert_allclose(post.thresholds, theta_old + share * (best - theta_old), rtol=1e-6, atol=1e-7)
     assert post.threshold_weight == pytest.approx(seen + w.sum())
@@ -309,8 +309,8 @@ def test_integer_weights_in_the_cut_points_are_repeated_entries():
     alpha, beta, y = rng.normal(0, 1, 30), rng.uniform(0.1, 1, 30), rng.integers(0, 4, 30)
     w = rng.integers(1, 4, 30)
     one, many = post.copy(), post.copy()
-    deep.update_thresholds(one, y, alpha, beta, w.astype(float))
-    deep.update_thresholds(many, np.repeat(y, w), np.repeat(alpha, w), np.repeat(beta, w))
+    update_thresholds(one, y, alpha, beta, w.astype(float))
+    update_thresholds(many, np.repeat(y, w), np.repeat(alpha, w), np.repeat(beta, w))
     np.testing.assert_allclose(one.thresholds, many.thresholds, rtol=1e-9)
     assert one.threshold_weight == many.threshold_weight == 50 + w.sum()
 
@@ -323,12 +323,12 @@ def test_initial_cut_points_match_the_level_shares_under_the_untrained_network()
     rng = np.random.default_rng(6)
     X = np.column_stack([rng.integers(0, 6, 200), rng.integers(0, 5, 200)])
     y = rng.choice(4, 200, p=[0.1, 0.2, 0.3, 0.4])
-    theta = deep.initial_thresholds(post, X, y, 4)
-    alpha, beta = deep.predict_moments(post, X)
+    theta = initial_thresholds(post, X, y, 4)
+    alpha, beta = predict_moments(post, X)
     upper = ndtr((theta[None, :] - alpha[:, None]) / np.sqrt(1 + beta)[:, None])  # P(y ≤ k) per entry
     np.testing.assert_allclose(upper.mean(axis=0), np.cumsum(np.bincount(y, minlength=4))[:-1] / 200, atol=1e-8)
     with pytest.raises(ValueError, match="cut points"):
-        deep.adf_pass(post, X, y.astype(float), "ordinal")
+        adf_pass(post, X, y.astype(float), "ordinal")
 
 
 def test_long_stream_of_extreme_levels_stays_finite():
@@ -339,7 +339,7 @@ def test_long_stream_of_extreme_levels_stays_finite():
     batches = [(one, np.full(600, 3.0)), (mixed, rng.integers(0, 4, 600).astype(float)), (one, np.zeros(600))]
     for X, y in batches:
         for start in range(0, 600, 100):
-            deep.fold_batch(post, X[start : start + 100], y[start : start + 100], "ordinal", 0.5)
+            absorb_batch(post, X[start : start + 100], y[start : start + 100], "ordinal", 0.5)
             assert np.all(np.isfinite(post.theta)) and np.all(post.var[: post.n_weights] > 0)
             assert all(np.all(np.isfinite(e)) and np.all(e[1] > 0) for e in post.emb)
             assert np.all(np.isfinite(post.thresholds)) and np.all(np.diff(post.thresholds) > 0)
@@ -392,7 +392,7 @@ def test_prediction_api():
     proba = est.predict_proba(X[1000:])
     assert proba.shape == (200, 5) and np.all(proba >= 0)
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
-    alpha, beta = deep.predict_moments(est._posterior, X[1000:])
+    alpha, beta = predict_moments(est._posterior, X[1000:])
     upper = ndtr((cut_points(est.thresholds_)[None, 1:] - alpha[:, None]) / np.sqrt(1 + beta)[:, None])
     np.testing.assert_allclose(proba, np.diff(np.c_[np.zeros(200), upper], axis=1), rtol=1e-10, atol=1e-15)
     mean, std = est.predict(X[1000:], return_std=True)

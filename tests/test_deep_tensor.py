@@ -19,7 +19,8 @@ from sklearn.exceptions import NotFittedError
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from skcep.engines import deep
+from skcep.engines.sbdt import DeepPosterior, predict_moments
+from skcep.engines.sbdt.posterior import Workspace
 from skcep.tensor import StreamingDeepTensor
 
 SMALL = dict(rank=2, hidden_layer_sizes=(8,), batch_size=32)
@@ -105,7 +106,7 @@ def test_gaussian_prediction_api():
     X, y, _ = additive_tensor(n=1200, seed=2)
     est = StreamingDeepTensor(rank=3, hidden_layer_sizes=(10,), random_state=0).fit(X[:1000], y[:1000])
     mean, std = est.predict(X[1000:], return_std=True)
-    alpha, beta = deep.predict_moments(est._posterior, X[1000:])  # of the standardized targets
+    alpha, beta = predict_moments(est._posterior, X[1000:])  # of the standardized targets
     np.testing.assert_allclose(mean, est.y_offset_ + est.y_scale_ * alpha, rtol=1e-12)
     np.testing.assert_allclose(std, np.sqrt(est.y_scale_**2 * beta + 1 / est.noise_precision_), rtol=1e-12)
     np.testing.assert_array_equal(est.predict(X[1000:]), mean)
@@ -122,7 +123,7 @@ def test_probit_prediction_api():
     proba = est.predict_proba(X[500:])
     score = est.decision_function(X[500:])
     pred, latent_std = est.predict(X[500:], return_std=True)
-    alpha, beta = deep.predict_moments(est._posterior, X[500:])
+    alpha, beta = predict_moments(est._posterior, X[500:])
     np.testing.assert_allclose(score, alpha, rtol=1e-12)
     np.testing.assert_allclose(latent_std, np.sqrt(beta), rtol=1e-12)
     np.testing.assert_allclose(proba[:, 1], ndtr(alpha / np.sqrt(1 + beta)), rtol=1e-12)  # eq. 10
@@ -143,7 +144,7 @@ def test_unseen_objects_are_predicted_from_the_prior():
             (post.emb[k][0, j], post.emb[k][1, j]) if j < post.emb[k].shape[1] else (np.zeros(2), np.ones(2))
             for k, j in enumerate(row)
         ]
-        ws = deep.Workspace(post.copy())  # the per-entry delta method of the ADF loop
+        ws = Workspace(post.copy())  # the per-entry delta method of the ADF loop
         ws.x_both[0] = np.concatenate([p[0] for p in parts])
         ws.x_both[1] = np.concatenate([p[1] for p in parts])
         alpha, beta = ws.delta_method()  # of the standardized targets
@@ -286,7 +287,7 @@ def assert_same(a, b, path="est"):
         assert type(a) is type(b) and len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same(x, y, f"{path}[{i}]")
-    elif isinstance(a, deep.DeepPosterior):
+    elif isinstance(a, DeepPosterior):
         assert_same(vars(a), vars(b), path)
     elif isinstance(a, np.random.RandomState):
         assert_same(a.get_state(legacy=False), b.get_state(legacy=False), path + "<rng>")

@@ -26,8 +26,11 @@ from sklearn.exceptions import ConvergenceWarning
 from test_deep_engine import grid_moments, power_site_step, reference_entry, small_posterior, store_entry_moments
 
 from skcep import BayesianCPTensor
-from skcep.engines import cp, deep
+from skcep.engines import cp
 from skcep.engines.cp.packing import _packing
+from skcep.engines.sbdt import absorb_batch, init_posterior
+from skcep.engines.sbdt._kernel import evidence_derivatives, power_step
+from skcep.engines.sbdt.adf import adf_pass
 from skcep.tensor import StreamingDeepTensor
 
 
@@ -296,8 +299,8 @@ CASES = [(0.7, 0.3, 0.9, 2.0), (-1.2, 1.5, 0.4, 3.0), (0.2, 0.05, 2.0, 0.5), (2.
 def test_power_step_gaussian_is_the_tempered_likelihood_on_a_grid(y, alpha, beta, w):
     """N(f | α, β) N(y | f, σ²)^w integrated on a grid: the step α + β ∂log Z, β − β² κ."""
     sigma2 = 0.6
-    d_alpha, kappa = deep.evidence_derivatives(True, y, alpha, beta, sigma2)
-    d_alpha, kappa = deep.power_step(d_alpha, kappa, beta, w)
+    d_alpha, kappa = evidence_derivatives(True, y, alpha, beta, sigma2)
+    d_alpha, kappa = power_step(d_alpha, kappa, beta, w)
 
     def log_tilted(f):
         return norm.logpdf(f, alpha, math.sqrt(beta)) + w * norm.logpdf(y, f, math.sqrt(sigma2))
@@ -316,8 +319,8 @@ def test_power_step_probit_is_w_copies_of_one_site(y, alpha, beta, w):
     )
     precision = 1.0 / beta + w * (1.0 / v1 - 1.0 / beta)
     shift = alpha / beta + w * (m1 / v1 - alpha / beta)
-    d_alpha, kappa = deep.evidence_derivatives(False, y, alpha, beta, 1.0)
-    d_alpha, kappa = deep.power_step(d_alpha, kappa, beta, w)
+    d_alpha, kappa = evidence_derivatives(False, y, alpha, beta, 1.0)
+    d_alpha, kappa = power_step(d_alpha, kappa, beta, w)
     assert alpha + beta * d_alpha == pytest.approx(shift / precision, abs=1e-8)
     assert beta - beta**2 * kappa == pytest.approx(1.0 / precision, rel=1e-7)
     assert 0 < beta * kappa < 1  # positive variances for every weight
@@ -325,8 +328,8 @@ def test_power_step_probit_is_w_copies_of_one_site(y, alpha, beta, w):
 
 def test_power_step_unit_and_zero_weights():
     for d_alpha, kappa, beta in [(0.3, 0.7, 0.9), (-2.0, 0.01, 50.0)]:
-        assert deep.power_step(d_alpha, kappa, beta, 1.0) == (d_alpha, kappa)
-        assert deep.power_step(d_alpha, kappa, beta, 0.0) == (0.0, 0.0)
+        assert power_step(d_alpha, kappa, beta, 1.0) == (d_alpha, kappa)
+        assert power_step(d_alpha, kappa, beta, 0.0) == (0.0, 0.0)
 
 
 def reference_weighted_step(post, row, y, w, likelihood):
@@ -363,7 +366,7 @@ def test_weighted_adf_pass_matches_step_by_step_reference(activation, likelihood
     y = rng.standard_normal(12) if likelihood == "gaussian" else np.sign(rng.standard_normal(12))
     w = np.array([0.5, 2.0, 1.0, 3.0, 0.25, 1.5, 4.0, 1.0, 2.5, 0.75, 1.0, 6.0])
     ref = post.copy()
-    deep.adf_pass(post, X, y, likelihood, w)
+    adf_pass(post, X, y, likelihood, w)
     log_z = sum(reference_weighted_step(ref, row, yn, wn, likelihood) for row, yn, wn in zip(X, y, w))
     P = post.n_weights  # (the input slots in between hold the last entry's embeddings)
     np.testing.assert_allclose(post.theta[:, :P], ref.theta[:, :P], rtol=1e-9, atol=1e-13)
@@ -385,8 +388,8 @@ def test_zero_weight_entry_is_skipped_by_the_engine(likelihood):
     w = np.ones(10)
     w[[2, 7]] = 0.0
     ref = post.copy()
-    deep.fold_batch(post, X, y, likelihood, 0.5, w)
-    deep.fold_batch(ref, X[w > 0], y[w > 0], likelihood, 0.5)
+    absorb_batch(post, X, y, likelihood, 0.5, w)
+    absorb_batch(ref, X[w > 0], y[w > 0], likelihood, 0.5)
     np.testing.assert_array_equal(post.theta, ref.theta)
     for a, b in zip(post.emb, ref.emb):
         np.testing.assert_array_equal(a, b)
@@ -406,7 +409,7 @@ def test_integer_weight_is_close_to_the_entry_fed_w_times(likelihood, w, gaussia
     w = 2 / 3) and 0.109 / 0.171 (probit); the tolerances are about 1.5 times that."""
     tolerance = gaussian_tol if likelihood == "gaussian" else probit_tol
     rng = np.random.default_rng(5)
-    post = deep.init_posterior(
+    post = init_posterior(
         (15, 12),
         (2, 3),
         (8,),
@@ -421,12 +424,12 @@ def test_integer_weight_is_close_to_the_entry_fed_w_times(likelihood, w, gaussia
     f = np.sin(X[:, 0]) + 0.3 * X[:, 1] - 1.5
     y = f + 0.3 * rng.standard_normal(210)
     y = y if likelihood == "gaussian" else np.sign(y)
-    deep.adf_pass(post, X[:200], y[:200], likelihood)
+    adf_pass(post, X[:200], y[:200], likelihood)
     worst = 0.0
     for i in range(200, 210):
         one, many = post.copy(), post.copy()
-        deep.adf_pass(one, X[i : i + 1], y[i : i + 1], likelihood, np.array([float(w)]))
-        deep.adf_pass(many, np.repeat(X[i : i + 1], w, axis=0), np.repeat(y[i : i + 1], w), likelihood)
+        adf_pass(one, X[i : i + 1], y[i : i + 1], likelihood, np.array([float(w)]))
+        adf_pass(many, np.repeat(X[i : i + 1], w, axis=0), np.repeat(y[i : i + 1], w), likelihood)
         worst = max(worst, float(np.max(np.abs(one.theta[0] - many.theta[0]) / np.sqrt(many.theta[1]))))
         for a, b in zip(one.emb, many.emb):
             worst = max(worst, float(np.max(np.abs(a[0] - b[0]) / np.sqrt(b[1]))))

@@ -1,5 +1,5 @@
 """Streaming Bayesian deep tensor factorization as a scikit-learn estimator: it validates entry
-indices, holds the posterior and runs the engine's one step, :func:`skcep.engines.deep.fold_batch`,
+indices, holds the posterior and runs the engine's one step, :func:`skcep.engines.sbdt.absorb_batch`,
 on every batch."""
 
 import copy
@@ -12,7 +12,14 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, fit_method
-from ..engines import deep
+from ..engines.sbdt import (
+    absorb_batch,
+    absorb_summary,
+    grow_posterior,
+    init_posterior,
+    initial_thresholds,
+    predict_moments,
+)
 from ._base import TensorEstimator, _check_noise_prior, _check_positive_ints, check_tensor_index
 from ._dask_sbdt import fit_stream
 
@@ -328,7 +335,7 @@ class StreamingDeepTensor(TensorEstimator):
         ranks = self._ranks(n_modes)
         gaussian = self.likelihood == "gaussian"
         offset = self.fit_intercept and self.likelihood != "ordinal"
-        return deep.init_posterior(
+        return init_posterior(
             shape,
             ranks,
             self.hidden_layer_sizes,
@@ -344,13 +351,13 @@ class StreamingDeepTensor(TensorEstimator):
 
     def _fold(self, post, X, y, progress, weight=None):
         """The engine's step on one batch; with ``verbose``, one progress line.  An ordinal
-        stream's first batch starts its cut points (:func:`~skcep.engines.deep.initial_thresholds`)."""
+        stream's first batch starts its cut points (:func:`~skcep.engines.sbdt.initial_thresholds`)."""
         if self.likelihood == "ordinal" and post.thresholds is None:
-            post.thresholds = deep.initial_thresholds(post, X, y, self.classes_.size, weight)
+            post.thresholds = initial_thresholds(post, X, y, self.classes_.size, weight)
         before = post.copy() if progress is not None else None
-        deep.fold_batch(post, X, y, self.likelihood, self.damping, weight)
+        absorb_batch(post, X, y, self.likelihood, self.damping, weight)
         if progress is not None:
-            change, mean_log_z = deep.fold_summary(before, post)
+            change, mean_log_z = absorb_summary(before, post)
             progress(post.n_batches, change, mean_log_z)
 
     @fit_method
@@ -431,7 +438,7 @@ class StreamingDeepTensor(TensorEstimator):
             post = self._new_posterior(X.shape[1], shape, rng)
         else:  # work on copies (the generator draws only for init_scale > 0): a call that raises
             rng = copy.deepcopy(self._rng) if self.init_scale > 0 else self._rng  # changes nothing
-            post = deep.grow_posterior(self._posterior.copy(), shape, rng, self.init_scale)
+            post = grow_posterior(self._posterior.copy(), shape, rng, self.init_scale)
         self._fold(post, X, y, self._progress(unit="batch", objective="mean log evidence"), weight)
         self._rng = rng
         self._set_posterior(post)
@@ -460,4 +467,4 @@ class StreamingDeepTensor(TensorEstimator):
         """Delta-method mean and variance of f at the entries X (unseen indices: the prior)."""
         check_is_fitted(self, "_posterior")
         X = check_tensor_index(self._validate(X, reset=False)[0], estimator_name=type(self).__name__)
-        return deep.predict_moments(self._posterior, X)
+        return predict_moments(self._posterior, X)

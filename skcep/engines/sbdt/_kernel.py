@@ -1,4 +1,4 @@
-r"""The compiled per-entry ADF loop of SBDT (:mod:`skcep.engines.deep`): the delta method, the
+r"""The compiled per-entry ADF loop of SBDT (:mod:`skcep.engines.sbdt`): the delta method, the
 running evidence, the moment update and the noise update of one entry, and the loop over a
 batch's entries, each written once here as a numba function.
 
@@ -16,7 +16,7 @@ cache in about 0.1 s.  One compiled signature serves every network, likelihood (
 code: ``PROBIT``, ``GAUSSIAN``, ``ORDINAL``; the cut points of ordinal entries come as an
 array, empty for the others), activation and number of modes.
 
-Layout (as :class:`skcep.engines.deep.DeepPosterior`): ``mean`` and ``var`` are rows 0 and 1
+Layout (as :class:`skcep.engines.sbdt.posterior.DeepPosterior`): ``mean`` and ``var`` are rows 0 and 1
 of ``theta``: the P weights, layer after layer, each layer a row-major (V_m, V_{m−1} + 1)
 matrix whose last column is the bias, then the V_0 input slots (the current entry's
 embeddings), then the global offset.  ``sizes`` = (V_0, …, V_M = 1).  ``grad`` has the same
@@ -24,8 +24,8 @@ layout and receives g = ∂f/∂(W, x, b).  The buffers: ``h`` holds h̃_m = [h_
 for m = 0, …, M − 1, one after the other; ``deriv`` holds act'(a_m)/√(V_m + 1) per hidden
 layer; ``delta`` and ``back`` hold at least max V_m values each.
 
-Implicit feedback (SVD++, Koren 2008, eq. 15; :class:`skcep.engines.deep.ImplicitFeedback`): for
-a term (k, j) the network input of mode k is ũ_s = u_s + c_s Σ_{m∈N(s)} y_m, c_s = |N(s)|^(−1/2).
+Implicit feedback (SVD++, Koren 2008, eq. 15; :class:`skcep.engines.sbdt.implicit.ImplicitFeedback`):
+for a term (k, j) the network input of mode k is ũ_s = u_s + c_s Σ_{m∈N(s)} y_m, c_s = |N(s)|^(−1/2).
 ``implicit`` (2, S) holds the means and variances of every y (term t's y_m at column
 ``terms[t, 2]`` + m r_k); the set N(s) of row s is ``pool[first : first + count]`` with
 (first, count) = ``table[:2, terms[t, 3] + s]``, the caller having reserved room for the batch's
@@ -40,7 +40,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._special import mills_ratio, truncated_normal
+from .._special import mills_ratio, truncated_normal
 
 __all__ = [
     "PROBIT",
