@@ -43,7 +43,7 @@ from sklearn.ensemble import ExtraTreesRegressor, RandomForestRegressor  # noqa:
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 
 from skcep import CEPLogisticClassifier  # noqa: E402
-from skcep.engines.random_features import gaussian_log_kl  # noqa: E402
+from skcep.engines.kjit import gaussian_log_kl  # noqa: E402
 from skcep.message_operator import KJITMessageOperator, LogisticFactor  # noqa: E402
 
 PAPER_MEAN_LOG_KL = {

@@ -56,7 +56,7 @@ def _tiny_fits():
 
 def _tiny_operator(rng):
     """A small KJIT operator fitted, updated online and asked for predictive spreads."""
-    from .engines.factors import LogisticFactor
+    from .engines.kjit import LogisticFactor
     from .message_operator._operator import KJITMessageOperator
 
     messages = np.column_stack(

@@ -18,12 +18,12 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import check_estimator, parametrize_with_checks
 
-import skcep.engines.factors
+import skcep.engines.kjit.factors
 import skcep.message_operator._operator
-from skcep.engines import factors
-from skcep.engines import random_features as rf
+from skcep.engines.kjit import factors
+from skcep.engines.kjit import regression as rf
+from skcep.engines.kjit.regression import BayesianLinearRegression
 from skcep.engines.likelihoods import Logistic
-from skcep.engines.random_features import BayesianLinearRegression
 from skcep.message_operator import KJITMessageOperator, LogisticFactor, OperatorSite
 
 SMALL = dict(n_inner_features=40, n_outer_features=60)
@@ -186,9 +186,9 @@ def test_engines_do_not_import_scikit_learn():
     import ast
     from pathlib import Path
 
-    from skcep.engines import random_features
+    from skcep.engines.kjit import regression
 
-    for module in (factors, random_features):
+    for module in (factors, regression):
         tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
@@ -600,7 +600,7 @@ def test_bad_oracle_answers_leave_the_operator_unchanged():
         assert pickle.dumps(op) == state
 
 
-@pytest.mark.parametrize("module", [skcep.message_operator._operator, skcep.engines.factors])
+@pytest.mark.parametrize("module", [skcep.message_operator._operator, skcep.engines.kjit.factors])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

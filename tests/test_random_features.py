@@ -13,8 +13,8 @@ import pytest
 from scipy import integrate, special, stats
 from scipy.spatial.distance import pdist
 
-from skcep.engines import random_features as rf
-from skcep.engines.random_features import (
+from skcep.engines.kjit import regression as rf
+from skcep.engines.kjit.regression import (
     BayesianLinearRegression,
     best_noise_variance,
     check_messages,
@@ -496,7 +496,7 @@ def test_select_by_loo_searches_multiples_of_the_median_heuristic():
     median γ² (the first sweep) and than the median heuristic itself; its widths are grid
     multiples of the heuristic's, its (σ_y², error) those of LeaveOneOut on its features; with
     σ_y² and γ² given only σ_l² moves."""
-    from skcep.engines.factors import LogisticFactor
+    from skcep.engines.kjit import LogisticFactor
 
     X = _logistic_rows(300, seed=43)
     Y = LogisticFactor().exact(X)[:, :2]

@@ -23,8 +23,8 @@ from .._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method, 
 from .._dask import computed
 from .._validation import FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span, validate_data
 from ..engines.chunks import map_chunks
-from ..engines.factors import LogisticFactor, OperatorSite
 from ..engines.glm import predictor_moments
+from ..engines.kjit import LogisticFactor, OperatorSite
 from ..engines.likelihoods import Logistic, Probit
 from ..engines.search import fit_glm
 from ..engines.stream import stream_batch, stream_candidates

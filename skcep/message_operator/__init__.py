@@ -3,7 +3,7 @@ Passing Expectation Propagation Messages", UAI 2015): the estimator (``_operator
 holder of messages on Dask workers (``_dask``).  The random-feature regression and the
 factors live in :mod:`skcep.engines` (``random_features``, ``factors``)."""
 
-from ..engines.factors import LogisticFactor, OperatorSite
+from ..engines.kjit import LogisticFactor, OperatorSite
 from ._operator import KJITMessageOperator
 
 __all__ = ["KJITMessageOperator", "LogisticFactor", "OperatorSite"]

@@ -36,8 +36,16 @@ per chunk, then over chunks).  Nothing of size n reaches the client.
 import numpy as np
 
 from .._dask import aligned, fit_without_rows, require_dask, row_blocks, rows
-from ..engines import random_features as rf
 from ..engines.chunks import chunk_slices
+from ..engines.kjit import (
+    STATISTICS_CHUNK,
+    _statistics,
+    choose_first_batch,
+    draw_features,
+    message_variances,
+    plan_first_batch,
+    sum_statistics,
+)
 
 __all__ = ["RowChunks", "fit_chunks", "fit_operator"]
 
@@ -65,7 +73,7 @@ def _checked_chunk(X, Y, checker, start):
 def _sums(X, Y, families):
     """A chunk's sums of message variances (n, c) and outputs, and its row count."""
     X, Y = aligned((X, Y))
-    return rf.message_variances(families, X).sum(axis=0), Y.sum(axis=0), X.shape[0]
+    return message_variances(families, X).sum(axis=0), Y.sum(axis=0), X.shape[0]
 
 
 def _take(X, index):
@@ -78,8 +86,8 @@ def _chunk_statistics(X, Y, intercept, candidates):
     X, Y, intercept, candidates = aligned((X, Y, intercept, candidates))
     phi = candidates[0].inner(X)
     Yc = Y - intercept
-    slices = chunk_slices(X.shape[0], rf.STATISTICS_CHUNK)
-    return [rf._statistics(features, phi, Yc, slices, 1) for features in candidates]
+    slices = chunk_slices(X.shape[0], STATISTICS_CHUNK)
+    return [_statistics(features, phi, Yc, slices, 1) for features in candidates]
 
 
 def _gather(chunks, index):
@@ -127,8 +135,8 @@ def fit_chunks(
     if isinstance(inner_widths, str):  # median_inner_widths: the mean message variance, else 1
         widths = np.sum([s[0] for s in sums], axis=0) / n_rows
         widths = np.where(np.isfinite(widths) & (widths > 0), widths, 1.0)
-    features = rf.draw_features(None, families, n_inner, n_outer, rng, widths)
-    plan = rf.plan_first_batch(
+    features = draw_features(None, families, n_inner, n_outer, rng, widths)
+    plan = plan_first_batch(
         features,
         rng.randint(2**31),
         n_rows,
@@ -143,8 +151,8 @@ def fit_chunks(
     parts = dask.compute(
         *[dask.delayed(_chunk_statistics)(x, y, intercept, shared) for x, y in zip(X.blocks, Y.blocks)]
     )
-    statistics = [rf.sum_statistics(part[i] for part in parts) for i in range(len(plan.candidates))]
-    return rf.choose_first_batch(plan, statistics, intercept, prior_variance)
+    statistics = [sum_statistics(part[i] for part in parts) for i in range(len(plan.candidates))]
+    return choose_first_batch(plan, statistics, intercept, prior_variance)
 
 
 def fit_operator(estimator, X, Y):

@@ -85,8 +85,8 @@ from scipy.linalg import blas, cho_factor, cho_solve, eigh, solve_triangular
 from scipy.optimize import minimize_scalar
 from scipy.special import roots_jacobi
 
-from ._rff_kernel import add_outer, add_rows, clipped_single, reduced_phase, scaled_product, triangular_sums_of_squares
-from .chunks import chunk_slices, map_chunks
+from ..chunks import chunk_slices, map_chunks
+from ._kernel import add_outer, add_rows, clipped_single, reduced_phase, scaled_product, triangular_sums_of_squares
 
 __all__ = [
     "GaussianMessage",
