@@ -13,7 +13,7 @@ messages are those of skcep's factorized EP (``CEPLogisticClassifier(method="kji
 operator that only records and answers exactly), not Infer.NET's.
 
 Error: log KL(q ‖ q̂) of the projected Gaussian belief on z, q = N(E[z], Var[z]) exact, q̂ from
-the predicted (E[z], E[z²]) (``skcep.engines.random_features.gaussian_log_kl``, the function
+the predicted (E[z], E[z²]) (``skcep.engines.kjit.gaussian_log_kl``, the function
 the operator's leave-one-out criterion uses).  A predicted variance ≤ 0 has no Gaussian: such
 rows are counted and left out of the mean (they are reported, never hidden).  Compared on the
 same messages: the operator at the library's defaults (D_in = 300, D_out = 500; kernel widths

@@ -4,7 +4,7 @@ Four engines run compiled loops (numba, ``cache=True``): the dense probit and lo
 CEP-1 step, the tilted derivatives of the logistic and the factorized evidence
 (:mod:`skcep.engines._glm_kernel`), full-covariance EP's step (:mod:`skcep.engines._full_kernel`), SBDT's per-entry ADF
 (:mod:`skcep.engines._deep_kernel`) and the random features of the KJIT operator
-(:mod:`skcep.engines._rff_kernel`).  numba compiles a kernel the first time it is called and
+(:mod:`skcep.engines.kjit._kernel`).  numba compiles a kernel the first time it is called and
 writes the machine code to its on-disk cache (``__pycache__`` beside the installed package, or
 numba's user cache directory where that is read-only), so it is compiled once per machine and
 numba version and loaded in milliseconds afterwards.  :func:`compile_kernels` makes that first

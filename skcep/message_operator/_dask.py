@@ -10,23 +10,23 @@ row chunks held on the workers and only small arrays travelling:
 1. **widths and intercept** — each chunk returns its sum of message variances (σ_l² of the
    median heuristic is their mean), its sum of outputs and its row count; the client draws the
    features from the estimator's generator exactly as
-   :func:`~skcep.engines.random_features.draw_features` does;
+   :func:`~skcep.engines.kjit.features.draw_features` does;
 2. **widths (and σ_y²) on a subsample** —
-   :func:`~skcep.engines.random_features.plan_first_batch` looks at most
-   :data:`~skcep.engines.random_features.SELECTION_ROWS` rows, a subsample drawn from a seed
+   :func:`~skcep.engines.kjit.first_batch.plan_first_batch` looks at most
+   :data:`~skcep.engines.kjit.features.SELECTION_ROWS` rows, a subsample drawn from a seed
    the generator gives; the same seed picks the same rows here, and only those rows (messages
    and outputs) are gathered, in the same order, to the client, where the median heuristic
    for γ² and the leave-one-out search of the widths and σ_y² run exactly as in the
    single-machine fit;
 3. **statistics** — each chunk computes its inner features once and, for every candidate γ²,
-   the partition step :func:`~skcep.engines.random_features.regression_statistics` (ΨᵀΨ, ΨᵀY,
-   Σy², n) over sub-chunks of :data:`~skcep.engines.random_features.STATISTICS_CHUNK` rows;
+   the partition step :func:`~skcep.engines.kjit.regression.regression_statistics` (ΨᵀΨ, ΨᵀY,
+   Σy², n) over sub-chunks of :data:`~skcep.engines.kjit.first_batch.STATISTICS_CHUNK` rows;
    the D_out × D_out results are summed on the client in chunk order
-   (:func:`~skcep.engines.random_features.sum_statistics`);
-4. **global steps** — :func:`~skcep.engines.random_features.choose_first_batch`: σ_y² by the
-   evidence (:func:`~skcep.engines.random_features.best_noise_variance`) or kept above the
+   (:func:`~skcep.engines.kjit.regression.sum_statistics`);
+4. **global steps** — :func:`~skcep.engines.kjit.first_batch.choose_first_batch`: σ_y² by the
+   evidence (:func:`~skcep.engines.kjit.regression.best_noise_variance`) or kept above the
    floor of all rows' ΨᵀΨ, and the posterior
-   (:func:`~skcep.engines.random_features.regression_posterior`), with the same choice of
+   (:func:`~skcep.engines.kjit.regression.regression_posterior`), with the same choice of
    (γ², σ_y²) as the single-machine fit.
 
 The result equals the numpy fit up to the order of floating-point sums (means and ΨᵀΨ summed
@@ -119,7 +119,7 @@ def fit_chunks(
     prior_variance=1.0,
     n_jobs=None,
 ):
-    """:func:`skcep.engines.random_features.fit_first_batch` on rows held in chunks.
+    """:func:`skcep.engines.kjit.first_batch.fit_first_batch` on rows held in chunks.
 
     ``X`` and ``Y`` are :class:`RowChunks` of checked messages and outputs (n, D_y); the other
     arguments mean what they mean there (``n_jobs`` is unused: the workers run the chunks).

@@ -1,8 +1,8 @@
 r"""KJIT, a learned EP message operator with just-in-time oracle calls (Jitkrittum, Gretton,
 Heess, Eslami, Lakshminarayanan, Sejdinovic and Szabó, "Kernel-Based Just-In-Time Learning for
-Passing Expectation Propagation Messages", UAI 2015).  Numerics in
-:mod:`skcep.engines.random_features`; :class:`LogisticFactor` and :class:`OperatorSite` are
-re-exported from :mod:`skcep.engines.factors`."""
+Passing Expectation Propagation Messages", UAI 2015).  Numerics in :mod:`skcep.engines.kjit`;
+:class:`LogisticFactor` and :class:`OperatorSite` are re-exported from
+:mod:`skcep.engines.kjit.factors`."""
 
 from numbers import Integral, Real
 

@@ -17,7 +17,7 @@ from scipy.special import log_expit, logsumexp
 
 from ..chunks import chunk_slices
 from ..likelihoods import log_phi_derivatives
-from .regression import check_messages, message_families
+from .messages import check_messages, message_families
 
 __all__ = ["LogisticFactor", "OperatorSite"]
 
