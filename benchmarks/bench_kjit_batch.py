@@ -13,7 +13,7 @@ messages are those of skcep's factorized EP (``CEPLogisticClassifier(method="kji
 operator that only records and answers exactly), not Infer.NET's.
 
 Error: log KL(q ‖ q̂) of the projected Gaussian belief on z, q = N(E[z], Var[z]) exact, q̂ from
-the predicted (E[z], E[z²]) (``skcep.engines.random_features.gaussian_log_kl``, the function
+the predicted (E[z], E[z²]) (``skcep.engines.kjit.gaussian_log_kl``, the function
 the operator's leave-one-out criterion uses).  A predicted variance ≤ 0 has no Gaussian: such
 rows are counted and left out of the mean (they are reported, never hidden).  Compared on the
 same messages: the operator at the library's defaults (D_in = 300, D_out = 500; kernel widths
@@ -43,7 +43,7 @@ from sklearn.ensemble import ExtraTreesRegressor, RandomForestRegressor  # noqa:
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 
 from skcep import CEPLogisticClassifier  # noqa: E402
-from skcep.engines.random_features import gaussian_log_kl  # noqa: E402
+from skcep.engines.kjit import gaussian_log_kl  # noqa: E402
 from skcep.message_operator import KJITMessageOperator, LogisticFactor  # noqa: E402
 
 PAPER_MEAN_LOG_KL = {

@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 from _common import RESULTS, command, library_state, md_table, verdict  # noqa: E402
 from sklearn.ensemble import ExtraTreesRegressor  # noqa: E402
 
-from skcep.engines.random_features import inner_features, outer_features  # noqa: E402
+from skcep.engines.kjit import inner_features, outer_features  # noqa: E402
 from skcep.message_operator import KJITMessageOperator, LogisticFactor  # noqa: E402
 
 

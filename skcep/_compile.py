@@ -5,7 +5,7 @@ CEP-1 step, the tilted derivatives of the logistic and the factorized evidence
 (:mod:`skcep.engines.glm._kernel`, :mod:`skcep.engines._special`), full-covariance EP's step
 (:mod:`skcep.engines.glm._full_kernel`), SBDT's per-entry ADF
 (:mod:`skcep.engines.sbdt._kernel`) and the random features of the KJIT operator
-(:mod:`skcep.engines._rff_kernel`).  numba compiles a kernel the first time it is called and
+(:mod:`skcep.engines.kjit._kernel`).  numba compiles a kernel the first time it is called and
 writes the machine code to its on-disk cache (``__pycache__`` beside the installed package, or
 numba's user cache directory where that is read-only), so it is compiled once per machine and
 numba version and loaded in milliseconds afterwards.  :func:`compile_kernels` makes that first
@@ -57,7 +57,7 @@ def _tiny_fits():
 
 def _tiny_operator(rng):
     """A small KJIT operator fitted, updated online and asked for predictive spreads."""
-    from .engines.factors import LogisticFactor
+    from .engines.kjit import LogisticFactor
     from .message_operator._operator import KJITMessageOperator
 
     messages = np.column_stack(

@@ -15,9 +15,10 @@ from sklearn.preprocessing import StandardScaler
 
 from skcep import BayesianCPTensor, CEPLogisticClassifier, CEPProbitClassifier, StreamingDeepTensor, compile_kernels
 from skcep.datasets import load_cep_paper
-from skcep.engines import _rff_kernel, _special
+from skcep.engines import _special
 from skcep.engines.glm import _full_kernel
 from skcep.engines.glm import _kernel as _glm_kernel
+from skcep.engines.kjit import _kernel as _kjit_kernel
 from skcep.engines.sbdt import _kernel as _sbdt_kernel
 
 # --------------------------------------------------------------------------------------------
@@ -27,7 +28,7 @@ _FITS = textwrap.dedent("""
     import sys
     import numpy as np
     from skcep import BayesianCPTensor, CEPLogisticClassifier, KJITMessageOperator
-    from skcep.engines.factors import LogisticFactor
+    from skcep.engines.kjit import LogisticFactor
 
     n_jobs, out = int(sys.argv[1]), sys.argv[2]
     rng = np.random.default_rng(0)
@@ -91,7 +92,7 @@ def test_fits_are_bit_identical_whatever_the_blas_threads_and_n_jobs(tmp_path):
 # --------------------------------------------------------------------------------------------
 # kernels compiled ahead
 # --------------------------------------------------------------------------------------------
-KERNEL_MODULES = (_glm_kernel, _full_kernel, _sbdt_kernel, _rff_kernel, _special)
+KERNEL_MODULES = (_glm_kernel, _full_kernel, _sbdt_kernel, _kjit_kernel, _special)
 
 
 def _compiled_signatures():

@@ -18,12 +18,10 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import check_estimator, parametrize_with_checks
 
-import skcep.engines.factors
+import skcep.engines.kjit.factors
 import skcep.message_operator._operator
-from skcep.engines import factors
-from skcep.engines import random_features as rf
+from skcep.engines.kjit import BayesianLinearRegression, LeaveOneOut, factors, gaussian_log_kl
 from skcep.engines.likelihoods import Logistic
-from skcep.engines.random_features import BayesianLinearRegression
 from skcep.message_operator import KJITMessageOperator, LogisticFactor, OperatorSite
 
 SMALL = dict(n_inner_features=40, n_outer_features=60)
@@ -182,17 +180,18 @@ def test_factor_rejects_bad_rows():
 
 
 def test_engines_do_not_import_scikit_learn():
-    """The factor module and the random-feature engine are pure numpy/scipy."""
+    """Every module of the KJIT engine (the factors, the random features and the regression,
+    skcep/engines/kjit/) is pure numpy/scipy."""
     import ast
     from pathlib import Path
 
-    from skcep.engines import random_features
-
-    for module in (factors, random_features):
-        tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    paths = sorted(Path(factors.__file__).parent.glob("*.py"))
+    assert {"factors.py", "features.py", "regression.py"} <= {path.name for path in paths}
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-        assert not [name for name in names if name.startswith("sklearn")], module.__name__
+        assert not [name for name in names if name.startswith("sklearn")], path.name
     assert skcep.message_operator.LogisticFactor is factors.LogisticFactor
     assert skcep.message_operator.OperatorSite is factors.OperatorSite
 
@@ -315,8 +314,8 @@ def test_default_loo_selection_beats_the_papers_fixed_settings():
     old = KJITMessageOperator(**sizes, noise_variance=1e-4, inner_widths="median", outer_width="median").fit(
         X[:1000], Y[:1000]
     )
-    kl_new = np.nanmean(rf.gaussian_log_kl(Y[1000:], new.predict(X[1000:])))
-    kl_old = np.nanmean(rf.gaussian_log_kl(Y[1000:], old.predict(X[1000:])))
+    kl_new = np.nanmean(gaussian_log_kl(Y[1000:], new.predict(X[1000:])))
+    kl_old = np.nanmean(gaussian_log_kl(Y[1000:], old.predict(X[1000:])))
     assert kl_new < kl_old - 2.5  # measured: −11.1 against −7.1
     assert abs(new.loo_error_ - kl_new) < 1.0 and old.loo_error_ is None
     assert new.noise_variance_ < 1e-4 and new.outer_width_ != old.outer_width_
@@ -329,7 +328,7 @@ def test_loo_noise_variance_minimises_the_criterion():
     X = logistic_messages(600, seed=51)
     Y = LogisticFactor().exact(X)[:, :2]
     op = KJITMessageOperator(**SMALL, random_state=0).fit(X, Y)
-    loo = rf.LeaveOneOut(op._feature_map(X), Y)
+    loo = LeaveOneOut(op._feature_map(X), Y)
     low, high = loo.noise_bounds()
     values = loo.error(np.geomspace(low, high, 300))
     assert low * (1 - 1e-9) <= op.noise_variance_ <= high  # (the floor: ΨᵀΨ summed in chunks)
@@ -600,7 +599,7 @@ def test_bad_oracle_answers_leave_the_operator_unchanged():
         assert pickle.dumps(op) == state
 
 
-@pytest.mark.parametrize("module", [skcep.message_operator._operator, skcep.engines.factors])
+@pytest.mark.parametrize("module", [skcep.message_operator._operator, skcep.engines.kjit.factors])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

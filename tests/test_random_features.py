@@ -13,16 +13,19 @@ import pytest
 from scipy import integrate, special, stats
 from scipy.spatial.distance import pdist
 
-from skcep.engines import random_features as rf
-from skcep.engines.random_features import (
+from skcep.engines.kjit import (
     BayesianLinearRegression,
+    LeaveOneOut,
     best_noise_variance,
     check_messages,
     check_outputs,
     draw_features,
     fit_first_batch,
+    gaussian_log_kl,
+    gaussian_moments,
     inner_features,
     log_marginal_likelihood,
+    loo_error,
     median_inner_widths,
     median_outer_width,
     message_families,
@@ -30,8 +33,14 @@ from skcep.engines.random_features import (
     predictive_moments,
     regression_posterior,
     regression_statistics,
+    select_by_loo,
+    subsample_rows,
     sum_statistics,
 )
+from skcep.engines.kjit.features import _cos, _exp
+from skcep.engines.kjit.messages import _beta_rule
+from skcep.engines.kjit.regression import PREDICT_CHUNK
+from skcep.engines.kjit.selection import INNER_WIDTH_GRID, NOISE_FLOOR
 
 
 def _gaussian_messages(n, rng):
@@ -171,10 +180,10 @@ def test_beta_rule_is_shared_by_repeated_messages():
 
 def test_fast_cosine_accuracy():
     x = np.random.default_rng(6).uniform(-1e4, 1e4, 100_000)
-    assert np.abs(rf._cos(x) - np.cos(x)).max() < 3e-7
+    assert np.abs(_cos(x) - np.cos(x)).max() < 3e-7
     y = -np.random.default_rng(7).exponential(5.0, 100_000)
     # single precision: a few ulp of the result (~1.2e-7 near 1) plus the rounded argument
-    assert np.abs(rf._exp(y) - np.exp(y)).max() < 2e-7
+    assert np.abs(_exp(y) - np.exp(y)).max() < 2e-7
 
 
 # --------------------------------------------------------------------------------------------
@@ -424,7 +433,7 @@ def test_gaussian_log_kl_against_quadrature():
     cases = [(0.3, 2.0, -0.1, 1.5), (5.0, 1e-3, 5.01, 2e-3), (-2.0, 9.0, -2.0, 9.0 * (1 + 1e-5))]
     Y = np.array([[m, v + m * m] for m, v, _, _ in cases])
     Y_hat = np.array([[mh, vh + mh * mh] for _, _, mh, vh in cases])
-    got = rf.gaussian_log_kl(Y, Y_hat)
+    got = gaussian_log_kl(Y, Y_hat)
     for (m, v, mh, vh), value in zip(cases[:2], got[:2]):
         p, q = stats.norm(m, np.sqrt(v)), stats.norm(mh, np.sqrt(vh))
         kl = integrate.quad(
@@ -439,14 +448,14 @@ def test_gaussian_log_kl_against_quadrature():
     x = cases[2][1] / cases[2][3] - 1.0
     assert np.exp(got[2]) == pytest.approx(0.5 * (x - np.log1p(x)), rel=1e-8)
     bad = np.array([[1.0, 1.0 - 0.1]])  # Ê[x²] < Ê[x]²
-    assert np.isnan(rf.gaussian_log_kl(Y[:1], bad))[0]
-    floored = rf.gaussian_log_kl(Y[:1], bad, variance_floor=1e-12)[0]
+    assert np.isnan(gaussian_log_kl(Y[:1], bad))[0]
+    floored = gaussian_log_kl(Y[:1], bad, variance_floor=1e-12)[0]
     assert np.isfinite(floored) and floored > 20
     # the criterion: mean log KL (floored) for Gaussian moments, log MSE for anything else
     stacked = np.stack([Y_hat, Y])
-    assert rf.gaussian_moments(Y) and not rf.gaussian_moments(Y[:, :1])
-    np.testing.assert_allclose(rf.loo_error(Y, stacked), [np.mean(got), np.log(1e-300)])
-    assert rf.loo_error(Y[:, :1], Y_hat[:, :1]) == pytest.approx(np.log(np.mean((Y_hat[:, 0] - Y[:, 0]) ** 2)))
+    assert gaussian_moments(Y) and not gaussian_moments(Y[:, :1])
+    np.testing.assert_allclose(loo_error(Y, stacked), [np.mean(got), np.log(1e-300)])
+    assert loo_error(Y[:, :1], Y_hat[:, :1]) == pytest.approx(np.log(np.mean((Y_hat[:, 0] - Y[:, 0]) ** 2)))
 
 
 def test_loo_predictions_equal_refits_without_each_row():
@@ -457,7 +466,7 @@ def test_loo_predictions_equal_refits_without_each_row():
     for n, d in ((40, 12), (15, 25)):
         Psi, Y = _regression_data(n=n, d=d, noise=0.05, seed=n)
         for s2, p2 in ((1e-4, 1.0), (1e-2, 1.0), (0.3, 2.5)):
-            loo = rf.LeaveOneOut(Psi, Y, prior_variance=p2)
+            loo = LeaveOneOut(Psi, Y, prior_variance=p2)
             got = loo.predictions([s2, 3 * s2])
             for k, noise in enumerate((s2, 3 * s2)):
                 want = np.empty_like(Y)
@@ -476,11 +485,11 @@ def test_loo_noise_is_the_minimiser_on_a_grid():
     Psi, Y = _regression_data(n=300, d=40, noise=0.1)
     gaussian = np.column_stack([Y[:, 0], Y[:, 0] ** 2 + np.exp(Y[:, 1] / 3)])
     for targets in (Y, gaussian):
-        loo = rf.LeaveOneOut(Psi, targets)
+        loo = LeaveOneOut(Psi, targets)
         assert loo.gaussian == (targets is gaussian)
         noise, error = loo.best_noise_variance()
         low, high = loo.noise_bounds()
-        assert low == pytest.approx(rf.NOISE_FLOOR * np.linalg.eigvalsh(Psi.T @ Psi)[-1])
+        assert low == pytest.approx(NOISE_FLOOR * np.linalg.eigvalsh(Psi.T @ Psi)[-1])
         grid = np.geomspace(low, high, 500)
         values = loo.error(grid)
         assert low <= noise <= high
@@ -496,27 +505,27 @@ def test_select_by_loo_searches_multiples_of_the_median_heuristic():
     median γ² (the first sweep) and than the median heuristic itself; its widths are grid
     multiples of the heuristic's, its (σ_y², error) those of LeaveOneOut on its features; with
     σ_y² and γ² given only σ_l² moves."""
-    from skcep.engines.factors import LogisticFactor
+    from skcep.engines.kjit import LogisticFactor
 
     X = _logistic_rows(300, seed=43)
     Y = LogisticFactor().exact(X)[:, :2]
     base = draw_features(X, message_families(("gaussian", "beta")), 30, 50, np.random.RandomState(0))
-    chosen, noise, error = rf.select_by_loo(X, Y, base, seed=7)
+    chosen, noise, error = select_by_loo(X, Y, base, seed=7)
     phi = chosen.inner(X)
-    assert (noise, error) == pytest.approx(rf.LeaveOneOut(chosen.outer(phi), Y).best_noise_variance())
-    for scale in rf.INNER_WIDTH_GRID:
+    assert (noise, error) == pytest.approx(LeaveOneOut(chosen.outer(phi), Y).best_noise_variance())
+    for scale in INNER_WIDTH_GRID:
         f = base.with_inner_widths(base.inner_widths * scale)
         phi_s = f.inner(X)
         g = f.with_outer_width(median_outer_width(phi_s, random_state=7))
-        assert error <= rf.LeaveOneOut(g.outer(phi_s), Y).best_noise_variance()[1] + 1e-12
+        assert error <= LeaveOneOut(g.outer(phi_s), Y).best_noise_variance()[1] + 1e-12
     ratio = chosen.inner_widths / base.inner_widths
-    assert ratio[0] == pytest.approx(ratio[1]) and min(abs(np.array(rf.INNER_WIDTH_GRID) - ratio[0])) < 1e-12
+    assert ratio[0] == pytest.approx(ratio[1]) and min(abs(np.array(INNER_WIDTH_GRID) - ratio[0])) < 1e-12
     np.testing.assert_allclose(
         chosen.inner_frequencies * np.sqrt(chosen.inner_widths),
         base.inner_frequencies * np.sqrt(base.inner_widths),
         rtol=1e-14,
     )
-    fixed, noise, _ = rf.select_by_loo(X, Y, base, 7, outer_width=0.3, noise_variance=1e-5)
+    fixed, noise, _ = select_by_loo(X, Y, base, 7, outer_width=0.3, noise_variance=1e-5)
     assert fixed.outer_width == 0.3 and noise == 1e-5
 
 
@@ -527,13 +536,13 @@ def test_loo_fit_keeps_the_noise_floor_of_all_rows():
     Y = np.column_stack([np.tanh(X[:, 0] / 3), X[:, 0] ** 2 / 10 + 1.0])
     fitted = fit_first_batch(X, Y, message_families(("gaussian", "beta")), 30, 50, np.random.RandomState(0))
     gram = fitted.features(X).T @ fitted.features(X)
-    floor = rf.NOISE_FLOOR * np.linalg.eigvalsh(gram)[-1]
+    floor = NOISE_FLOOR * np.linalg.eigvalsh(gram)[-1]
     assert fitted.noise_variance >= floor * (1 - 1e-9) and fitted.loo_error is not None
     precision = fitted.posterior.precision
-    assert np.linalg.cond(np.tril(precision) + np.tril(precision, -1).T) < 1.01 / rf.NOISE_FLOOR
-    index = rf.subsample_rows(2500, 5)
+    assert np.linalg.cond(np.tril(precision) + np.tril(precision, -1).T) < 1.01 / NOISE_FLOOR
+    index = subsample_rows(2500, 5)
     np.testing.assert_array_equal(index, np.random.default_rng(5).choice(2500, 1000, replace=False))
-    np.testing.assert_array_equal(rf.subsample_rows(900, 5), np.arange(900))
+    np.testing.assert_array_equal(subsample_rows(900, 5), np.arange(900))
 
 
 def test_draw_features_and_outer_width():
@@ -588,7 +597,7 @@ def _beta_characteristic_by_legendre(t, alpha, beta, n_nodes=200):
     return density @ np.exp(1j * np.outer(x, t))
 
 
-@pytest.mark.parametrize("chunk_size", [64, rf.PREDICT_CHUNK])
+@pytest.mark.parametrize("chunk_size", [64, PREDICT_CHUNK])
 def test_fast_prediction_equals_numpy_reference(chunk_size):
     """predictive_moments (compiled passes, per-thread buffers, the triangular product in
     place), serial and in 2 threads, against plain formulas: the features as
@@ -636,7 +645,7 @@ def test_beta_rule_survives_very_concentrated_messages():
     """roots_jacobi returns NaN for many nodes and α = β = 10⁴; the rule falls back to fewer
     nodes, and the expected feature matches the (here nearly exact) Gaussian approximation
     cos(t/2 + b) exp(−t² v / 2), v = 1/(4(2α + 1))."""
-    nodes, weights = rf._beta_rule(400, 1e4, 1e4)
+    nodes, weights = _beta_rule(400, 1e4, 1e4)
     assert np.all(np.isfinite(nodes)) and weights.sum() == pytest.approx(1.0)
     omega, b = np.array([[300.0], [-120.0], [40.0]]), np.array([0.3, 2.0, 5.0])
     got = _expected_cosines(np.array([[1e4, 1e4]]), message_families("beta"), omega, b)[0]

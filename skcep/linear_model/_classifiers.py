@@ -23,8 +23,8 @@ from .._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method, 
 from .._dask import computed
 from .._validation import FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span, validate_data
 from ..engines.chunks import map_chunks
-from ..engines.factors import LogisticFactor, OperatorSite
 from ..engines.glm import fit_glm, predictor_moments, stream_batch, stream_candidates
+from ..engines.kjit import LogisticFactor, OperatorSite
 from ..engines.likelihoods import Logistic, Probit
 from ..message_operator._operator import KJITMessageOperator
 from ._dask import DaskRows, fit_classifier

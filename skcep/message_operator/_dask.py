@@ -10,23 +10,23 @@ row chunks held on the workers and only small arrays travelling:
 1. **widths and intercept** — each chunk returns its sum of message variances (σ_l² of the
    median heuristic is their mean), its sum of outputs and its row count; the client draws the
    features from the estimator's generator exactly as
-   :func:`~skcep.engines.random_features.draw_features` does;
+   :func:`~skcep.engines.kjit.features.draw_features` does;
 2. **widths (and σ_y²) on a subsample** —
-   :func:`~skcep.engines.random_features.plan_first_batch` looks at most
-   :data:`~skcep.engines.random_features.SELECTION_ROWS` rows, a subsample drawn from a seed
+   :func:`~skcep.engines.kjit.first_batch.plan_first_batch` looks at most
+   :data:`~skcep.engines.kjit.features.SELECTION_ROWS` rows, a subsample drawn from a seed
    the generator gives; the same seed picks the same rows here, and only those rows (messages
    and outputs) are gathered, in the same order, to the client, where the median heuristic
    for γ² and the leave-one-out search of the widths and σ_y² run exactly as in the
    single-machine fit;
 3. **statistics** — each chunk computes its inner features once and, for every candidate γ²,
-   the partition step :func:`~skcep.engines.random_features.regression_statistics` (ΨᵀΨ, ΨᵀY,
-   Σy², n) over sub-chunks of :data:`~skcep.engines.random_features.STATISTICS_CHUNK` rows;
+   the partition step :func:`~skcep.engines.kjit.regression.regression_statistics` (ΨᵀΨ, ΨᵀY,
+   Σy², n) over sub-chunks of :data:`~skcep.engines.kjit.first_batch.STATISTICS_CHUNK` rows;
    the D_out × D_out results are summed on the client in chunk order
-   (:func:`~skcep.engines.random_features.sum_statistics`);
-4. **global steps** — :func:`~skcep.engines.random_features.choose_first_batch`: σ_y² by the
-   evidence (:func:`~skcep.engines.random_features.best_noise_variance`) or kept above the
+   (:func:`~skcep.engines.kjit.regression.sum_statistics`);
+4. **global steps** — :func:`~skcep.engines.kjit.first_batch.choose_first_batch`: σ_y² by the
+   evidence (:func:`~skcep.engines.kjit.regression.best_noise_variance`) or kept above the
    floor of all rows' ΨᵀΨ, and the posterior
-   (:func:`~skcep.engines.random_features.regression_posterior`), with the same choice of
+   (:func:`~skcep.engines.kjit.regression.regression_posterior`), with the same choice of
    (γ², σ_y²) as the single-machine fit.
 
 The result equals the numpy fit up to the order of floating-point sums (means and ΨᵀΨ summed
@@ -36,8 +36,16 @@ per chunk, then over chunks).  Nothing of size n reaches the client.
 import numpy as np
 
 from .._dask import aligned, fit_without_rows, require_dask, row_blocks, rows
-from ..engines import random_features as rf
 from ..engines.chunks import chunk_slices
+from ..engines.kjit import (
+    STATISTICS_CHUNK,
+    _statistics,
+    choose_first_batch,
+    draw_features,
+    message_variances,
+    plan_first_batch,
+    sum_statistics,
+)
 
 __all__ = ["RowChunks", "fit_chunks", "fit_operator"]
 
@@ -65,7 +73,7 @@ def _checked_chunk(X, Y, checker, start):
 def _sums(X, Y, families):
     """A chunk's sums of message variances (n, c) and outputs, and its row count."""
     X, Y = aligned((X, Y))
-    return rf.message_variances(families, X).sum(axis=0), Y.sum(axis=0), X.shape[0]
+    return message_variances(families, X).sum(axis=0), Y.sum(axis=0), X.shape[0]
 
 
 def _take(X, index):
@@ -78,8 +86,8 @@ def _chunk_statistics(X, Y, intercept, candidates):
     X, Y, intercept, candidates = aligned((X, Y, intercept, candidates))
     phi = candidates[0].inner(X)
     Yc = Y - intercept
-    slices = chunk_slices(X.shape[0], rf.STATISTICS_CHUNK)
-    return [rf._statistics(features, phi, Yc, slices, 1) for features in candidates]
+    slices = chunk_slices(X.shape[0], STATISTICS_CHUNK)
+    return [_statistics(features, phi, Yc, slices, 1) for features in candidates]
 
 
 def _gather(chunks, index):
@@ -111,7 +119,7 @@ def fit_chunks(
     prior_variance=1.0,
     n_jobs=None,
 ):
-    """:func:`skcep.engines.random_features.fit_first_batch` on rows held in chunks.
+    """:func:`skcep.engines.kjit.first_batch.fit_first_batch` on rows held in chunks.
 
     ``X`` and ``Y`` are :class:`RowChunks` of checked messages and outputs (n, D_y); the other
     arguments mean what they mean there (``n_jobs`` is unused: the workers run the chunks).
@@ -127,8 +135,8 @@ def fit_chunks(
     if isinstance(inner_widths, str):  # median_inner_widths: the mean message variance, else 1
         widths = np.sum([s[0] for s in sums], axis=0) / n_rows
         widths = np.where(np.isfinite(widths) & (widths > 0), widths, 1.0)
-    features = rf.draw_features(None, families, n_inner, n_outer, rng, widths)
-    plan = rf.plan_first_batch(
+    features = draw_features(None, families, n_inner, n_outer, rng, widths)
+    plan = plan_first_batch(
         features,
         rng.randint(2**31),
         n_rows,
@@ -143,8 +151,8 @@ def fit_chunks(
     parts = dask.compute(
         *[dask.delayed(_chunk_statistics)(x, y, intercept, shared) for x, y in zip(X.blocks, Y.blocks)]
     )
-    statistics = [rf.sum_statistics(part[i] for part in parts) for i in range(len(plan.candidates))]
-    return rf.choose_first_batch(plan, statistics, intercept, prior_variance)
+    statistics = [sum_statistics(part[i] for part in parts) for i in range(len(plan.candidates))]
+    return choose_first_batch(plan, statistics, intercept, prior_variance)
 
 
 def fit_operator(estimator, X, Y):

@@ -1,8 +1,8 @@
 r"""KJIT, a learned EP message operator with just-in-time oracle calls (Jitkrittum, Gretton,
 Heess, Eslami, Lakshminarayanan, Sejdinovic and Szabó, "Kernel-Based Just-In-Time Learning for
-Passing Expectation Propagation Messages", UAI 2015).  Numerics in
-:mod:`skcep.engines.random_features`; :class:`LogisticFactor` and :class:`OperatorSite` are
-re-exported from :mod:`skcep.engines.factors`."""
+Passing Expectation Propagation Messages", UAI 2015).  Numerics in :mod:`skcep.engines.kjit`;
+:class:`LogisticFactor` and :class:`OperatorSite` are re-exported from
+:mod:`skcep.engines.kjit.factors`."""
 
 from numbers import Integral, Real
 
@@ -14,8 +14,15 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, SkcepMixin, fit_method, predict_method
 from .._validation import MESSAGE_ROWS, check_fit_range, validate_data
-from ..engines import random_features as rf
-from ..engines.factors import LogisticFactor, OperatorSite
+from ..engines.kjit import (
+    LogisticFactor,
+    OperatorSite,
+    check_messages,
+    check_outputs,
+    fit_first_batch,
+    message_families,
+    predictive_moments,
+)
 from ._dask import fit_operator
 
 __all__ = ["KJITMessageOperator", "LogisticFactor", "OperatorSite"]
@@ -194,7 +201,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     def _expected_failed_checks(self):
         """The checks whose X are not rows of messages of ``message_families``: the wrong number
         of columns, or negative numbers where a parameter must be positive."""
-        families = rf.message_families(self.message_families)
+        families = message_families(self.message_families)
         width = 2 * len(families)
         columns = ", ".join(f"{f.name} ({', '.join(f.parameter_names)})" for f in families)
         positive = ", ".join(f"{f.name} {p}" for f in families for p, pos in zip(f.parameter_names, f.positive) if pos)
@@ -220,13 +227,13 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     # validation --------------------------------------------------------------------------------
     def _check_X(self, X, reset=False, **target):  # target: y=Y and its validation options
         out = validate_data(self, X, dtype=np.float64, reset=reset, advice=MESSAGE_ROWS, **target)
-        rf.check_messages(rf.message_families(self.message_families), out[0] if target else out)
+        check_messages(message_families(self.message_families), out[0] if target else out)
         check_fit_range(type(self).__name__, out[0] if target else out, name="X", advice=_MESSAGE_ADVICE)
         return out
 
     def _as_2d(self, Y, n_rows, what="Y"):
         """Outputs to fit: finite, of the right shape and in the range a fit takes."""
-        Y = rf.check_outputs(Y, n_rows, getattr(self, "n_outputs_", None), what)
+        Y = check_outputs(Y, n_rows, getattr(self, "n_outputs_", None), what)
         check_fit_range(type(self).__name__, Y, name=what, advice=_OUTPUT_ADVICE)
         return Y
 
@@ -240,18 +247,18 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         self.__dict__.pop("n_outputs_", None)
         return self._fit_checked(X, self._as_2d(Y, X.shape[0]), np.ndim(Y) == 1)
 
-    def _fit_checked(self, X, Y, y_1d, batch_fit=rf.fit_first_batch):
+    def _fit_checked(self, X, Y, y_1d, batch_fit=fit_first_batch):
         """:meth:`fit` after validation, by the engine's or the Dask batch fit (``fit_chunks``)."""
         self._fit_batch(X, Y, y_1d, batch_fit)
         self.n_oracle_calls_, self._trace = 0, []
         self._report(X.shape[0])
         return self
 
-    def _fit_batch(self, X, Y, y_1d, batch_fit=rf.fit_first_batch):
+    def _fit_batch(self, X, Y, y_1d, batch_fit=fit_first_batch):
         fitted = batch_fit(
             X,
             Y,
-            rf.message_families(self.message_families),
+            message_families(self.message_families),
             self.n_inner_features,
             self.n_outer_features,
             check_random_state(self.random_state),
@@ -320,7 +327,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     # prediction --------------------------------------------------------------------------------
     def _predict(self, X, return_std):
         """Mean (n, D_y) and predictive variance (n,) with the noise, or None; reads only."""
-        mean, var = rf.predictive_moments(X, self._feature_map, self._blr, return_std, n_jobs=self._n_threads())
+        mean, var = predictive_moments(X, self._feature_map, self._blr, return_std, n_jobs=self._n_threads())
         return mean + self.intercept_, None if var is None else var + self._blr.noise_variance
 
     @predict_method

@@ -1,8 +1,9 @@
 r"""Compiled elementwise passes of the random-feature maps and the triangular product of the
-predictive variance (:mod:`skcep.engines.random_features`).
+predictive variance (:mod:`skcep.engines.kjit.messages`, :mod:`skcep.engines.kjit.features`,
+:mod:`skcep.engines.kjit.regression`).
 
 Why compiled: the features evaluate cos and exp in single precision (numpy vectorises them;
-see :func:`skcep.engines.random_features._cos`), and around each call numpy needs several
+see :func:`skcep.engines.kjit.features._cos`), and around each call numpy needs several
 passes over the (rows × features) arrays — build the log-characteristic functions from
 outer products and table rows and sum them, reduce the argument to [−π, π] (scale, round,
 scale, subtract), narrow to float32, widen back, scale.  Each pass reads and writes memory

@@ -15,9 +15,9 @@ import numpy as np
 from numpy.polynomial.legendre import leggauss
 from scipy.special import log_expit, logsumexp
 
-from .chunks import chunk_slices
-from .likelihoods import log_phi_derivatives
-from .random_features import check_messages, message_families
+from ..chunks import chunk_slices
+from ..likelihoods import log_phi_derivatives
+from .messages import check_messages, message_families
 
 __all__ = ["LogisticFactor", "OperatorSite"]
 
@@ -50,7 +50,7 @@ class LogisticFactor:
     Examples
     --------
     >>> import numpy as np
-    >>> from skcep.engines.factors import LogisticFactor
+    >>> from skcep.engines.kjit import LogisticFactor
     >>> LogisticFactor().exact(np.array([[0.0, 1.0, 2.0, 1.0]])).round(4)
     array([[ 0.4132,  1.    , -0.5994, -1.0127]])
     """

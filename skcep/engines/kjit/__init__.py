@@ -1,0 +1,124 @@
+r"""KJIT, the engine of the learned EP message operator: two-stage random Fourier features on
+tuples of messages and Bayesian linear regression on them.
+
+Jitkrittum, Gretton, Heess, Eslami, Lakshminarayanan, Sejdinovic and Szabó, "Kernel-Based
+Just-In-Time Learning for Passing Expectation Propagation Messages" (UAI 2015; "the paper" in
+the modules, its supplementary material "the supplement").  The statistics of a factor's
+outgoing message are regressed on its tuple of incoming messages: a Gaussian kernel on their
+mean embeddings (§3.1, eq. 7), approximated by random features (Algorithm 1, §3.2), and
+Bayesian linear regression on them (§3.3, eqs. 9–17), updated online, whose predictive
+variance tells the operator when to ask the factor's oracle; the widths and σ_y² are chosen
+by the leave-one-out error of the predicted message.  Nothing here knows about scikit-learn.
+
+* :mod:`.messages` — the message families (Gaussian, Gamma, Beta) and the checks of rows;
+* :mod:`.features` — inner and outer random features, the median heuristic, the feature map;
+* :mod:`.regression` — Bayesian linear regression: statistics, posterior, updates, evidence;
+* :mod:`.selection` — the leave-one-out KL error and the search of the widths and σ_y²;
+* :mod:`.first_batch` — the batch fit of a first batch: plan, statistics, global step;
+* :mod:`.factors` — the logistic factor, its oracles and the operator-backed EP site;
+* ``_kernel`` — the compiled passes of the feature maps and of the predictive variance.
+"""
+
+from .factors import LogisticFactor, OperatorSite
+from .features import (
+    SELECTION_ROWS,
+    RandomFeatures,
+    draw_features,
+    inner_features,
+    median_inner_widths,
+    median_outer_width,
+    outer_features,
+    subsample_rows,
+)
+from .first_batch import (
+    STATISTICS_CHUNK,
+    FirstBatch,
+    Plan,
+    choose_first_batch,
+    fit_first_batch,
+    noise_floor,
+    plan_first_batch,
+)
+from .first_batch import _statistics as _statistics  # the partition step the Dask fit runs on its chunks
+from .messages import (
+    MESSAGE_FAMILIES,
+    BetaMessage,
+    GammaMessage,
+    GaussianMessage,
+    check_messages,
+    check_outputs,
+    message_families,
+    message_variances,
+)
+from .regression import (
+    PREDICT_CHUNK,
+    BayesianLinearRegression,
+    RegressionStatistics,
+    best_noise_variance,
+    log_marginal_likelihood,
+    predictive_moments,
+    regression_posterior,
+    regression_statistics,
+    sum_statistics,
+)
+from .selection import (
+    INNER_WIDTH_GRID,
+    NOISE_FLOOR,
+    OUTER_WIDTH_GRID,
+    LeaveOneOut,
+    gaussian_log_kl,
+    gaussian_moments,
+    loo_error,
+    select_by_loo,
+)
+
+__all__ = [
+    # messages
+    "GaussianMessage",
+    "BetaMessage",
+    "GammaMessage",
+    "MESSAGE_FAMILIES",
+    "message_families",
+    "check_messages",
+    "check_outputs",
+    "message_variances",
+    # features
+    "median_inner_widths",
+    "median_outer_width",
+    "inner_features",
+    "outer_features",
+    "RandomFeatures",
+    "draw_features",
+    "SELECTION_ROWS",
+    "subsample_rows",
+    # regression
+    "RegressionStatistics",
+    "regression_statistics",
+    "sum_statistics",
+    "regression_posterior",
+    "BayesianLinearRegression",
+    "log_marginal_likelihood",
+    "best_noise_variance",
+    "PREDICT_CHUNK",
+    "predictive_moments",
+    # selection
+    "OUTER_WIDTH_GRID",
+    "INNER_WIDTH_GRID",
+    "NOISE_FLOOR",
+    "gaussian_log_kl",
+    "gaussian_moments",
+    "loo_error",
+    "LeaveOneOut",
+    "select_by_loo",
+    # first batch
+    "STATISTICS_CHUNK",
+    "FirstBatch",
+    "Plan",
+    "plan_first_batch",
+    "noise_floor",
+    "choose_first_batch",
+    "fit_first_batch",
+    # factors
+    "LogisticFactor",
+    "OperatorSite",
+]

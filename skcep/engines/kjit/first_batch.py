@@ -1,0 +1,191 @@
+r"""The batch fit of the operator's first batch: features, widths, σ_y² and the posterior.
+
+:func:`fit_first_batch` runs the steps of the engine on one batch: it draws the features
+(:func:`~skcep.engines.kjit.features.draw_features`), plans the widths and σ_y²
+(:func:`plan_first_batch`: leave-one-out, the evidence over
+:data:`~skcep.engines.kjit.selection.OUTER_WIDTH_GRID`, or as given), centres the outputs, and
+sums the statistics (:mod:`skcep.engines.kjit.regression`) of chunks of
+:data:`STATISTICS_CHUNK` rows — boundaries from the row count alone, never from ``n_jobs`` —
+so its result does not depend on the number of threads.
+
+:func:`plan_first_batch` runs the leave-one-out search
+(:func:`~skcep.engines.kjit.selection.select_by_loo`) on at most
+:data:`~skcep.engines.kjit.features.SELECTION_ROWS` rows
+(:func:`~skcep.engines.kjit.features.subsample_rows`), before the partition step, and
+:func:`choose_first_batch` — the global step — keeps σ_y² above
+:data:`~skcep.engines.kjit.selection.NOISE_FLOOR` σ₀² λ_max(ΨᵀΨ) of all rows
+(:func:`noise_floor`).  A distributed fit (``skcep.message_operator._dask``) runs the same
+plan, partition step and global step with the rows on its workers.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+from scipy.linalg import eigh
+
+from ..chunks import chunk_slices, map_chunks
+from .features import RandomFeatures, draw_features, median_outer_width, subsample_rows
+from .regression import (
+    BayesianLinearRegression,
+    best_noise_variance,
+    regression_posterior,
+    regression_statistics,
+    sum_statistics,
+)
+from .selection import NOISE_FLOOR, OUTER_WIDTH_GRID, _is, select_by_loo
+
+__all__ = [
+    "STATISTICS_CHUNK",
+    "FirstBatch",
+    "Plan",
+    "plan_first_batch",
+    "noise_floor",
+    "choose_first_batch",
+    "fit_first_batch",
+]
+
+#: Rows per partition of the batch fit's statistics (fixed: the sum never depends on n_jobs).
+STATISTICS_CHUNK = 2048
+
+
+# --------------------------------------------------------------------------------------------
+# the batch fit
+
+
+class FirstBatch(NamedTuple):
+    """What :func:`fit_first_batch` fits: the feature map, the output offset, σ_y², the log
+    evidence of the chosen (γ², σ_y²) (None unless ``noise_variance="evidence"``), the
+    posterior and the leave-one-out error of the chosen widths and σ_y² (None unless the
+    leave-one-out criterion chose anything)."""
+
+    features: RandomFeatures
+    intercept: np.ndarray
+    noise_variance: float
+    log_evidence: "float | None"
+    posterior: BayesianLinearRegression
+    loo_error: "float | None" = None
+
+
+class Plan(NamedTuple):
+    """What :func:`plan_first_batch` decides before the statistics of all rows: the candidate
+    feature maps, σ_y² (a number, or "evidence"), whether σ_y² was chosen by the leave-one-out
+    criterion (then :func:`choose_first_batch` keeps it above the floor of all rows) and the
+    criterion's value."""
+
+    candidates: list
+    noise_variance: "float | str"
+    loo_noise: bool
+    loo_error: "float | None"
+
+
+def plan_first_batch(
+    features, seed, n_rows, take, inner_widths="auto", outer_width="auto", noise_variance="loo", prior_variance=1.0
+):
+    """The widths (and a σ_y² chosen by leave-one-out) of a first batch, from its
+    :func:`~skcep.engines.kjit.features.subsample_rows` alone: ``take(index) -> (X[index],
+    Y[index])`` fetches them.
+
+    * ``noise_variance="evidence"``: σ_l² as drawn (the median heuristic for "auto"), γ² by
+      the median heuristic, × :data:`~skcep.engines.kjit.selection.OUTER_WIDTH_GRID` for
+      "auto" — the candidates whose evidence :func:`choose_first_batch` compares;
+    * otherwise, if ``noise_variance`` is "loo" or a width is "auto":
+      :func:`~skcep.engines.kjit.selection.select_by_loo` on the subsample;
+    * otherwise the given or median-heuristic widths and the given σ_y².
+    """
+    loo = _is(noise_variance, "loo") or (
+        not _is(noise_variance, "evidence") and (_is(inner_widths, "auto") or _is(outer_width, "auto"))
+    )
+    if not loo and not isinstance(outer_width, str):
+        return Plan([features.with_outer_width(outer_width)], noise_variance, False, None)
+    X, Y = take(subsample_rows(n_rows, seed))
+    if loo:
+        chosen, noise, error = select_by_loo(
+            X, Y, features, seed, inner_widths, outer_width, noise_variance, prior_variance
+        )
+        return Plan([chosen], noise, _is(noise_variance, "loo"), error)
+    median = median_outer_width(features.inner(X), random_state=seed)
+    grid = OUTER_WIDTH_GRID if _is(outer_width, "auto") else (1.0,)
+    return Plan([features.with_outer_width(median * g) for g in grid], noise_variance, False, None)
+
+
+def _statistics(features, phi, Y, slices, n_jobs):
+    """The partition step on every chunk of rows (inner features φ̂ already computed), summed."""
+
+    def step(rows):
+        return regression_statistics(features.outer(phi[rows]), Y[rows])
+
+    return sum_statistics(map_chunks(step, slices, n_jobs))
+
+
+def fit_first_batch(
+    X,
+    Y,
+    families,
+    n_inner,
+    n_outer,
+    rng,
+    inner_widths="auto",
+    outer_width="auto",
+    noise_variance="loo",
+    prior_variance=1.0,
+    n_jobs=None,
+    chunk_size=STATISTICS_CHUNK,
+):
+    """The batch fit: features, widths, σ_y² and the posterior of one batch of rows.
+
+    Draws the features (:func:`~skcep.engines.kjit.features.draw_features`; σ_l² given, or
+    the median heuristic on the batch for "median" and "auto") and a seed for the subsample,
+    chooses the widths and σ_y² (:func:`plan_first_batch`: leave-one-out, the evidence or as
+    given; ``inner_widths`` an array or "auto"/"median", ``outer_width`` a number or
+    "auto"/"median", ``noise_variance`` a number, "loo" or "evidence"), centres the outputs
+    by their mean (the returned ``intercept``) and computes the posterior from statistics
+    summed over chunks of ``chunk_size`` rows (:func:`choose_first_batch`).  X (n, 2c) and
+    Y (n, D_y) are checked.
+    """
+    given = None if isinstance(inner_widths, str) else inner_widths
+    features = draw_features(X, families, n_inner, n_outer, rng, given)
+    plan = plan_first_batch(
+        features,
+        rng.randint(2**31),
+        X.shape[0],
+        lambda i: (X[i], Y[i]),
+        inner_widths,
+        outer_width,
+        noise_variance,
+        prior_variance,
+    )
+    slices = chunk_slices(X.shape[0], chunk_size)
+    phi = np.concatenate(map_chunks(lambda rows: plan.candidates[0].inner(X[rows]), slices, n_jobs))
+    intercept = Y.mean(axis=0)
+    Yc = Y - intercept
+    statistics = [_statistics(c, phi, Yc, slices, n_jobs) for c in plan.candidates]
+    return choose_first_batch(plan, statistics, intercept, prior_variance)
+
+
+def noise_floor(stats, prior_variance):
+    """:data:`~skcep.engines.kjit.selection.NOISE_FLOOR` σ₀² Λ_max(ΨᵀΨ) of all rows'
+    statistics (see :meth:`~skcep.engines.kjit.selection.LeaveOneOut.noise_bounds`)."""
+    d = stats.gram.shape[0]
+    top = eigh(stats.gram, eigvals_only=True, subset_by_index=[d - 1, d - 1])[0]
+    return NOISE_FLOOR * prior_variance * max(float(top), 1e-300)
+
+
+def choose_first_batch(plan, statistics, intercept, prior_variance):
+    """The global step of a first batch: of the :class:`Plan`'s candidate feature maps with
+    their summed statistics, the one of largest evidence (σ_y² by
+    :func:`~skcep.engines.kjit.regression.best_noise_variance`) if σ_y² is "evidence", else
+    the only candidate, whose σ_y² — if chosen by leave-one-out on the subsample — is raised
+    to :func:`noise_floor` of all rows; its posterior.  Returns a :class:`FirstBatch`."""
+    best = None
+    for candidate, stats in zip(plan.candidates, statistics):
+        if _is(plan.noise_variance, "evidence"):
+            noise, evidence = best_noise_variance(stats, prior_variance)
+        else:
+            noise, evidence = float(plan.noise_variance), None
+            if plan.loo_noise:
+                noise = max(noise, noise_floor(stats, prior_variance))
+        if best is None or (evidence is not None and evidence > best[3]):
+            best = (candidate, stats, noise, evidence)
+    candidate, stats, noise, evidence = best
+    posterior = regression_posterior(stats, noise, prior_variance)
+    return FirstBatch(candidate, intercept, noise, evidence, posterior, plan.loo_error)
