@@ -60,7 +60,7 @@ from skcep.engines.glm.posterior import GLMPosterior  # noqa: E402
 from skcep.engines.glm.sweeps import _change  # noqa: E402
 
 GRID = np.arange(-8.0, 8.01, 0.5)
-BOUND = float(np.log(1e6))  # the search's upper bound (LOG_VARIANCE_BOUNDS)
+BOUND = float(np.log(1e6))  # the search's upper bound (SearchSettings.log_variance_bounds)
 INTERCEPT_VARIANCE = 100.0  # the estimators' default intercept_prior_variance
 GAP_LIMIT = 0.5  # nats: the target
 

@@ -120,12 +120,16 @@ def test_distributed_fit_reaches_the_numpy_posterior(on_cluster, cls, method, co
     assert spread.n_features_in_ == X.shape[1]
 
 
-def test_distributed_ep_over_relaxed_converges_where_the_plain_schedule_creeps(on_cluster, monkeypatch):
+def test_distributed_ep_over_relaxed_converges_where_the_plain_schedule_creeps(on_cluster):
     """Chunks refined in parallel contract slowly along one direction.  Here early reversals
     halve EP's step, and without over-relaxation the grow-then-halve cycle keeps shrinking it
-    (measured: 0.001 after 150 sweeps, unconverged); over-relaxed (``PARALLEL_RELAX``, changes
-    compared per unit step) the fit converges in about 75 sweeps to the numpy posterior."""
-    import skcep.linear_model._dask as dask_glm  # noqa: PLC0415
+    (measured: 0.001 after 150 sweeps, unconverged); over-relaxed (``SweepSettings.parallel_relax``,
+    changes compared per unit step) the fit converges in about 75 sweeps to the numpy posterior."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from skcep.engines.glm import SWEEPS  # noqa: PLC0415
+    from skcep.engines.likelihoods import Probit  # noqa: PLC0415
+    from skcep.linear_model._dask import DaskRows  # noqa: PLC0415
 
     X, y = classification(n=6000, d=8, n_classes=2, seed=5)
     options = dict(method="ep", prior_variance=1.0, tol=1e-5, max_iter=150)
@@ -136,9 +140,15 @@ def test_distributed_ep_over_relaxed_converges_where_the_plain_schedule_creeps(o
     sd = np.sqrt(local.coef_var_)
     assert np.max(np.abs(relaxed.coef_ - local.coef_) / sd) < 0.01
     assert np.max(np.abs(relaxed.coef_var_ / local.coef_var_ - 1.0)) < 0.01
-    monkeypatch.setattr(dask_glm, "PARALLEL_RELAX", None)
-    plain = CEPProbitClassifier(**options).fit(Xd, yd)
-    assert not plain.converged_[0]
+    # the same fit through the engine on the same chunks, without the relaxation
+    held = DaskRows(Xd, yd, True, False)
+    prior = dict(prior_mean=np.zeros(9), prior_spread=np.r_[np.ones(8), 100.0])
+    fit = dict(method="ep", tol=1e-5, max_iter=150)
+    engine = held.fit(1, Probit(), Probit(), **prior, **fit)
+    assert engine.converged
+    np.testing.assert_allclose(engine.mean, np.r_[relaxed.coef_[0], relaxed.intercept_], rtol=1e-12, atol=1e-14)
+    plain = held.fit(1, Probit(), Probit(), **prior, **fit, sweeps=replace(SWEEPS, parallel_relax=None))
+    assert not plain.converged
 
 
 def test_distributed_fit_on_sparse_chunks(on_cluster):

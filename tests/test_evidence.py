@@ -34,14 +34,13 @@ from skcep.engines.glm.evidence import (
 from skcep.engines.glm.factorized import fit_factorized
 from skcep.engines.glm.full import fit_full, full_site_totals
 from skcep.engines.glm.search import (
-    LOG_VARIANCE_BOUNDS,
-    SEARCH_GAIN_TOL,
     EvidenceRisingWarning,
     fit_glm,
     maximize_evidence,
     separable,
 )
-from skcep.engines.glm.stream import STREAM_GRID, stream_batch, stream_candidates
+from skcep.engines.glm.settings import SEARCH, STREAM
+from skcep.engines.glm.stream import stream_batch, stream_candidates
 from skcep.engines.likelihoods import Gaussian, Probit
 
 CLASSES = {"probit": CEPProbitClassifier, "logistic": CEPLogisticClassifier}
@@ -559,7 +558,7 @@ def test_search_brackets_a_sharp_peak_in_single_steps():
     )
     grid = np.arange(-8.0, 2.0, 0.001)
     top = max(value(t) for t in grid)
-    assert value(theta) >= top - SEARCH_GAIN_TOL and rising is None
+    assert value(theta) >= top - SEARCH.gain_tol and rising is None
     assert len(fitted) <= 4, sorted(fitted)
     assert min(fitted) >= theta - 1.01, sorted(fitted)  # the start, 0, is on the other side
 
@@ -567,7 +566,7 @@ def test_search_brackets_a_sharp_peak_in_single_steps():
 def test_search_reports_an_evidence_still_rising_towards_its_bound():
     """A rise of 0.05 nats per unit of log λ up to the bound (as separable data can show): the
     search walks up until at most 0.2 nats can be left, and reports the slope there."""
-    high = LOG_VARIANCE_BOUNDS[1]
+    high = SEARCH.log_variance_bounds[1]
     theta, fitted, rising = _search(lambda t: 0.05 * t - 10.0, lambda t: 0.05)
     assert rising == pytest.approx(0.05)
     assert theta == max(fitted) and 0.05 * (high - theta) <= 0.2
@@ -581,7 +580,7 @@ def test_search_finds_a_limit_above_an_interior_peak():
     limit (measured, wdbc split 3, probit, full EP: peak −27.79 at log λ = 1, limit −27.14).
     Here a peak of −27.87 at 1.3, a valley of −28.16 at 2.8 and the limit −27.14: after
     bracketing the peak the search fits at its upper bound, takes it, and reports it."""
-    high = LOG_VARIANCE_BOUNDS[1]
+    high = SEARCH.log_variance_bounds[1]
 
     def value(t):
         return -27.14 - 1.5 / (1 + np.exp(t - 4)) + 0.85 * np.exp(-((t - 1) ** 2) / 2) - 0.5 * np.exp(-t)
@@ -604,19 +603,19 @@ def test_search_stops_at_its_sweep_budget():
     assert len(fitted) == 2
 
 
-def test_cep_that_runs_away_at_the_searched_prior_variance_backs_off_to_a_stable_one(monkeypatch):
+def test_cep_that_runs_away_at_the_searched_prior_variance_backs_off_to_a_stable_one():
     """scikit-learn's breast-cancer data (first 285 rows, standardised), probit: CEP-1 without
-    its expansion-range blend (``CEP_SPREAD_BAND``, which now keeps it near EP there: weights
+    its expansion-range blend (``CEPSettings.spread_band``, which now keeps it near EP there: weights
     below 70) runs away at λ = 1000 (weights in the thousands); the guard stops it within a few
     sweeps and halves log λ towards the start until CEP converges."""
     from sklearn.datasets import load_breast_cancer
 
-    from skcep.engines.glm import factorized as glm_factorized
     from skcep.engines.glm.factorized import fit_factorized
     from skcep.engines.glm.search import _cep_after_search
-
-    monkeypatch.setattr(glm_factorized, "CEP_SPREAD_BAND", (np.inf, np.inf))
+    from skcep.engines.glm.settings import CEPSettings
     from skcep.engines.likelihoods import Probit
+
+    pure = CEPSettings(spread_band=(np.inf, np.inf))
 
     X, y = load_breast_cancer(return_X_y=True)
     X = (X - X.mean(axis=0)) / X.std(axis=0)
@@ -624,7 +623,7 @@ def test_cep_that_runs_away_at_the_searched_prior_variance_backs_off_to_a_stable
     d = A.shape[1]
 
     def fit_at(spread, lik, warm=None, **kw):
-        return fit_factorized(A, s, lik, np.zeros(d), spread, **kw)
+        return fit_factorized(A, s, lik, np.zeros(d), spread, cep=pure, **kw)
 
     def spread_at(theta):
         return np.r_[np.full(d - 1, np.exp(theta)), 100.0]
@@ -743,7 +742,7 @@ def test_stream_of_gaussian_batches_holds_every_candidate_evidence_exactly():
         post, candidates = stream_batch(_gaussian_batch_fit(X, y, noise, rows), candidates, np.zeros(d), np.ones(d), d)
     for lam, value in zip(candidates["prior_variance"], candidates["log_evidence"]):
         assert_allclose(value, _exact_evidence(X, y, noise, lam), rtol=1e-9)
-    assert candidates["prior_variance"].size < STREAM_GRID.size  # the far ones were dropped
+    assert candidates["prior_variance"].size < len(STREAM.grid)  # the far ones were dropped
     lam = post.prior_variance
     exact = np.linalg.inv(X.T @ X / noise + np.eye(d) / lam)
     assert_allclose(post.cov, exact, rtol=1e-8)

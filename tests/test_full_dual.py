@@ -40,7 +40,7 @@ from skcep.engines.glm.full_dual import (
     prior_predictor,
     weight_marginals,
 )
-from skcep.engines.glm.search import LOG_VARIANCE_BOUNDS
+from skcep.engines.glm.settings import SEARCH
 from skcep.engines.glm.sweeps import SweepControl
 from skcep.engines.likelihoods import Gaussian, Logistic, Probit
 
@@ -237,7 +237,7 @@ def test_fixed_site_objective_is_evidence_pys(lik_name, sparse):
     dual = fixed_site_evidence_dual(X, *post.sites, np.zeros(d), prior, d - 1)
     primal = fixed_site_evidence(full_site_totals(X, *post.sites), np.zeros(d), prior, d - 1)
     searched = fixed_site_evidence(site_totals(post, np.zeros(d), prior), np.zeros(d), prior, d - 1)
-    thetas = np.linspace(*LOG_VARIANCE_BOUNDS, 29)
+    thetas = np.linspace(*SEARCH.log_variance_bounds, 29)
     values = [dual(t) for t in thetas]
     assert_allclose(values, [primal(t) for t in thetas], rtol=1e-9, atol=1e-9)
     assert_allclose(values, [searched(t) for t in thetas], rtol=1e-8, atol=1e-8)

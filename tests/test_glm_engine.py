@@ -26,6 +26,7 @@ from skcep.engines.glm import full as glm_full
 from skcep.engines.glm import partitions as glm_partitions
 from skcep.engines.glm.design import _DenseBlock
 from skcep.engines.glm.factorized import refine_sites
+from skcep.engines.glm.settings import CEP, CEPSettings
 from skcep.engines.glm.sweeps import SweepControl
 from skcep.engines.likelihoods import Logistic, Probit
 
@@ -50,10 +51,10 @@ def fit(method, X, y, lik, prior_mean, prior_var, **kw):
         return glm_factorized.fit_factorized(X, y, lik, prior_mean, prior_var, method=method, **kw)
 
 
-def refined_marginals(block, y, lik, method, prec, shift, site_prec, site_shift):
+def refined_marginals(block, y, lik, method, prec, shift, site_prec, site_shift, band=CEP.spread_band):
     """The marginals N(mean, var) that the sites :func:`refine_sites` proposes give with their
     cavity, and the cavity's natural parameters: (new_mean, new_var, cav_prec, cav_shift, ok)."""
-    new_prec, new_shift, ok = refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift)
+    new_prec, new_shift, ok = refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, band=band)
     cav_prec = block.at_cols(prec) - site_prec
     cav_shift = block.at_cols(shift) - site_shift
     new_var = 1.0 / (cav_prec + new_prec)
@@ -136,13 +137,13 @@ def _ep_reference(log_lik, y, cav_mean, cav_var):
 @pytest.mark.parametrize("lik_name, lik", [("probit", Probit()), ("logistic", Logistic(60))])
 @pytest.mark.parametrize("y", [1.0, -1.0])
 @pytest.mark.parametrize("method", FACTORIZED)
-def test_one_site_update_matches_quadrature(lik_name, lik, y, method, monkeypatch):
+def test_one_site_update_matches_quadrature(lik_name, lik, y, method):
     """``refine_sites`` (and the sweep itself) against quadrature of the (conditional)
     tilted distribution; CEP-2 against the Taylor expectation built from finite differences of
     the quadrature h1(c), h2(c).  CEP's own moments: the blend with EP's (one site here has
-    σ_c² k² inside CEP_SPREAD_BAND) is lifted, and tested in
+    σ_c² k² inside CEP's spread band) is lifted, and tested in
     test_cep_beyond_its_expansion_takes_the_exact_tilted."""
-    monkeypatch.setattr(glm_factorized, "CEP_SPREAD_BAND", (np.inf, np.inf))
+    pure = CEPSettings(spread_band=(np.inf, np.inf))
     log_lik = LOG_LIK[lik_name]
     q_var, prec, shift, cav_mean, cav_var = _one_row_problem()
     if method == "ep":
@@ -153,7 +154,7 @@ def test_one_site_update_matches_quadrature(lik_name, lik, y, method, monkeypatc
             assert ((expected[1] > 0) & (expected[1] <= cav_var)).all()
     block = _DenseBlock(X_ONE[None, :], slice(0, 1))
     new_mean, new_var, cav_prec, cav_shift, ok = refined_marginals(
-        block, np.array([y]), lik, method, prec, shift, SITE_PREC[None], SITE_SHIFT[None]
+        block, np.array([y]), lik, method, prec, shift, SITE_PREC[None], SITE_SHIFT[None], pure.spread_band
     )
     assert np.all(ok)
     assert_allclose(cav_prec.ravel(), 1.0 / cav_var, rtol=1e-12)
@@ -175,6 +176,7 @@ def test_one_site_update_matches_quadrature(lik_name, lik, y, method, monkeypatc
         init_sites=(SITE_PREC[None].copy(), SITE_SHIFT[None].copy()),
         damping=1.0,
         warmup_sweeps=0,
+        **({} if method == "full" else dict(cep=pure)),
     )
     assert_allclose(post.mean, expected[0], rtol=0, atol=tol * np.sqrt(cav_var).max())
     assert_allclose(post.var, expected[1], rtol=tol)
@@ -197,15 +199,15 @@ def test_cep2_beats_cep1_for_small_outer_variance(lik_name, lik, y):
     assert (errors["cep2"] < 0.1 * errors["cep1"]).all(), errors
 
 
-def test_cep2_falls_back_to_cep1_outside_its_domain(monkeypatch):
+def test_cep2_falls_back_to_cep1_outside_its_domain():
     """Large σ_c² with a sharply curved h: the Taylor variance exceeds v\\ (checked with the
     quadrature reference), so the documented fallback keeps the CEP-1 moments.  The site is far
-    beyond CEP_SPREAD_BAND, where EP's moments take over (next test); the band is lifted here
+    beyond CEP's spread band, where EP's moments take over (next test); the band is lifted here
     to reach the fallback, which still guards sites below the band."""
     x, q_mean, q_var = np.array([0.1, 4.0]), np.array([0.4, -1.3]), np.array([1.3, 3.3])
     block = _DenseBlock(x[None, :], slice(0, 1))
-    assert glm_factorized._ep_share(block, q_var, q_var[None])[0, 0] == 1.0
-    monkeypatch.setattr(glm_factorized, "CEP_SPREAD_BAND", (np.inf, np.inf))
+    assert glm_factorized._ep_share(block, q_var, q_var[None], CEP.spread_band)[0, 0] == 1.0
+    pure = (np.inf, np.inf)
     y, m = 1.0, 0
     f = lambda c: np.stack(conditional_moments(log_ndtr, x[m], y, q_mean[m], q_var[m], c))  # noqa: E731
     c_bar, var_c = x[1] * q_mean[1], x[1] ** 2 * q_var[1]
@@ -213,8 +215,8 @@ def test_cep2_falls_back_to_cep1_outside_its_domain(monkeypatch):
     assert e2 - e1**2 > q_var[m]  # the expansion really breaks down here
     zeros = np.zeros((1, 2))
     args = (block, np.array([y]), Probit())
-    cep1 = refined_marginals(*args, "cep1", 1 / q_var, q_mean / q_var, zeros, zeros)
-    cep2 = refined_marginals(*args, "cep2", 1 / q_var, q_mean / q_var, zeros, zeros)
+    cep1 = refined_marginals(*args, "cep1", 1 / q_var, q_mean / q_var, zeros, zeros, pure)
+    cep2 = refined_marginals(*args, "cep2", 1 / q_var, q_mean / q_var, zeros, zeros, pure)
     assert_allclose(cep2[0][0, m], cep1[0][0, m], rtol=1e-12)
     assert_allclose(cep2[1][0, m], cep1[1][0, m], rtol=1e-12)
     h1, h2 = f(c_bar)
@@ -234,7 +236,7 @@ def test_ep_share_is_a_smooth_step_over_the_band():
     scalar twin equals it."""
     from skcep.engines.glm._kernel import _ep_share_scalar, ep_share
 
-    lo, hi = glm_factorized.CEP_SPREAD_BAND
+    lo, hi = CEP.spread_band
     t = np.linspace(0.0, 2.0 * hi, 2001)
     w = ep_share(t, lo, hi)
     assert (w[t <= lo] == 0).all() and (w[t >= hi] == 1).all()
@@ -267,8 +269,8 @@ def tilted_moments_2d(log_lik, x, y, cav_mean, cav_var, c_mean, c_var, n_points=
 @pytest.mark.parametrize(
     "band, inside", [((2.2, 2.452), [2, 3]), ((0.01, 0.03), [1])], ids=["wide-sites-in-band", "narrow-site-in-band"]
 )
-def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, method, band, inside, monkeypatch):
-    """EP's share ω of a site rises from 0 to 1 as σ_c² k² crosses CEP_SPREAD_BAND (here set to
+def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, method, band, inside):
+    """EP's share ω of a site rises from 0 to 1 as σ_c² k² crosses CEP's spread band (here set to
     (2.2, 2.452)): above it the site gets the moments of the exact tilted of (w_m, c),
     c = Σ_{l≠m} x_l w_l under the cavity (2-D brute-force integration); below it CEP's (h at c̄
     for CEP-1, the Taylor expectation for CEP-2, by quadrature and finite differences); inside
@@ -277,7 +279,6 @@ def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, metho
     lands on the same.  With the band (0.01, 0.03) the site inside it is one where CEP-2's
     Taylor variance is in (0, v\\] (at the wide band's inside sites CEP-2 falls back to CEP-1)."""
     log_lik = LOG_LIK[lik_name]
-    monkeypatch.setattr(glm_factorized, "CEP_SPREAD_BAND", band)
     x = np.array([0.3, 2.0, -1.5, 0.8])
     q_mean, q_var = np.array([0.4, -0.3, 0.2, 0.5]), np.array([0.05, 0.6, 0.02, 0.03])
     site_prec, site_shift = np.array([0.5, 0.3, 1.0, 2.0]), np.array([0.1, -0.2, 0.3, 0.4])
@@ -295,7 +296,7 @@ def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, metho
         assert (share == 1.0).tolist() == [True, False, False, False]
         assert (share == 0.0).tolist() == [False, True, False, False]
     block = _DenseBlock(x[None, :], slice(0, 1))
-    assert_allclose(glm_factorized._ep_share(block, q_var, cav_var[None]).ravel(), share, rtol=1e-12)
+    assert_allclose(glm_factorized._ep_share(block, q_var, cav_var[None], band).ravel(), share, rtol=1e-12)
     expected = np.empty((2, 4))
     for m in range(4):
         others = np.arange(4) != m
@@ -312,7 +313,7 @@ def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, metho
             e1, e2 = f(c_bar)
         expected[:, m] = (1.0 - share[m]) * np.array([e1, e2 - e1**2]) + share[m] * np.array(exact)
     new_mean, new_var, *_, ok = refined_marginals(
-        block, np.array([y]), lik, method, prec, shift, site_prec[None], site_shift[None]
+        block, np.array([y]), lik, method, prec, shift, site_prec[None], site_shift[None], band
     )
     assert np.all(ok)
     assert_allclose(new_mean.ravel(), expected[0], rtol=0, atol=1e-7 * np.sqrt(cav_var).max())
@@ -328,6 +329,7 @@ def test_cep_beyond_its_expansion_takes_the_exact_tilted(lik_name, lik, y, metho
         init_sites=(site_prec[None].copy(), site_shift[None].copy()),
         damping=1.0,
         warmup_sweeps=0,
+        cep=CEPSettings(spread_band=band),
     )
     assert_allclose(post.mean, new_mean.ravel(), rtol=1e-10, atol=1e-12)
     assert_allclose(post.var, new_var.ravel(), rtol=1e-10)
@@ -353,8 +355,8 @@ def test_expansion_range_shortcuts_hide_no_site(sparse):
             x2 = block.x2
             x2v = x2 * block.at_cols(var)
             spread = (block.at_rows(block.row_sum(x2v)) - x2v) / (1 + x2 * var_c)
-            direct = _smoothstep(spread, *glm_factorized.CEP_SPREAD_BAND)
-            got = glm_factorized._ep_share(block, var, var_c)
+            direct = _smoothstep(spread, *CEP.spread_band)
+            got = glm_factorized._ep_share(block, var, var_c, CEP.spread_band)
             if got is None:
                 assert not direct.any()
             else:
@@ -828,7 +830,8 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted, wide)
     if method == "cep1":  # CEP-1's sites at the start q: EP's share ω (the blend of the two
         # rules' derivatives) is 0 at some, 1 at some and strictly between at others
         share = [
-            glm_factorized._ep_share(block, 1.0 / prec, 1.0 / (prec - site_prec[rows])) for rows, block in design.blocks
+            glm_factorized._ep_share(block, 1.0 / prec, 1.0 / (prec - site_prec[rows]), CEP.spread_band)
+            for rows, block in design.blocks
         ]
         share = np.concatenate(
             [np.zeros(block.x.shape) if w is None else w for w, (_, block) in zip(share, design.blocks)]
@@ -1036,7 +1039,7 @@ def test_cep_probe_kept_where_cep_stays_near_ep_and_undone_where_it_does_not(met
         X, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change)
     )
     undamped = glm_factorized.fit_factorized(X, y, Probit(), *prior, damping=1.0, **kw)
-    assert trace[0] < glm_factorized.CEP_PROBE_SD
+    assert trace[0] < CEP.probe_sd
     assert auto.n_iter == undamped.n_iter
     assert_allclose(auto.mean, undamped.mean, rtol=1e-12)
 
@@ -1053,9 +1056,9 @@ def test_cep_probe_kept_where_cep_stays_near_ep_and_undone_where_it_does_not(met
         auto = glm_factorized.fit_factorized(
             A, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change)
         )
-        damped = glm_factorized.fit_factorized(A, y, Probit(), *prior, damping=glm_factorized.CEP_DAMPING, **kw)
+        damped = glm_factorized.fit_factorized(A, y, Probit(), *prior, damping=CEP.damping, **kw)
         undamped = glm_factorized.fit_factorized(A, y, Probit(), *prior, damping=1.0, **kw)
-    assert trace[0] > glm_factorized.CEP_PROBE_SD
+    assert trace[0] > CEP.probe_sd
     assert auto.converged and auto.n_iter == damped.n_iter + 1
     assert_allclose(auto.mean, damped.mean, rtol=1e-6, atol=1e-9)
     assert not undamped.converged
@@ -1078,9 +1081,9 @@ def test_cep_probe_keeps_the_undamped_run_on_the_cep_papers_data():
     default = glm_factorized.fit_factorized(
         A, y, Probit(), *prior, **kw, callback=lambda s, change, _: trace.append(change)
     )
-    damped = glm_factorized.fit_factorized(A, y, Probit(), *prior, damping=glm_factorized.CEP_DAMPING, **kw)
+    damped = glm_factorized.fit_factorized(A, y, Probit(), *prior, damping=CEP.damping, **kw)
     assert default.converged and damped.converged
-    assert 0.1 < trace[0] < glm_factorized.CEP_PROBE_SD
+    assert 0.1 < trace[0] < CEP.probe_sd
     assert default.n_iter < 0.5 * damped.n_iter
     assert np.max(np.abs(default.mean - damped.mean) / np.sqrt(damped.var)) < 1e-3
     assert_allclose(default.var, damped.var, rtol=1e-3)

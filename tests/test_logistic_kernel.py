@@ -21,6 +21,7 @@ from synthetic import row_weights
 from skcep.engines import _special as kernel
 from skcep.engines.glm import design as glm_design
 from skcep.engines.glm import factorized as glm_factorized
+from skcep.engines.glm.settings import CEP
 from skcep.engines.likelihoods import Logistic, Probit
 
 
@@ -188,7 +189,7 @@ def entry_ranges(design, y, lik, method, site_prec, site_shift, prec, shift):
             m = block.x * mean_c + glm_factorized._outer_mean(block, shift / prec)
             s = block.x2 * var_c
             z = y[rows][:, None] * m
-            share = glm_factorized._ep_share(block, 1.0 / prec, var_c)
+            share = glm_factorized._ep_share(block, 1.0 / prec, var_c, CEP.spread_band)
             if share is not None:
                 counts["blended"] += int(((share > 0) & (share < 1)).sum())
         wide = (s > 2.0) & (z > -12.0 * np.sqrt(s))

@@ -22,8 +22,7 @@ from sklearn.utils.validation import validate_data
 from .._dask import DaskPartitions, fit_without_rows, is_dask_collection, row_blocks, rows
 from .._validation import FEATURE_RANGE_ADVICE, check_fit_range
 from ..engines.glm import (
-    COMPILED_BLOCK_SIZE,
-    PARALLEL_RELAX,
+    SWEEPS,
     Design,
     default_block_size,
     factorized_partition_step,
@@ -51,7 +50,7 @@ def _design_chunk(X, fit_intercept, block_size):
     if fit_intercept:
         ones = np.ones((X.shape[0], 1))
         X = sp.hstack([X, sp.csr_matrix(ones)], format="csr") if sp.issparse(X) else np.hstack([X, ones])
-    return X if block_size is None else Design(X, block_size, COMPILED_BLOCK_SIZE)
+    return X if block_size is None else Design(X, block_size, SWEEPS.compiled_block_size)
 
 
 def _weighted_rows(labels, sample_weight, classes, per_class):
@@ -181,7 +180,7 @@ class DaskRows:
                 if resume:
                     options["resume"] = warm.run
             if len(self.data) > 1:  # chunks refined in parallel: EP's slow mode over-relaxed
-                options["relax"] = PARALLEL_RELAX
+                options["parallel"] = True
             post = fit_factorized_partitions(parts, likelihood, prior_mean, spread, **options)
             moments = (1.0 / post.var, post.mean / post.var)
         totals = parts.totals()  # the sites' reductions (on the client), before the evidence

@@ -11,6 +11,7 @@ Modules, bottom up:
 ``design``      a dense or CSR design cut into row blocks; rows per block
 ``_kernel``     the compiled factorized step (dense, probit / logistic, EP / CEP-1)
 ``_full_kernel`` the compiled full-covariance step
+``settings``    the named settings (frozen dataclasses) and their defaults
 ``sweeps``      :class:`SweepControl`: damping, relaxation and roll-back between sweeps
 ``partitions``  :class:`InMemoryPartitions`: the rows of a single-machine fit as one partition
 ``factorized``  factorized EP / CEP-1 / CEP-2: partition and global steps, the loop of sweeps
@@ -24,20 +25,27 @@ The estimators (:mod:`skcep.linear_model`) import from this package; the tests i
 modules' internals from the modules.
 """
 
-from .design import COMPILED_BLOCK_SIZE, Design, default_block_size, full_block_size, site_shape
+from .design import Design, default_block_size, full_block_size, site_shape
 from .evidence import factorized_site_terms, full_site_terms, log_evidence, site_totals
-from .factorized import PARALLEL_RELAX, factorized_partition_step, fit_factorized_partitions
+from .factorized import factorized_partition_step, fit_factorized_partitions
 from .full import fit_full_partitions, full_partition_step
 from .posterior import GLMPosterior, predictor_moments
 from .search import EvidenceRisingWarning, fit_glm, fit_with_evidence, maximize_evidence
+from .settings import CEP, SEARCH, STREAM, SWEEPS, CEPSettings, SearchSettings, StreamSettings, SweepSettings
 from .stream import stream_batch, stream_candidates
 
 __all__ = [
-    "COMPILED_BLOCK_SIZE",
+    "CEP",
+    "CEPSettings",
     "Design",
     "EvidenceRisingWarning",
     "GLMPosterior",
-    "PARALLEL_RELAX",
+    "SEARCH",
+    "STREAM",
+    "SWEEPS",
+    "SearchSettings",
+    "StreamSettings",
+    "SweepSettings",
     "default_block_size",
     "factorized_partition_step",
     "factorized_site_terms",

@@ -4,14 +4,6 @@ factorized and the full-covariance sweeps."""
 import numpy as np
 import scipy.sparse as sp
 
-# Rows per block of the compiled dense step (``Design.compiled``): there a block costs d
-# operations, not ~25 numpy calls, so it takes the smallest blocks of :func:`default_block_size`.
-# Larger blocks refine hundreds of rows from the same q, and on correlated features that
-# diverges (measured, 50,000 × 30 probit with feature correlation 0.9: 1,000-row blocks leave
-# q at |mean| 6·10⁶ after 300 sweeps, 16-row blocks at 14, 8-row blocks converge in 51; on the
-# 100,000 × 50 uncorrelated scale data 8-row blocks take 6 sweeps, 655-row blocks 7).
-COMPILED_BLOCK_SIZE = 8
-
 
 def default_block_size(n_samples, n_entries):
     """Rows per block: sequential enough to converge, large enough to vectorise.

@@ -6,7 +6,8 @@ Two posterior families:
   (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.2 and supplement
   §8.2–8.3).  ``method`` picks how a site is refined: ``"ep"`` (factorized EP, Graepel et al.
   2010), ``"cep1"`` (eq. 10) or ``"cep2"`` (eq. 11); CEP's sites near and beyond the range of
-  its expansion in c (``CEP_SPREAD_BAND``) blend in EP's exact tilted moments.
+  its expansion in c (:attr:`CEPSettings.spread_band <skcep.engines.glm.settings.CEPSettings>`)
+  blend in EP's exact tilted moments.
 * **full** — q(w) = N(μ, Σ) with one site per row on its linear predictor (weight-space EP).
 
 **Map/reduce steps.**  Every sweep is a partition step on each partition of the rows against
@@ -48,70 +49,11 @@ import scipy.sparse as sp
 
 from ..gaussian import cavity_natural, damped, site_from_marginal, to_moments
 from ._kernel import ep_share, factorized_dense_step
-from .design import COMPILED_BLOCK_SIZE, Design, default_block_size, site_shape
+from .design import Design, default_block_size, site_shape
 from .partitions import InMemoryPartitions
 from .posterior import GLMPosterior, site_copy, site_total
+from .settings import CEP, SWEEPS
 from .sweeps import SweepControl
-
-# CEP's damping (``damping=None``): a first undamped sweep from EP's fixed point is kept if it
-# moves q by less than CEP_PROBE_SD posterior sd, else the run restarts at CEP_DAMPING.  The
-# probe is a safety net for starts far from CEP's fixed point: rows with extreme weights
-# (scikit-learn's class-weight check, {0: 1000, 1: 1e-4}: first sweeps of 600-40,000 sd, which
-# undamped CEP-1 / CEP-2 probit do not recover from).  On the CEP paper's sets (seven × five
-# splits, both links, λ = 1 and "auto": 280 fits) the first sweep moves q by at most 0.80 sd
-# (median 0.17).  The limit was 0.1 sd until the expansion-range blend (CEP_SPREAD_BAND) made
-# CEP's undamped sweeps converge there; it then sent about half of those fits to ½, where the
-# band's sites contract slowly.  Measured (CEP-1 and CEP-2, sweeps in all, 0.1 → 2): 8,211 →
-# 4,027 at λ = 1, 13,725 → 8,612 under "auto" (probit crabs CEP-1 281 → 115 on average, 3 of 5
-# splits unconverged → none), no fit unconverged (2 and 5 before); each set's mean gap to NUTS
-# within 0.0015 nats.  With many rows per weight the first sweep is small anyway (100,000 × 50
-# probit data: 0.014 sd, 4 CEP sweeps instead of 7 at ½).
-CEP_PROBE_SD, CEP_DAMPING = 2.0, 0.5
-
-# The over-relaxation limit of EP's sweeps over partitions refined in parallel (a Dask fit's
-# chunks; :class:`SweepControl` ``relax``).  Their changes contract along one direction
-# (successive cosines +1.000) by 0.45 a sweep for 6 partitions, against 0.26 for one partition's
-# sequential blocks.  Measured with the partitions in one process (EP, tol 1e-3, sweeps
-# unrelaxed → at most 1.5 / at most 2): 200,000 × 50 probit rows in 2, 6, 8, 16 partitions
-# 12 → 8 / 9, 14 → 9 / 10, 14 → 9 / 9, 15 → 10 / 8 (one partition: 9); logistic 18 → 12;
-# 40,000 × 200 probit 14 → 10; 5,000 × 20 logistic 13 → 11.  The relaxed 6-partition fit ends
-# nearer the fixed point (means 1.0e-4 posterior sd from a tol-1e-8 fit, unrelaxed 5.4e-4).
-# 1.5 keeps modes that contract by down to −⅓ stable (|1 − ω(1 − ρ)| < 1), 2 only ρ > 0.
-PARALLEL_RELAX = 1.5
-
-# In memory, EP's sweeps (and CEP's EP warm-up) run SweepControl's ``relax`` rule with a limit
-# of 1: the step follows the contraction of an aligned slow mode instead of the grow-then-halve
-# cycle, which shrank it to 0.001-0.03 on a slow drift and let the sweeps stop "converged" far
-# from the fixed point.  Measured on the CEP paper's sets (split 1, log λ ∈ {−2, 0, 2, 4, 6},
-# tol 1e-3, max_iter 300; against EP's fixed point found by Anderson acceleration to 1e-7):
-# before, every probit fit "converged", up to 35 posterior sd (breast, log λ = 6; 4.6 sd on
-# australian at λ = 1) and 1.7 nats of evidence (crabs, log λ = 6) away; now 30 of 35 converge,
-# within 0.04 sd and 0.0003 nats, the other 5 (crabs, breast at large λ) warn (sweeps in all
-# 1233 → 3215); logistic 27 of 30, within 0.07 sd.  A limit above 1 (1.5: 2519 sweeps, 32
-# converged) overshoots sites into negative precisions on unscaled data (iris, logistic, class
-# 0 against the rest, λ = 1: an improper q).
-IN_MEMORY_RELAX = 1.0
-
-
-# The range of CEP's expansion in c (:func:`_ep_share`): the conditional moments h(c) of site
-# (i, m) vary on the scale 1/k = √(1 + x² v\) of c (the probit's exactly; the logistic's within a
-# factor 1.7), and CEP-1 (h at c̄) and CEP-2 (+ ½ σ_c² h″) are expansions in σ_c² k²
-# (σ_c² = Var_q(c)).  A site's tilted moments are (1 − ω) CEP's + ω factorized EP's exact ones,
-# with EP's share ω rising smoothly (:func:`~skcep.engines.glm._kernel.ep_share`) from 0 at the
-# band's lower end to 1 at its upper end.  History: a step at 1 (EP's moments beyond σ_c² k² = 1)
-# moved the gap to NUTS of CEP-1 / CEP-2 (probit, λ = 1, five splits) on ionos from −0.056 /
-# −0.100 to −0.044 / −0.045, on sonar from −0.008 / −0.189 to +0.041 / +0.041 (the exact E_q over
-# c of CEP-2's moments, no expansion, reaches only −0.079 and −0.059), but the step is not
-# continuous in the sites: sparse CEP-1 of benchmarks/bench_scale.py on 10 % of the rows needed
-# 195 sweeps, and a logistic CEP-1 fit kept a 2-cycle of 6.4e-6 sd at tol 1e-9.  The band
-# (0.5, 2) (measured as the step): ionos −0.041 / −0.046, sonar +0.042 / +0.041; those sparse
-# data 14 sweeps (all 1,000,000 rows: 21, as without a guard); the 2-cycle gone (106 sweeps).  An upper end
-# above 2 loses ionos CEP-2
-# ((1, 2.5) −0.049, (0.5, 3) −0.051, (1, 4) −0.064); (1, 2) −0.046, (0.25, 2) −0.045.  Damped at ½,
-# sites inside the band slow the contraction (logistic australian CEP-1 141-179 sweeps, the step
-# 127, no guard 45-54); undamped 47-75, hence CEP_PROBE_SD (above).
-CEP_SPREAD_BAND = (0.5, 2.0)
-
 
 # ---------------------------------------------------------------------------------------------
 # Refinement of the factorized sites of one block.
@@ -154,9 +96,9 @@ def tilted_gradients(block, y, lik, method, mean, mean_c, var_c, order=2):
     return lik.derivatives(m, block.x2 * var_c, block.at_rows(y), order=order, value=False)[1:]
 
 
-def _ep_share(block, var, var_c):
+def _ep_share(block, var, var_c, band):
     r"""EP's share ω (:func:`~skcep.engines.glm._kernel.ep_share`) of every site of the block, a
-    smooth function of CEP's expansion parameter σ_c² k² over ``CEP_SPREAD_BAND``, with
+    smooth function of CEP's expansion parameter σ_c² k² over ``band`` = (lo, hi), with
     σ_c² = Σ_{l≠m} x_l² v_l (q's variances) and k² = 1/(1 + x_m² v\_m); None where it is 0 for
     every site.
 
@@ -164,7 +106,7 @@ def _ep_share(block, var, var_c):
     its entries where max(v) times its largest Σ_l x_l² is within the band's lower end (large
     data: small posterior variances), else where all its rows' Σ_l x_l² v_l are.
     """
-    lo, hi = CEP_SPREAD_BAND
+    lo, hi = band
     if not block.x2_row_max * var.max(initial=0.0) > lo:
         return None
     x2v = block.x2 * block.at_cols(var)
@@ -185,7 +127,7 @@ def _cep2_marginals(block, y, lik, mean, var, mean_c, var_c):
     E[h] ≈ h(c̄) + ½ σ_c² h''(c̄), with h1(c) = μ\ + v\ x L1 and h2(c) = h1² + v\ + (v\ x)² L2
     at m = x μ\ + c, s = x² v\, and σ_c² = Σ_{l≠m} x_l² v_l under q.
 
-    Sites in or beyond ``CEP_SPREAD_BAND`` are blended with EP's by :func:`refine_sites`; where
+    Sites in or beyond CEP's spread band are blended with EP's by :func:`refine_sites`; where
     the expansion yields a variance outside (0, v\] those sites keep the first-order (CEP-1)
     moments.
     """
@@ -217,7 +159,7 @@ def _sites_from_gradients(block, l1, l2, mean_c, var_c, ok):
     return x2b / keep, (block.x * l1 + mean_c * x2b) / keep, ok
 
 
-def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, sample_weight=None):
+def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, sample_weight=None, band=CEP.spread_band):
     """Proposed new natural parameters of every site of one block, refined from the same q.
 
     ``method`` is "ep", "cep1" or "cep2"; (prec, shift) are q's natural parameters (d,),
@@ -227,18 +169,18 @@ def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, samp
     non-finite moments) must not change.  CEP's tilted moments (mean and variance; for CEP-1,
     equivalently, L_1 and L_2) are blended with factorized EP's, (1 − ω) CEP + ω EP, where EP's
     are the exact expectation over c of the joint tilted of (w_m, c) with c under the cavity and
-    ω rises smoothly from 0 to 1 as the expansion parameter σ_c² k² crosses ``CEP_SPREAD_BAND``
-    (:func:`_ep_share`).
+    ω rises smoothly from 0 to 1 as the expansion parameter σ_c² k² crosses ``band``
+    (:attr:`CEPSettings.spread_band <skcep.engines.glm.settings.CEPSettings>`, :func:`_ep_share`).
     """
     if sample_weight is not None:
         weight = block.at_rows(sample_weight)
         new_prec, new_shift, ok = refine_sites(
-            block, y, lik, method, prec, shift, site_copy(site_prec, weight), site_copy(site_shift, weight)
+            block, y, lik, method, prec, shift, site_copy(site_prec, weight), site_copy(site_shift, weight), band=band
         )
         return site_total(new_prec, weight), site_total(new_shift, weight), ok
     mean_c, var_c, ok = _cavity_moments(block, prec, shift, site_prec, site_shift)
     mean = shift / prec
-    share = None if method == "ep" else _ep_share(block, 1.0 / prec, var_c)
+    share = None if method == "ep" else _ep_share(block, 1.0 / prec, var_c, band)
     if share is not None:  # factorized EP's tilted (the exact expectation over c)
         l1_ep, l2_ep = tilted_gradients(block, y, lik, "ep", mean, mean_c, var_c)
     if method == "cep2":
@@ -255,7 +197,19 @@ def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, samp
 
 
 def factorized_partition_step(
-    design, y, site_prec, site_shift, prec, shift, *, likelihood, method, step, out=None, sample_weight=None
+    design,
+    y,
+    site_prec,
+    site_shift,
+    prec,
+    shift,
+    *,
+    likelihood,
+    method,
+    step,
+    out=None,
+    sample_weight=None,
+    band=CEP.spread_band,
 ):
     """Partition step of factorized EP / CEP: refine the sites of one partition of the rows.
 
@@ -265,7 +219,8 @@ def factorized_partition_step(
     ``site_shift`` (one entry per stored x_im) are updated in place, or, with ``out`` (two
     arrays of their shape), the new sites are written there and the old ones are left as they
     were (the roll-back copy without a copy).  ``sample_weight`` (n,) or None: the rows'
-    weights, each row's sites those of its repeated copies (:func:`site_copy`).  A dense
+    weights, each row's sites those of its repeated copies (:func:`site_copy`).  ``band``:
+    CEP's expansion range (:class:`~skcep.engines.glm.settings.CEPSettings`).  A dense
     design with the probit or logistic likelihood runs EP and CEP-1 compiled, in one pass
     (:func:`~skcep.engines.glm._kernel.factorized_dense_step`).
 
@@ -295,7 +250,7 @@ def factorized_partition_step(
             *totals,
             out_prec,
             out_shift,
-            *map(float, CEP_SPREAD_BAND),
+            *map(float, band),
             rule,
         )
         return (*totals, n_skipped)
@@ -317,6 +272,7 @@ def factorized_partition_step(
             site_prec[sl],
             site_shift[sl],
             None if sample_weight is None else sample_weight[rows],
+            band=band,
         )
         d_prec = damped(site_prec[sl], new_prec, step, ok)
         d_shift = damped(site_shift[sl], new_shift, step, ok)
@@ -361,6 +317,8 @@ def fit_factorized(
     callback=None,
     sample_weight=None,
     resume=None,
+    cep=CEP,
+    sweeps=SWEEPS,
 ):
     """Fully factorized EP / CEP-1 / CEP-2 for a linear-predictor likelihood.
 
@@ -378,18 +336,18 @@ def fit_factorized(
         Factorized Gaussian prior — for streaming, the current posterior (ADF).
     method : {"cep1", "cep2", "ep"}
         CEP's sites near and beyond the range of its expansion in c (σ_c² k² in or above
-        ``CEP_SPREAD_BAND``) blend in EP's moments (:func:`refine_sites`).
+        ``cep.spread_band``) blend in EP's moments (:func:`refine_sites`).
     damping : float in (0, 1], optional
         Initial fraction of each proposed site change that is applied (1 = undamped);
         adapted when sweeps diverge or oscillate (:class:`SweepControl`); EP's (the
-        warm-up's too) follows an aligned slow mode up to 1 (``IN_MEMORY_RELAX``).  Default: 1
-        for EP; for CEP 1 on a probe sweep, kept if it moves q by less than ``CEP_PROBE_SD``,
-        else ``CEP_DAMPING`` (½).
+        warm-up's too) follows an aligned slow mode up to 1 (``sweeps.in_memory_relax``).
+        Default: 1 for EP; for CEP 1 on a probe sweep, kept if it moves q by less than
+        ``cep.probe_sd`` (2) posterior sd, else ``cep.damping`` (½).
     max_iter, tol : sweep limit and convergence threshold on the largest change of a sweep
         (posterior means in posterior sd, variances relative).
     block_size : int, optional
         Rows refined together; default :func:`default_block_size`, and
-        ``COMPILED_BLOCK_SIZE`` (8) where the step runs compiled (dense, probit or logistic,
+        ``sweeps.compiled_block_size`` (8) where the step runs compiled (dense, probit or logistic,
         EP / CEP-1).
     init_sites : (site_precision, site_shift), optional
         Starting sites (zero by default, i.e. q = prior).
@@ -408,6 +366,8 @@ def fit_factorized(
     resume : tuple, optional
         The ``run`` of an earlier EP fit of these rows that ended at the sites ``init_sites``:
         its sweeps go on to ``tol`` (:func:`fit_factorized_partitions`).
+    cep, sweeps : :class:`~skcep.engines.glm.settings.CEPSettings`, :class:`~skcep.engines.glm.settings.SweepSettings`
+        The rules of CEP's sites and of the sweeps (the library's defaults).
 
     Returns
     -------
@@ -424,7 +384,7 @@ def fit_factorized(
         site_prec, site_shift = np.zeros(site_shape(X)), np.zeros(site_shape(X))
     else:
         site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
-    design = Design(X, block_size or default_block_size(n, site_prec.size), block_size or COMPILED_BLOCK_SIZE)
+    design = Design(X, block_size or default_block_size(n, site_prec.size), block_size or sweeps.compiled_block_size)
     weights = {} if sample_weight is None else dict(sample_weight=np.asarray(sample_weight, dtype=float))
     parts = InMemoryPartitions(factorized_partition_step, design, y, site_prec, site_shift, writes_out=True, **weights)
     post = fit_factorized_partitions(
@@ -439,6 +399,8 @@ def fit_factorized(
         warmup_sweeps=warmup_sweeps,
         callback=callback,
         resume=resume,
+        cep=cep,
+        sweeps=sweeps,
     )
     post.sites = (parts.site_prec, parts.site_shift)
     return post
@@ -457,23 +419,28 @@ def fit_factorized_partitions(
     warmup_sweeps=10,
     callback=None,
     resume=None,
-    relax=IN_MEMORY_RELAX,
+    parallel=False,
+    cep=CEP,
+    sweeps=SWEEPS,
 ):
     """:func:`fit_factorized` on rows held by ``parts`` (see :func:`factorized_sweeps`): the
     EP warm-up sweeps, then ``method``'s.  ``resume``: the ``run`` of an earlier EP fit whose
-    sites ``parts`` holds, continued to ``tol`` (its sweeps are counted in ``n_iter``);
-    ``relax`` as in :func:`factorized_sweeps`, for the EP sweeps (the warm-up's too): by
-    default ``IN_MEMORY_RELAX``; ``PARALLEL_RELAX`` for partitions refined in parallel.
-    Returns a :class:`GLMPosterior` without sites."""
+    sites ``parts`` holds, continued to ``tol`` (its sweeps are counted in ``n_iter``).  EP's
+    sweeps (the warm-up's too) are over-relaxed up to ``sweeps.in_memory_relax``, or
+    ``sweeps.parallel_relax`` when ``parallel`` (partitions refined in parallel); ``cep``
+    and ``sweeps`` as in :func:`fit_factorized`.  Returns a :class:`GLMPosterior` without
+    sites."""
     if resume is not None and method != "ep":
         raise ValueError(f"only EP's sweeps can be resumed; got method={method!r}")
     prior_prec = 1.0 / np.asarray(prior_var, dtype=float)
     prior_shift = np.asarray(prior_mean, dtype=float) * prior_prec
+    relax = sweeps.parallel_relax if parallel else sweeps.in_memory_relax
+    rules = dict(band=cep.spread_band, sweeps=sweeps)
     probe = None
     if damping is None:
         damping = 1.0
         if method != "ep":
-            probe = (CEP_PROBE_SD, CEP_DAMPING)
+            probe = (cep.probe_sd, cep.damping)
     if warmup_sweeps and method != "ep":
         factorized_sweeps(
             parts,
@@ -485,6 +452,7 @@ def fit_factorized_partitions(
             tol=tol,
             max_iter=warmup_sweeps,
             relax=relax,
+            **rules,
         )
     prec, shift, it, converged, control = factorized_sweeps(
         parts,
@@ -499,6 +467,7 @@ def fit_factorized_partitions(
         probe=probe,
         resume=resume,
         relax=relax,
+        **rules,
     )
     mean, var = to_moments(prec, shift)
     return GLMPosterior(mean, var, None, it, converged, control.n_skipped, control.trace, run=(control, prec, shift))
@@ -518,6 +487,8 @@ def factorized_sweeps(
     probe=None,
     resume=None,
     relax=None,
+    band=CEP.spread_band,
+    sweeps=SWEEPS,
 ):
     """The sweeps of factorized EP / CEP over partitioned rows, until ``tol`` or ``max_iter``.
 
@@ -530,13 +501,15 @@ def factorized_sweeps(
 
     ``resume`` = (control, prec, shift) where earlier sweeps over the same sites stopped (a
     looser ``tol``): they go on to ``tol`` and ``max_iter`` sweeps in all, as one run would.
-    ``relax``: :class:`SweepControl`'s over-relaxation limit (EP's sweeps; None: none).
+    ``relax``: :class:`SweepControl`'s over-relaxation limit (EP's sweeps; None: none);
+    ``band``: CEP's expansion range, passed to the partition step; ``sweeps``: the rules of
+    :class:`SweepControl`.
 
     Returns ``(prec, shift, n_sweeps, converged, control)``.
     """
     if resume is None:
         prec, shift, _ = factorized_global_step(prior_prec, prior_shift, parts.totals())
-        control = SweepControl(damping, tol, per_step=method != "ep", probe=probe, relax=relax)
+        control = SweepControl(damping, tol, per_step=method != "ep", probe=probe, relax=relax, settings=sweeps)
     else:
         control, prec, shift = resume
         control.tol = tol
@@ -546,7 +519,7 @@ def factorized_sweeps(
         mean_old, var_old = to_moments(prec, shift)
         if control.may_reject:
             parts.save()
-        totals = parts.step(prec, shift, likelihood=likelihood, method=method, step=control.step)
+        totals = parts.step(prec, shift, likelihood=likelihood, method=method, step=control.step, band=band)
         prec, shift, skipped = factorized_global_step(prior_prec, prior_shift, totals)
         verdict = control.finish(it, skipped, mean_old, var_old, *to_moments(prec, shift), callback)
         if verdict == "converged":

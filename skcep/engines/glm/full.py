@@ -9,6 +9,7 @@ from ._full_kernel import full_dense_step
 from .design import full_block_size
 from .partitions import InMemoryPartitions
 from .posterior import GLMPosterior, site_copy, site_total
+from .settings import SWEEPS
 from .sweeps import SweepControl
 
 
@@ -145,6 +146,7 @@ def fit_full(
     init_sites=None,
     callback=None,
     sample_weight=None,
+    sweeps=SWEEPS,
 ):
     """Weight-space EP with a full covariance (beyond the CEP paper).
 
@@ -156,7 +158,8 @@ def fit_full(
     :func:`full_global_step`, judged by :class:`SweepControl`.
 
     ``prior_cov`` is (d, d); ``init_sites`` (τ̃, ν̃) of shape (n,) each start the sweeps (zero
-    by default); other arguments (``sample_weight`` too) as in :func:`fit_factorized`.
+    by default); other arguments (``sample_weight``, ``sweeps`` too) as in
+    :func:`~skcep.engines.glm.factorized.fit_factorized`.
     Returns a :class:`GLMPosterior` with ``cov`` and ``sites`` set.
 
     With fewer rows than features (n < d) the same EP runs faster with its algebra on the n × n
@@ -184,6 +187,7 @@ def fit_full(
         tol=tol,
         callback=callback,
         start=start,
+        sweeps=sweeps,
     )
     post.sites = (parts.site_prec, parts.site_shift)
     return post
@@ -206,7 +210,17 @@ def full_site_totals(X, site_prec, site_shift):
 
 
 def fit_full_partitions(
-    parts, likelihood, prior_mean, prior_cov, *, damping=None, max_iter=100, tol=1e-4, callback=None, start=None
+    parts,
+    likelihood,
+    prior_mean,
+    prior_cov,
+    *,
+    damping=None,
+    max_iter=100,
+    tol=1e-4,
+    callback=None,
+    start=None,
+    sweeps=SWEEPS,
 ):
     """:func:`fit_full` on rows held by ``parts`` (see :func:`full_sweeps`); ``start`` = the
     summed natural parameters (Xᵀ diag(τ̃) X, Xᵀ ν̃) of the sites ``parts`` starts from, if
@@ -226,20 +240,21 @@ def fit_full_partitions(
         tol=tol,
         max_iter=max_iter,
         callback=callback,
+        sweeps=sweeps,
     )
     cov = cho_solve(chol, np.eye(len(mean)))
     cov = 0.5 * (cov + cov.T)
     return GLMPosterior(mean, np.diag(cov).copy(), cov, it, converged, control.n_skipped, control.trace, precision=P)
 
 
-def full_sweeps(parts, prior_prec, prior_shift, *, likelihood, damping, tol, max_iter, callback=None):
+def full_sweeps(parts, prior_prec, prior_shift, *, likelihood, damping, tol, max_iter, callback=None, sweeps=SWEEPS):
     """The sweeps of full-covariance EP over partitioned rows (``parts`` as in
     :func:`factorized_sweeps`, its ``step(P, b, **options)`` running
     :func:`full_partition_step` and returning the partitions' changes).
 
     Returns ``(P, b, chol, mean, var, n_sweeps, converged, control)``.
     """
-    control = SweepControl(damping, tol)
+    control = SweepControl(damping, tol, settings=sweeps)
     P, b, chol, mean, var, _ = full_global_step(prior_prec, prior_shift, [])
     converged, it, saved = False, 0, None
     for it in range(1, max_iter + 1):

@@ -56,6 +56,7 @@ from ..gaussian import cavity, gaussian_log_normalizer, is_diagonal, precision_o
 from .design import full_block_size
 from .full import full_site_update
 from .posterior import GLMPosterior, site_copy
+from .settings import SWEEPS
 from .sweeps import SweepControl
 
 __all__ = [
@@ -269,6 +270,7 @@ def fit_full_dual(
     init_sites=None,
     callback=None,
     sample_weight=None,
+    sweeps=SWEEPS,
 ):
     """:func:`~skcep.engines.glm.full.fit_full` for n < d: the same EP (the same blocks of rows, site
     updates, damping and :class:`~skcep.engines.glm.sweeps.SweepControl` verdicts as
@@ -295,7 +297,7 @@ def fit_full_dual(
     y = np.asarray(y, dtype=float)
     weight = None if sample_weight is None else np.asarray(sample_weight, dtype=float)
     prior = prior_predictor(X, prior_mean, prior_cov)
-    control = SweepControl(1.0 if damping is None else damping, tol)  # as full_sweeps'
+    control = SweepControl(1.0 if damping is None else damping, tol, settings=sweeps)  # as full_sweeps'
     post = PredictorPosterior(prior, site_prec, site_shift)
     mean, var, _ = weight_marginals(post)
     converged, it, saved = False, 0, None

@@ -25,39 +25,15 @@ from .evidence import (
 from .factorized import fit_factorized
 from .full import fit_full
 from .full_dual import dual_applies, fit_full_dual
+from .settings import SEARCH
 
 __all__ = [
     "EvidenceRisingWarning",
-    "LOG_VARIANCE_BOUNDS",
     "fit_glm",
     "fit_with_evidence",
     "maximize_evidence",
     "separable",
 ]
-
-LOG_VARIANCE_BOUNDS = (np.log(1e-6), np.log(1e6))
-# The search's fits stop at ROUGH_TOL_FACTOR × tol; the best one and its neighbours are taken
-# on to SEARCH_TOL_FACTOR × tol before the search judges where the peak is.  Measured against
-# EP's fixed point (Anderson-accelerated, 1e-7; the CEP paper's sets, split 1, probit, log λ
-# from −1 to 6; EP's sweeps then relaxed up to 1.5): at 3 × 1e-3 the evidence is within 0.003
-# nats wherever the fit converged, at 10 × within 0.3, at 30 × within 1.8 (crabs, log λ = 6:
-# the sweeps' slow mode).
-SEARCH_TOL_FACTOR = 3.0
-ROUGH_TOL_FACTOR = 30.0
-SEARCH_BUDGET = 5.0  # the search's fits stop once their sweeps reach this many × max_iter
-SEARCH_GAIN_TOL = 0.2  # nats: the search stops when no interval may hold more above its best
-SLOPE_TOL = 0.02  # nats per unit of log λ: a slope this small at the best fit is a peak
-SEPARABLE_ROWS = 2000  # rows of the linear program that tells non-separable data
-REFINE_WITHIN = 10.0  # nats: a neighbour further below the best fit is not refined
-# Full EP's search starts a fit from the sites of the nearest one within this distance in log λ
-# (one outward step of the search): its sites (one per row, in the row's predictor) move little
-# with λ where the rows are many (100,000 × 50 logistic rows: 2 sweeps instead of 3).  A fit
-# further away starts from the prior: on separable data the probe at λ = 10⁶ started from the
-# sites at λ ≈ 3 stops at an evidence 40 nats below its limit (wdbc, split 3, probit).
-FULL_WARM_WITHIN = 4.0
-KEEP_SITES = 2  # the search keeps the sites of its last fits (and its best) for warm starts
-RUNAWAY = 10.0  # posterior sd in one sweep after the first GRACE: a CEP fit has diverged
-GRACE = 2
 
 
 def _hermite_max(a, c, margin=0.0):
@@ -86,7 +62,7 @@ def _hermite_max(a, c, margin=0.0):
     return ta + h * t, float(p(t))
 
 
-def _interval_bound(a, c):
+def _interval_bound(a, c, slope_tol):
     """What the evidence may reach between two fitted points a, c = (θ, f, g) (f its value, g
     its slope): the maximum of the cubic with those values and slopes (Hermite interpolation),
     and, where the points are those of a concave function (the secant's slope within
@@ -96,7 +72,7 @@ def _interval_bound(a, c):
     (ta, fa, ga), (tc, fc, gc) = a, c
     cubic = _hermite_max(a, c)[1]
     secant = (fc - fa) / (tc - ta)
-    slack = SLOPE_TOL + 0.1 * abs(secant)
+    slack = slope_tol + 0.1 * abs(secant)
     if secant > ga + slack or secant < gc - slack:
         return cubic
     if ga > gc:  # the tangents cross
@@ -112,8 +88,6 @@ def maximize_evidence(
     step_of,
     log_variance,
     *,
-    bounds=LOG_VARIANCE_BOUNDS,
-    gain_tol=SEARCH_GAIN_TOL,
     max_step=4.0,
     first_step=1.0,
     warm_within=1.0,
@@ -121,8 +95,10 @@ def maximize_evidence(
     budget=None,
     probe=True,
     refine=None,
+    settings=SEARCH,
 ):
-    r"""Type-II maximum likelihood of the EP evidence (E1) over θ = log λ in ``bounds``.
+    r"""Type-II maximum likelihood of the EP evidence (E1) over θ = log λ in
+    ``settings.log_variance_bounds`` (:class:`~skcep.engines.glm.settings.SearchSettings`).
 
     ``fit_at(θ, warm, max_sweeps=None)`` fits at λ = e^θ, starting from the sites of the fitted
     result ``warm`` (None: a cold start; a fit within ``warm_within`` of θ is used), and
@@ -144,7 +120,7 @@ def maximize_evidence(
     least the fixed-site maximiser's step (a Newton step with the curvature of the evidence at
     fixed sites, which overstates that of (E1) by 1/(1 − ρ), ρ the sensitivity of the sites to
     λ) and ``first_step``, at most ``max_step``.  When no interval may hold more than
-    ``gain_tol`` nats above the best fit (a miss by δ in θ near a peak of curvature c costs
+    ``settings.gain_tol`` nats above the best fit (a miss by δ in θ near a peak of curvature c costs
     ½ c δ²) it refines the best fit and its neighbours and judges again.  A bracketed peak is
     then compared with the evidence at the upper bound if ``probe`` (a bool, or a callable
     returning one: whether the data may be separable, the only case where the evidence has a
@@ -159,10 +135,10 @@ def maximize_evidence(
     {θ: result} of every fit (refined where it was; a probe left out included), and ``rising`` None where the evidence's
     peak lies inside the fits, else the slope at θ* (nats per unit of log λ; its sign gives the
     side) where θ* is at a bound, or is the outermost fit on the side its slope points to with
-    a slope above ``SLOPE_TOL``: on separable data the evidence can rise by hundredths of a
+    a slope above ``settings.slope_tol``: on separable data the evidence can rise by hundredths of a
     nat per unit of log λ over decades of λ.
     """
-    low, high = bounds
+    low, high = settings.log_variance_bounds
     fitted, slope = {}, {}
 
     def fit(theta, **limit):
@@ -225,7 +201,7 @@ def maximize_evidence(
         gains = []  # (bound on the gain above the best fit, interval or outermost fit and side)
         for a, c in zip(points, points[1:]):
             if np.isfinite(a[1]) and np.isfinite(c[1]):
-                gains.append((_interval_bound(a, c) - evidence[best], a, c))
+                gains.append((_interval_bound(a, c, settings.slope_tol) - evidence[best], a, c))
         for side, end in ((1, points[-1]), (-1, points[0])):
             if end[2] * side > 0 and np.isfinite(end[1]):  # rising beyond the outermost fit
                 edge = high if side > 0 else low
@@ -238,13 +214,13 @@ def maximize_evidence(
                 break
             fit(max(points[0][0] - max_step, low))
             continue
-        if not gains or gains[0][0] <= gain_tol:
+        if not gains or gains[0][0] <= settings.gain_tol:
             if refine is not None:  # the best fit and its neighbours refined, then judged again
                 i = [t for t, _, _ in points].index(best)
                 rough = [
                     t
                     for t, value, _ in points[max(i - 1, 0) : i + 2]
-                    if t not in fine and value >= evidence[best] - REFINE_WITHIN
+                    if t not in fine and value >= evidence[best] - settings.refine_within
                 ]
                 for t in rough:
                     fitted[t] = refine(t, fitted[t])
@@ -275,7 +251,7 @@ def maximize_evidence(
     best = max(evidence, key=evidence.get)
     seen, g = sorted(evidence), slopes(evidence)[best]
     outermost = (best == seen[-1] and g > 0) or (best == seen[0] and g < 0)
-    rising = g if best in (low, high) or (outermost and abs(g) > SLOPE_TOL) else None
+    rising = g if best in (low, high) or (outermost and abs(g) > settings.slope_tol) else None
     return best, fitted, rising if np.isfinite(evidence[best]) else None
 
 
@@ -290,6 +266,7 @@ def fit_glm(
     evidence_likelihood,
     tune_weights=None,
     sample_weight=None,
+    search=SEARCH,
     **options,
 ):
     """One binary model on in-memory rows: :func:`~skcep.engines.glm.full.fit_full` (with fewer rows than
@@ -325,7 +302,8 @@ def fit_glm(
         prior_spread,
         full=full,
         tune_weights=tune_weights,
-        separable=lambda: separable(X, y, sample_weight),
+        separable=lambda: separable(X, y, sample_weight, search.separable_rows),
+        search=search,
         **options,
     )
 
@@ -344,6 +322,7 @@ def fit_with_evidence(
     max_iter=100,
     callback=None,
     separable=None,
+    search=SEARCH,
     **options,
 ):
     """One binary model fitted by ``fit_at`` at the prior ``prior_spread``, or at the prior
@@ -360,11 +339,12 @@ def fit_with_evidence(
     in ``prior_spread``, on the evidence of EP — weight-space EP for the full covariance, else
     factorized EP with ``evidence_likelihood`` whatever ``method`` is (CEP has no evidence of
     its own, and the EP formula at CEP's sites is not smooth in λ where CEP breaks down).
-    The search's fits stop at ``ROUGH_TOL_FACTOR`` × ``tol``, those it refines at
-    ``SEARCH_TOL_FACTOR`` × ``tol`` (their evidence is then within a few thousandths of a nat
-    of the fixed point's), all at most ``SEARCH_BUDGET`` × ``max_iter`` sweeps; only the last
-    ``KEEP_SITES`` fits and the best one and its neighbours keep their sites (the warm starts
-    and refinements), so memory stays a few site arrays.  ``separable`` (a callable, or None:
+    ``search`` (:class:`~skcep.engines.glm.settings.SearchSettings`): the search's fits stop at
+    ``rough_tol_factor`` × ``tol``, those it refines at ``refine_tol_factor`` × ``tol`` (their
+    evidence is then within a few thousandths of a nat of the fixed point's), all at most
+    ``budget`` × ``max_iter`` sweeps; only the last ``keep_sites`` fits and the best one and
+    its neighbours keep their sites (the warm starts and refinements), so memory stays a few
+    site arrays.  ``separable`` (a callable, or None:
     unknown, taken as no) says whether the data may be separable (:func:`separable`), which
     makes a full-covariance search compare an interior peak with the evidence at its upper
     bound.  Not factorized EP's: at λ = 10⁶ on separable data its sweeps can stop at a state
@@ -389,11 +369,11 @@ def fit_with_evidence(
     own = dict(tol=tol, max_iter=max_iter, callback=callback, **({} if full else dict(method=method)))
     if not tune_weights:
         return fit(prior_spread, likelihood, **own)
-    search = dict(tol=ROUGH_TOL_FACTOR * tol, max_iter=max_iter, callback=callback)
+    trials = dict(tol=search.rough_tol_factor * tol, max_iter=max_iter, callback=callback)
     if not full:
-        search["method"] = "ep"
+        trials["method"] = "ep"
         if method != "ep":  # EP's own damping (the user's applies to ``method``)
-            search["damping"] = None
+            trials["damping"] = None
     section = getattr(callback, "section", None) if callback is not None else None
 
     def spread_at(t):
@@ -403,11 +383,11 @@ def fit_with_evidence(
     count = [0]
 
     def keep_sites():
-        """Sites (the warm starts, the refinements) only for the last ``KEEP_SITES`` fits and
+        """Sites (the warm starts, the refinements) only for the last ``search.keep_sites`` fits and
         the best one and its neighbours in θ: the workers' or this process' memory."""
         seen = sorted(done)
         i = seen.index(max(done, key=lambda t: done[t].log_evidence))
-        keep = set(seen[max(i - 1, 0) : i + 2]) | set(list(done)[-KEEP_SITES:])
+        keep = set(seen[max(i - 1, 0) : i + 2]) | set(list(done)[-search.keep_sites :])
         for t, post in done.items():
             if t not in keep:
                 post.sites = None
@@ -418,16 +398,16 @@ def fit_with_evidence(
         if section is not None:
             section(f"λ search, trial {k}: λ = {np.exp(t):.4g}")
         limit = {} if max_sweeps is None else dict(max_iter=min(max_iter, max_sweeps))
-        done[t] = post = fit(spread_at(t), evidence_likelihood, warm, **{**search, **limit})
+        done[t] = post = fit(spread_at(t), evidence_likelihood, warm, **{**trials, **limit})
         if section is not None:
             section(f"λ search, trial {k}: log evidence {post.log_evidence:.6g}")
         keep_sites()
         return post
 
     def refine(t, rough):
-        """``rough`` continued to ``SEARCH_TOL_FACTOR`` × ``tol`` (factorized EP: its sweeps
+        """``rough`` continued to ``search.refine_tol_factor`` × ``tol`` (factorized EP: its sweeps
         resumed; full EP: from its sites; from the prior where they were dropped)."""
-        options = {**search, "tol": SEARCH_TOL_FACTOR * tol}
+        options = {**trials, "tol": search.refine_tol_factor * tol}
         if _settled(rough, options["tol"]):  # its last sweep already changed q by less
             return rough
         if section is not None:
@@ -463,10 +443,11 @@ def fit_with_evidence(
         slope_of,
         step_of,
         start,
-        warm_within=FULL_WARM_WITHIN if full else 1.0,
-        budget=lambda first: SEARCH_BUDGET * max_iter,
+        warm_within=search.full_warm_within if full else 1.0,
+        budget=lambda first: search.budget * max_iter,
         probe=bool(full) and (separable or False),
         refine=refine,
+        settings=search,
     )
     spent = sum(f.n_iter for f in fitted.values())
     chosen, searched = fitted[theta], theta
@@ -490,12 +471,14 @@ def fit_with_evidence(
     elif method == "ep":  # other sites (a learned operator's): from the prior
         post = fit(spread_at(theta), likelihood, **own)
     else:
-        post, theta, spent = _cep_after_search(fit, spread_at, likelihood, own, theta, start, max_iter, spent)
+        post, theta, spent = _cep_after_search(
+            fit, spread_at, likelihood, own, theta, start, max_iter, spent, settings=search
+        )
     post.prior_variance = float(np.exp(theta))
     post.n_iter += spent
     if rising is not None:
         post.evidence_rising = rising
-        _warn_rising(fitted[searched], searched, rising, theta)
+        _warn_rising(fitted[searched], searched, rising, theta, search)
     return post
 
 
@@ -510,15 +493,15 @@ class EvidenceRisingWarning(UserWarning):
     peak in the search's range; separable data)."""
 
 
-def _warn_rising(result, best, slope, theta):
+def _warn_rising(result, best, slope, theta, settings=SEARCH):
     """One :class:`EvidenceRisingWarning` for a search that ended with the evidence still
     rising (slope ``slope`` at its best fit ``result``, at θ = ``best``; ``theta`` the θ taken),
     saying why it stopped there."""
-    low, high = LOG_VARIANCE_BOUNDS
+    low, high = settings.log_variance_bounds
     edge = high if slope > 0 else low
     if best == edge:
         why = "at the search's bound"
-    elif abs(slope) * abs(edge - best) <= SEARCH_GAIN_TOL:
+    elif abs(slope) * abs(edge - best) <= settings.gain_tol:
         why = (
             f"the evidence could gain at most {abs(slope) * abs(edge - best):.2g} nats more "
             f"up to the bound λ = {np.exp(edge):.0e}"
@@ -541,20 +524,19 @@ def _warn_rising(result, best, slope, theta):
 
 
 class _RunAway(Exception):
-    """A CEP fit started at EP's fixed point left it by more than ``RUNAWAY`` sd in a sweep."""
+    """A CEP fit started at EP's fixed point left it by more than ``settings.runaway`` sd in a sweep."""
 
 
-def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter, spent, retries=3):
+def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter, spent, retries=3, settings=SEARCH):
     """CEP-1 / CEP-2 at the searched θ: from the prior through factorized EP's warm-up sweeps
-    (:func:`~skcep.engines.glm.factorized.fit_factorized`), then ``method``'s.  At the large λ that the
-    evidence asks for on separable data CEP can have no stable fixed point near EP's and run away
-    from it (measured: the scikit-learn breast-cancer data, probit, two of five splits with
-    λ = 522 and 1010: CEP-1 test log-likelihood −2.7·10³ and −4·10⁵, weights up to 2·10⁴ where
-    EP's are below 50, before the expansion-range guard ``CEP_SPREAD_BAND``; with it CEP-1 stays
-    near EP there up to λ = 10⁵, and this guard is the safety net).  A sweep that moves q by more
-    than ``RUNAWAY`` posterior sd is taken as that (from EP's fixed point CEP's sweeps move it by
-    ~1 sd) and θ is halved towards ``start`` (the user's λ), at most ``retries`` times; then
-    ``start`` itself is fitted unguarded.
+    (:func:`~skcep.engines.glm.factorized.fit_factorized`), then ``method``'s.  At the large λ
+    that the evidence asks for on separable data CEP can have no stable fixed point near EP's
+    and run away from it (design notes, "The λ search"; the expansion-range guard of
+    :class:`~skcep.engines.glm.settings.CEPSettings` keeps CEP-1 near EP there, and this guard
+    is the safety net).  A sweep that moves q by more than ``settings.runaway`` posterior sd
+    (after ``settings.runaway_grace`` sweeps) is taken as that (from EP's fixed point CEP's
+    sweeps move it by ~1 sd) and θ is halved towards ``start`` (the user's λ), at most
+    ``retries`` times; then ``start`` itself is fitted unguarded.
     Returns ``(posterior, θ, sweeps spent)``."""
     callback, swept = own["callback"], [0]
 
@@ -562,7 +544,7 @@ def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter
         swept[0] = sweep
         if callback is not None:
             callback(sweep, change, info)
-        if sweep > GRACE and change > RUNAWAY:
+        if sweep > settings.runaway_grace and change > settings.runaway:
             raise _RunAway
 
     for _ in range(retries):
@@ -575,7 +557,7 @@ def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter
     return fit_at(spread_at(start), likelihood, **own), start, spent
 
 
-def separable(X, y, sample_weight=None, max_rows=SEPARABLE_ROWS):
+def separable(X, y, sample_weight=None, max_rows=SEARCH.separable_rows):
     """Whether the rows (of positive weight) may be linearly separable: a w with
     y_i x_iᵀw ≥ 1 for every row of an evenly spaced subset of at most ``max_rows`` of them
     (:func:`scipy.optimize.linprog`, feasibility).  A subset that cannot be separated proves

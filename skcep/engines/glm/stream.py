@@ -8,11 +8,9 @@ after any batch without the earlier rows (``partial_fit`` with ``prior_variance=
 import numpy as np
 
 from .evidence import _with_variance, fixed_site_evidence, natural_totals, with_prior_variance
+from .settings import STREAM
 
-__all__ = ["STREAM_GRID", "STREAM_PRUNE_NATS", "stream_candidates", "stream_batch"]
-
-STREAM_GRID = 2.0 ** np.arange(-12, 13)  # a stream's candidate λ: ratio 2, 2.4e-4 … 4096
-STREAM_PRUNE_NATS = 10.0  # a candidate this far below the best (and not its neighbour) is dropped
+__all__ = ["stream_candidates", "stream_batch"]
 
 
 def _in_form(variances, full):
@@ -20,7 +18,7 @@ def _in_form(variances, full):
     return np.diag(variances) if full else variances
 
 
-def stream_candidates(prior_mean, prior_spread, n_weights, earlier=None, grid=STREAM_GRID):
+def stream_candidates(prior_mean, prior_spread, n_weights, earlier=None, grid=STREAM.grid):
     """The candidates of a stream whose prior variance λ is learned, before its next batch: for
     each λ of ``grid``, q = N(mean, spread) and the log evidence of the batches so far
     (:func:`stream_batch`).  Without ``earlier`` (a first batch) q is the prior under λ
@@ -65,7 +63,7 @@ def _peak(log_lams, values, best):
     return float(log_lams[best]), float(values[best])
 
 
-def stream_batch(fit_from, candidates, prior_mean, prior_spread, n_weights, *, prune=STREAM_PRUNE_NATS):
+def stream_batch(fit_from, candidates, prior_mean, prior_spread, n_weights, *, prune=STREAM.prune_nats):
     """One batch of a stream whose prior variance λ is learned: assumed density filtering
     (Minka 2001 §3.1: the posterior after the earlier batches is the batch's prior) run at every
     candidate λ side by side (:func:`stream_candidates`).

@@ -3,12 +3,9 @@ over-relaxation (:class:`SweepControl`), judged on each sweep's largest change o
 
 import numpy as np
 
-__all__ = ["SweepControl"]
+from .settings import SWEEPS
 
-# A relaxed step grows by at most this factor a sweep: set at once to ω/(1 − r) it jumped from
-# ⅛ back to 1 and restarted the oscillation that had halved it (scikit-learn's class-weight
-# check, 3 classes, weights 1000 / 1e-4, logistic EP: 1000 sweeps unconverged; ×1.25: 85-99).
-RELAX_GROWTH = 1.25
+__all__ = ["SweepControl"]
 
 
 def _change(mean_old, var_old, mean, var):
@@ -19,15 +16,18 @@ def _change(mean_old, var_old, mean, var):
 class SweepControl:
     """Convergence, damping and backtracking control of a sequence of sweeps.
 
-    ``step`` is the damping.  After each sweep :meth:`judge` compares its change with the last
-    accepted one: a sweep that more than doubles it is *rejected* (the caller restores the
-    sites it saved while :attr:`may_reject`) and the step halves; a sweep that grows it less, or
-    reverses the direction of the previous one (cosine of successive mean changes below −½),
-    is kept but also halves the step.  These are the signatures of a diverging or oscillating
-    fixed-point iteration.  Five sweeps in a row that shrink the change without reversing let
-    the step grow back by a quarter, up to the initial damping, so an early halving does not
-    slow the whole run.  The first ``grace`` sweeps, which move q away from the prior and then correct,
-    are not judged.
+    ``step`` is the damping; the constants of the rule are ``settings``
+    (:class:`~skcep.engines.glm.settings.SweepSettings`, defaults in brackets).  After each
+    sweep :meth:`judge` compares its change with the last accepted one: a sweep that more than
+    doubles it (``reject_growth``) is *rejected* (the caller restores the sites it saved while
+    :attr:`may_reject`) and the step halves; a sweep that grows it less, or reverses the
+    direction of the previous one (cosine of successive mean changes below −½,
+    ``reversal_cosine``), is kept but also halves the step.  These are the signatures of a
+    diverging or oscillating fixed-point iteration.  Five sweeps in a row (``regrow_after``)
+    that shrink the change without reversing let the step grow back by a quarter
+    (``regrow_factor``), up to the initial damping, so an early halving does not slow the whole
+    run.  The first ``grace`` sweeps, which move q away from the prior and then correct, are not
+    judged; the step never falls below ``min_step``.
 
     With ``per_step`` (CEP's sweeps) the changes are compared per unit step, change / (step /
     initial damping), before the rule above; "converged" still means the change is below ``tol``.
@@ -46,23 +46,24 @@ class SweepControl:
     retried from the rejected one's start at half its step changes by as much, so here it is
     not judged by the doubling rule again (else every retry is rejected, the step stuck at
     ``min_step``: measured, factorized EP on the CEP paper's crabs, log λ = 6).  Where two
-    successive mean changes are aligned (|cosine| > 0.99) and shrink by r per unit step
+    successive mean changes are aligned (|cosine| > ``aligned_cosine``) and shrink by r per unit step
     (signed by the cosine), the fixed-point map contracts that mode by ρ with
     r = 1 − ω(1 − ρ), ω the earlier sweep's step, and ω/(1 − r) is the step that removes it;
-    the step becomes that, within [``min_step``, ω_max] and at most ``RELAX_GROWTH`` × the
+    the step becomes that, within [``min_step``, ω_max] and at most ``relax_growth`` × the
     last step (a reversal, r < 0, lowers it).  Partitions refined in parallel from one q
-    contract slowly along one direction (``PARALLEL_RELAX``); in memory EP's sweeps run
-    with ω_max = 1 (``IN_MEMORY_RELAX``).
+    contract slowly along one direction (``parallel_relax``); in memory EP's sweeps run
+    with ω_max = 1 (``in_memory_relax``).
     """
 
-    def __init__(self, damping, tol, min_step=1e-3, grace=2, per_step=False, probe=None, relax=None):
+    def __init__(self, damping, tol, per_step=False, probe=None, relax=None, settings=SWEEPS):
+        self.settings = settings
         self.step = self.max_step = float(damping)
         self.relax = None if per_step else relax
         self.probe = probe
         self.per_step = per_step
         self.tol = tol
-        self.min_step = min_step
-        self.grace = grace
+        self.min_step = settings.min_step
+        self.grace = settings.grace
         self.trace = []
         self.n_skipped = 0
         self._last_change = np.inf
@@ -100,10 +101,11 @@ class SweepControl:
         change = change / scale  # per_step: comparable across steps
         delta = (mean - mean_old) / np.sqrt(var)
         retry, self._retry = self._retry, False
+        rule = self.settings
         if self.grace > 0:
             self.grace -= 1
             verdict = "accept"
-        elif change > 2.0 * self._last_change and not converged and not retry:
+        elif change > rule.reject_growth * self._last_change and not converged and not retry:
             self.step = max(0.5 * self.step, self.min_step)
             self._retry = bool(self.relax)
             return "reject"
@@ -112,12 +114,12 @@ class SweepControl:
             size = np.linalg.norm(delta)
             prev_size = np.linalg.norm(prev) if prev is not None else 0.0
             cosine = np.dot(delta, prev) / (size * prev_size) if size * prev_size > 0 else 0.0
-            reversed_ = cosine < -0.5
-            if self.relax and abs(cosine) > 0.99:  # one mode: the step that removes it
+            reversed_ = cosine < rule.reversal_cosine
+            if self.relax and abs(cosine) > rule.aligned_cosine:  # one mode: the step that removes it
                 r = np.sign(cosine) * (size / used) / (prev_size / self._last_step)  # per unit step
                 if r < 1.0:
                     self.step = float(
-                        np.clip(self._last_step / (1.0 - r), self.min_step, min(self.relax, RELAX_GROWTH * used))
+                        np.clip(self._last_step / (1.0 - r), self.min_step, min(self.relax, rule.relax_growth * used))
                     )
                 self._calm = 0
             elif change > self._last_change or reversed_:
@@ -125,8 +127,8 @@ class SweepControl:
                 self._calm = 0
             else:
                 self._calm += 1
-                if self._calm >= 5:  # five calm sweeps in a row: try a larger step
-                    self.step = min(1.25 * self.step, self.max_step)
+                if self._calm >= rule.regrow_after:  # calm sweeps in a row: try a larger step
+                    self.step = min(rule.regrow_factor * self.step, self.max_step)
                     self._calm = 0
             verdict = "accept"
         self._last_change, self._last_delta, self._last_step = change, delta, used
