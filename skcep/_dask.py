@@ -303,6 +303,9 @@ class DaskPartitions:
     the scheduler's cost per task and per message, not the arithmetic, sets the time of a sweep
     over small chunks.  Tasks are not pinned to the worker holding their chunk: pinning keeps an
     uneven placement uneven and stalled the fit that spills to disk.
+
+    It implements :class:`skcep.engines.glm.partitions.Partitions`, the holder the GLM sweeps
+    run over (as :class:`~skcep.engines.glm.partitions.InMemoryPartitions` does in memory).
     """
 
     def __init__(self, chunk_step, data, ys, zero, start=None, **fixed):

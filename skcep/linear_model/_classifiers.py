@@ -20,14 +20,14 @@ from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classi
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method, warn
-from .._dask import computed
+from .._dask import computed, fit_without_rows
 from .._validation import FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span, validate_data
 from ..engines.chunks import map_chunks
 from ..engines.glm import fit_glm, predictor_moments, stream_batch, stream_candidates
 from ..engines.kjit import LogisticFactor, OperatorSite
 from ..engines.likelihoods import Logistic, Probit
 from ..message_operator._operator import KJITMessageOperator
-from ._dask import DaskRows, fit_classifier
+from ._dask import DaskRows, dask_classes, dask_rows, weighted_labels
 from ._docstrings import FIT_DOC, LOGISTIC_DOC, PARTIAL_FIT_DOC, PROBIT_DOC
 
 __all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "BadlyScaledWarning"]
@@ -102,7 +102,6 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         "StandardScaler in a Pipeline) if their scales differ, or set a "
         "small fixed damping (e.g. damping=0.1)"
     )
-    _dask_fit = fit_classifier
     _dask_fit_weights = True
 
     def __init__(
@@ -232,6 +231,27 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             totals = np.bincount(code, weights=weight, minlength=classes.size)
             weight *= self._per_class_weight(classes, totals)[code]
         return weight
+
+    def _dask_fit(self, X, y, sample_weight=None):
+        """``fit`` on a Dask array or DataFrame (rows chunked), with optional ``sample_weight``
+        (a Dask array chunked like the rows, or an in-memory array): the rows and their sites
+        stay on the workers (:class:`~skcep.linear_model._dask.DaskRows`), the engine's sweeps
+        run over them.  Empty chunks are left out; without any rows, numpy's fit raises its
+        ValueError."""
+        data = dask_rows(X, y)
+        if data is None:
+            return fit_without_rows(self, "fit", X, y)
+        X, y, head = data
+        validate_data(self, head, accept_sparse="csr", dtype=np.float64, reset=True)
+        classes = dask_classes(y)
+        self._check_options(X.shape[1])
+        per_class_weight = None if self.class_weight is None else self._per_class_weight
+        weights = weighted_labels(X, y, classes, sample_weight, per_class_weight, type(self).__name__)
+        held = DaskRows(X, y, self.fit_intercept, self._inference(X.shape[1])[1] == "full", weights)
+        posterior = self._fit_posteriors(held, y, classes, prior=None)
+        self.classes_ = classes
+        self._set_posterior(posterior)
+        return self
 
     def _per_class_weight(self, classes, totals):
         """The weight of each class under ``class_weight``, from the classes' summed

@@ -1,4 +1,7 @@
-"""The classifiers' fit on Dask collections: EP / CEP with the rows and sites on the workers.
+"""The classifiers' rows on Dask workers: :class:`DaskRows`, the holder of rows and sites that
+the classifier's ``_dask_fit`` builds (from :func:`dask_rows`, :func:`dask_classes` and
+:func:`weighted_labels`) and the GLM engine's sweeps run over, EP / CEP with the rows and sites
+on the workers.
 
 Each chunk of rows becomes one partition of :mod:`skcep.engines.glm`'s sweep loop
 (:func:`~skcep.engines.glm.factorized.factorized_sweeps`, :func:`~skcep.engines.glm.full.full_sweeps`): every
@@ -17,9 +20,8 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import check_array
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import validate_data
 
-from .._dask import DaskPartitions, fit_without_rows, is_dask_collection, row_blocks, rows
+from .._dask import DaskPartitions, is_dask_collection, row_blocks, rows
 from .._validation import FEATURE_RANGE_ADVICE, check_fit_range
 from ..engines.glm import (
     SWEEPS,
@@ -38,7 +40,7 @@ from ..engines.glm import (
     site_totals,
 )
 
-__all__ = ["DaskRows", "fit_classifier"]
+__all__ = ["DaskRows", "dask_classes", "dask_rows", "weighted_labels"]
 
 
 def _design_chunk(X, fit_intercept, block_size):
@@ -196,14 +198,17 @@ def _zero_change(dim):
     return np.zeros((dim, dim)), np.zeros(dim), 0
 
 
-def _weighted_labels(estimator, X, y, classes, sample_weight):
+def weighted_labels(X, y, classes, sample_weight, per_class_weight, name):
     """The Delayed (labels, row weights) chunks of a weighted fit (None when unweighted):
-    ``sample_weight`` (a Dask array or Series chunked like the rows, or array-like) ×
-    ``class_weight``, checked as the in-memory fit checks them (one pass over the chunks)."""
+    ``sample_weight`` (a Dask array or Series chunked like the rows, or array-like) × the
+    class weights, checked as the in-memory fit checks them (one pass over the chunks).
+    ``per_class_weight(classes, totals)`` gives the weight of each class from the classes'
+    summed ``sample_weight`` (None: no class weights); ``name`` (the estimator's) heads the
+    messages of a weight out of range."""
     import dask  # noqa: PLC0415
     import dask.array as da  # noqa: PLC0415
 
-    if sample_weight is None and estimator.class_weight is None:
+    if sample_weight is None and per_class_weight is None:
         return None
     y_blocks = row_blocks(y)
     if sample_weight is None:
@@ -227,17 +232,17 @@ def _weighted_labels(estimator, X, y, classes, sample_weight):
             raise ValueError("Input sample_weight contains NaN or infinity.")
         if min(low for _, low, _, _ in summaries) < 0:
             raise ValueError("Negative values in data passed to `sample_weight`.")
-        check_fit_range(type(estimator).__name__, weight=np.array([high for _, _, high, _ in summaries]))
+        check_fit_range(name, weight=np.array([high for _, _, high, _ in summaries]))
         if not np.any(totals > 0):
             raise ValueError("Sample weights must contain at least one non-zero number.")
     per_class = None
-    if estimator.class_weight is not None:
+    if per_class_weight is not None:
         if sample_weight is None:
             counts = dask.compute(
                 *[dask.delayed(_weight_summary)(yb, np.ones(n), classes) for yb, n in zip(y_blocks, y.chunks[0])]
             )
             totals = np.sum([t for t, _, _, _ in counts], axis=0)
-        per_class = estimator._per_class_weight(classes, totals)
+        per_class = per_class_weight(classes, totals)
         totals = totals * per_class
     if np.count_nonzero(totals > 0) < 2:
         raise ValueError(
@@ -247,33 +252,31 @@ def _weighted_labels(estimator, X, y, classes, sample_weight):
     return [dask.delayed(_weighted_rows)(yb, wb, classes, per_class) for yb, wb in zip(y_blocks, w_blocks)]
 
 
-def fit_classifier(estimator, X, y, sample_weight=None):
-    """``fit`` of a Bayesian classifier on a Dask array or DataFrame (rows chunked), with
-    optional ``sample_weight`` (a Dask array chunked like the rows, or an in-memory array).
-    Empty chunks are left out; without any rows, numpy's fit raises its ValueError."""
-    import dask.array as da  # noqa: PLC0415
-
-    X_in, y_in = X, y
+def dask_rows(X, y):
+    """A classifier's Dask collections as rows chunked alike: ``(X, y, head)`` with the empty
+    chunks left out and ``head`` X's first two rows in memory (a DataFrame where X is one: for
+    the estimator's check of the features and their names), or None where X has no rows."""
     X, columns = rows(X, drop_empty=True)
     if X.shape[0] == 0:
-        return fit_without_rows(estimator, "fit", X_in, y_in)
+        return None
     y, _ = rows(y, "y", X.chunks[0])
     head = X[:2].compute()
     if columns is not None:
         import pandas as pd  # noqa: PLC0415
 
         head = pd.DataFrame(head, columns=columns)
-    validate_data(estimator, head, accept_sparse="csr", dtype=np.float64, reset=True)
+    return X, y, head
+
+
+def dask_classes(y):
+    """The sorted classes of the labels ``y`` (a Dask vector), checked as the in-memory fit
+    checks them: classification targets, at least two classes."""
+    import dask.array as da  # noqa: PLC0415
+
     classes = np.unique(da.unique(y).compute())
     check_classification_targets(classes)
     if classes.size < 2:
         raise ValueError(
             f"The training data need samples of at least 2 classes; got one class: {classes.tolist()[0]!r}."
         )
-    estimator._check_options(X.shape[1])
-    weights = _weighted_labels(estimator, X, y, classes, sample_weight)
-    held = DaskRows(X, y, estimator.fit_intercept, estimator._inference(X.shape[1])[1] == "full", weights)
-    posterior = estimator._fit_posteriors(held, y, classes, prior=None)
-    estimator.classes_ = classes
-    estimator._set_posterior(posterior)
-    return estimator
+    return classes

@@ -13,7 +13,7 @@ Modules, bottom up:
 ``_full_kernel`` the compiled full-covariance step
 ``settings``    the named settings (frozen dataclasses) and their defaults
 ``sweeps``      :class:`SweepControl`: damping, relaxation and roll-back between sweeps
-``partitions``  :class:`InMemoryPartitions`: the rows of a single-machine fit as one partition
+``partitions``  :class:`Partitions`, the holder of rows the sweeps run over; :class:`InMemoryPartitions`
 ``factorized``  factorized EP / CEP-1 / CEP-2: partition and global steps, the loop of sweeps
 ``full``        full-covariance EP in weight space
 ``full_dual``   full-covariance EP in predictor space (d > n)
@@ -29,6 +29,7 @@ from .design import Design, default_block_size, full_block_size, site_shape
 from .evidence import factorized_site_terms, full_site_terms, log_evidence, site_totals
 from .factorized import factorized_partition_step, fit_factorized_partitions
 from .full import fit_full_partitions, full_partition_step
+from .partitions import Partitions
 from .posterior import GLMPosterior, predictor_moments
 from .search import EvidenceRisingWarning, fit_glm, fit_with_evidence, maximize_evidence
 from .settings import CEP, SEARCH, STREAM, SWEEPS, CEPSettings, SearchSettings, StreamSettings, SweepSettings
@@ -40,6 +41,7 @@ __all__ = [
     "Design",
     "EvidenceRisingWarning",
     "GLMPosterior",
+    "Partitions",
     "SEARCH",
     "STREAM",
     "SWEEPS",

@@ -2,7 +2,32 @@
 of rows and sites that the sweeps of :mod:`~skcep.engines.glm.factorized` and
 :mod:`~skcep.engines.glm.full` run over (a distributed fit holds Dask chunks instead)."""
 
+from typing import Protocol
+
 import numpy as np
+
+__all__ = ["InMemoryPartitions", "Partitions"]
+
+
+class Partitions(Protocol):
+    """The holder of rows and their sites that the GLM sweeps run over
+    (:func:`~skcep.engines.glm.factorized.factorized_sweeps`,
+    :func:`~skcep.engines.glm.full.full_sweeps`): :class:`InMemoryPartitions` in one process,
+    :class:`~skcep._dask.DaskPartitions` on Dask workers (one partition per chunk)."""
+
+    def step(self, *state, **options):
+        """Run the partition step on every partition against the global ``state`` (q's natural
+        parameters), updating the partitions' sites; the list of the partitions' reductions,
+        in partition order."""
+
+    def totals(self):
+        """The partitions' reductions for their current sites (no step)."""
+
+    def save(self):
+        """Keep the current sites, for a :meth:`restore` after the coming step."""
+
+    def restore(self):
+        """Bring back the sites kept by :meth:`save`; their reductions, or None (full EP)."""
 
 
 class InMemoryPartitions:
