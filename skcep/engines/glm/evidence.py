@@ -205,7 +205,7 @@ def fixed_site_evidence(site_totals, prior_mean, prior_spread, n_weights):
     e[weights] = prior_mean[weights]
     posterior = _separable_form(p0 + site_prec, b0 + site_shift, e, n_weights)
     value = _shifted_log_normalizer([posterior, _separable_form(p0, b0, e, n_weights)], [1.0, -1.0])
-    return lambda theta: value(np.exp(-theta))
+    return lambda log_lam: value(np.exp(-log_lam))
 
 
 def fixed_site_argmax(value, bounds):

@@ -420,8 +420,8 @@ def fixed_site_evidence_dual(X, site_prec, site_shift, prior_mean, prior_spread,
     const = float(nu @ m0 - 0.5 * m0 @ (tau * m0) + 0.5 * rho @ rho + 0.5 * r0 @ C @ r0 - 0.5 * log_det_A0)
     slope = 0.5 * float(r0 @ G @ r0)
 
-    def value(theta):
-        scale = np.exp(theta)
+    def value(log_lam):
+        scale = np.exp(log_lam)
         D = 1.0 + scale * lam
         if D.min(initial=np.inf) <= 0.0:
             return -np.inf

@@ -141,19 +141,20 @@ def maximize_evidence(
     low, high = settings.log_variance_bounds
     fitted, slope = {}, {}
 
-    def fit(theta, **limit):
-        theta = float(np.clip(theta, low, high))
-        if theta not in fitted:
-            near = min(fitted, key=lambda t: abs(t - theta)) if fitted else None
-            warm = fitted[near] if near is not None and abs(near - theta) <= warm_within + 1e-9 else None
-            fitted[theta] = fit_at(theta, warm, **limit)
-            slope[theta] = float(slope_of(theta, fitted[theta]))
-        return theta
+    def fit(log_lam, **limit):
+        log_lam = float(np.clip(log_lam, low, high))
+        if log_lam not in fitted:
+            near = min(fitted, key=lambda t: abs(t - log_lam)) if fitted else None
+            warm = fitted[near] if near is not None and abs(near - log_lam) <= warm_within + 1e-9 else None
+            fitted[log_lam] = fit_at(log_lam, warm, **limit)
+            slope[log_lam] = float(slope_of(log_lam, fitted[log_lam]))
+        return log_lam
 
     start = fit(log_variance)
     limit = np.inf if budget is None else budget(fitted[start])
 
-    def room():
+    def within_budget():
+        """Whether another fit may run: fewer than ``max_fits`` fits, sweeps under the budget."""
         return len(fitted) < max_fits and sum(f.n_iter for f in fitted.values()) < limit
 
     def slopes(evidence):
@@ -169,28 +170,28 @@ def maximize_evidence(
                 out[t] = float(np.mean([(evidence[u] - evidence[t]) / (u - t) for u in near]))
         return out
 
-    def outward(theta, side, slope):
-        """The next θ beyond the outermost fit ``theta`` on ``side`` (±1), or None at a bound."""
+    def outward(log_lam, side, slope):
+        """The next θ beyond the outermost fit ``log_lam`` on ``side`` (±1), or None at a bound."""
         edge = high if side > 0 else low
-        if theta == edge:
+        if log_lam == edge:
             return None
-        lo, hi = (theta, min(theta + max_step, high)) if side > 0 else (max(theta - max_step, low), theta)
-        fixed_step = (step_of(theta, fitted[theta], lo, hi) - theta) * side
+        lo, hi = (log_lam, min(log_lam + max_step, high)) if side > 0 else (max(log_lam - max_step, low), log_lam)
+        fixed_step = (step_of(log_lam, fitted[log_lam], lo, hi) - log_lam) * side
         step = max(first_step, fixed_step)
-        inner = [t for t in slope if (t - theta) * side < 0]
+        inner = [t for t in slope if (t - log_lam) * side < 0]
         if inner:  # Newton with the secant of the slope; twice the last step where the
             t0 = max(inner, key=lambda t: t * side)  # slope fell by less than 4× a unit of θ
-            curvature = (slope[theta] - slope[t0]) / (theta - t0)
-            newton = -slope[theta] / curvature * side if curvature < 0 else np.inf
+            curvature = (slope[log_lam] - slope[t0]) / (log_lam - t0)
+            newton = -slope[log_lam] / curvature * side if curvature < 0 else np.inf
             step = max(step, newton) if curvature < 0 else step
-            ratio = slope[theta] / slope[t0] if slope[t0] else 0.0
+            ratio = slope[log_lam] / slope[t0] if slope[t0] else 0.0
             # near the peak by both estimates: Newton within first_step, and the fixed-site
             # maximiser (a step short of the true one) inside the range, away from both ends
             # (it ends within 1e-3 of an end it is pushed to): then no doubling
             near = newton < first_step and 0.005 < fixed_step < abs(hi - lo) - 0.05
-            if not near and (curvature >= 0 or (ratio > 0 and ratio ** (1 / abs(theta - t0)) > 0.25)):
-                step = max(step, 2.0 * abs(theta - t0))
-        return float(np.clip(theta + side * min(step, max_step), low, high))
+            if not near and (curvature >= 0 or (ratio > 0 and ratio ** (1 / abs(log_lam - t0)) > 0.25)):
+                step = max(step, 2.0 * abs(log_lam - t0))
+        return float(np.clip(log_lam + side * min(step, max_step), low, high))
 
     probed, fine, ignored = False, set(), set()
     while True:
@@ -207,7 +208,7 @@ def maximize_evidence(
                 edge = high if side > 0 else low
                 gains.append((end[1] + abs(end[2]) * abs(edge - end[0]) - evidence[best], end, side))
         gains.sort(key=lambda item: item[0], reverse=True)
-        if not room():
+        if not within_budget():
             break
         if not np.isfinite(evidence[best]):  # every fit failed (diverged): towards small λ
             if points[0][0] == low:
@@ -243,10 +244,10 @@ def maximize_evidence(
                 ignored.add(high)
             continue
         gain, a, c = gains[0]
-        theta = _hermite_max(a, c, 0.1)[0] if isinstance(c, tuple) else outward(a[0], c, g)
-        if theta is None or theta in fitted:
+        log_lam = _hermite_max(a, c, 0.1)[0] if isinstance(c, tuple) else outward(a[0], c, g)
+        if log_lam is None or log_lam in fitted:
             break
-        fit(theta)
+        fit(log_lam)
     evidence = {t: f.log_evidence for t, f in fitted.items() if t not in ignored}
     best = max(evidence, key=evidence.get)
     seen, g = sorted(evidence), slopes(evidence)[best]
@@ -392,7 +393,7 @@ def fit_with_evidence(
             if t not in keep:
                 post.sites = None
 
-    def trial(t, warm, max_sweeps=None):
+    def search_fit(t, warm, max_sweeps=None):
         count[0] += 1
         k = count[0]
         if section is not None:
@@ -438,8 +439,8 @@ def fit_with_evidence(
         return fixed_site_argmax(value, (lo, hi))
 
     start = np.log((np.diag(prior_spread) if full else prior_spread)[0])
-    theta, fitted, rising = maximize_evidence(
-        trial,
+    log_lam, fitted, rising = maximize_evidence(
+        search_fit,
         slope_of,
         step_of,
         start,
@@ -450,13 +451,13 @@ def fit_with_evidence(
         settings=search,
     )
     spent = sum(f.n_iter for f in fitted.values())
-    chosen, searched = fitted[theta], theta
+    chosen, searched = fitted[log_lam], log_lam
     for post in fitted.values():
         if post is not chosen:
             post.sites = None
     if section is not None:
         section(
-            f"λ search: λ = {np.exp(theta):.4g} chosen (log evidence "
+            f"λ search: λ = {np.exp(log_lam):.4g} chosen (log evidence "
             f"{chosen.log_evidence:.6g}, {len(fitted)} trials), fitting "
             f"{'EP' if full or method == 'ep' else method.upper()} there"
         )
@@ -464,21 +465,21 @@ def fit_with_evidence(
         spent -= chosen.n_iter  # the search's fit is already within ``tol``: it is the fit
         post = chosen
     elif full:  # the search's fit continued to ``tol``
-        post = fit(spread_at(theta), likelihood, chosen, **own)
+        post = fit(spread_at(log_lam), likelihood, chosen, **own)
     elif method == "ep" and likelihood is evidence_likelihood:  # its sweeps resumed, counted once
         spent -= chosen.n_iter
-        post = fit(spread_at(theta), likelihood, chosen, resume=True, **own)
+        post = fit(spread_at(log_lam), likelihood, chosen, resume=True, **own)
     elif method == "ep":  # other sites (a learned operator's): from the prior
-        post = fit(spread_at(theta), likelihood, **own)
+        post = fit(spread_at(log_lam), likelihood, **own)
     else:
-        post, theta, spent = _cep_after_search(
-            fit, spread_at, likelihood, own, theta, start, max_iter, spent, settings=search
+        post, log_lam, spent = _cep_after_search(
+            fit, spread_at, likelihood, own, log_lam, start, max_iter, spent, settings=search
         )
-    post.prior_variance = float(np.exp(theta))
+    post.prior_variance = float(np.exp(log_lam))
     post.n_iter += spent
     if rising is not None:
         post.evidence_rising = rising
-        _warn_rising(fitted[searched], searched, rising, theta, search)
+        _warn_rising(fitted[searched], searched, rising, log_lam, search)
     return post
 
 
@@ -493,9 +494,9 @@ class EvidenceRisingWarning(UserWarning):
     peak in the search's range; separable data)."""
 
 
-def _warn_rising(result, best, slope, theta, settings=SEARCH):
+def _warn_rising(result, best, slope, log_lam, settings=SEARCH):
     """One :class:`EvidenceRisingWarning` for a search that ended with the evidence still
-    rising (slope ``slope`` at its best fit ``result``, at θ = ``best``; ``theta`` the θ taken),
+    rising (slope ``slope`` at its best fit ``result``, at θ = ``best``; ``log_lam`` the θ taken),
     saying why it stopped there."""
     low, high = settings.log_variance_bounds
     edge = high if slope > 0 else low
@@ -516,7 +517,7 @@ def _warn_rising(result, best, slope, theta, settings=SEARCH):
     warnings.warn(
         f"The EP evidence keeps rising as λ {way} ({slope:+.3g} nats per unit of log λ at "
         f"λ = {np.exp(best):.4g}, log evidence {result.log_evidence:.6g}); λ = "
-        f"{np.exp(theta):.4g} was taken ({why}): {hint}. Pass a number as prior_variance to "
+        f"{np.exp(log_lam):.4g} was taken ({why}): {hint}. Pass a number as prior_variance to "
         "fix λ.",
         EvidenceRisingWarning,
         stacklevel=4,
@@ -527,7 +528,7 @@ class _RunAway(Exception):
     """A CEP fit started at EP's fixed point left it by more than ``settings.runaway`` sd in a sweep."""
 
 
-def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter, spent, retries=3, settings=SEARCH):
+def _cep_after_search(fit_at, spread_at, likelihood, own, log_lam, start, max_iter, spent, retries=3, settings=SEARCH):
     """CEP-1 / CEP-2 at the searched θ: from the prior through factorized EP's warm-up sweeps
     (:func:`~skcep.engines.glm.factorized.fit_factorized`), then ``method``'s.  At the large λ
     that the evidence asks for on separable data CEP can have no stable fixed point near EP's
@@ -549,11 +550,11 @@ def _cep_after_search(fit_at, spread_at, likelihood, own, theta, start, max_iter
 
     for _ in range(retries):
         try:
-            post = fit_at(spread_at(theta), likelihood, **{**own, "callback": guard})
-            return post, theta, spent
+            post = fit_at(spread_at(log_lam), likelihood, **{**own, "callback": guard})
+            return post, log_lam, spent
         except _RunAway:
             spent += swept[0]
-            theta = start + 0.5 * (theta - start)
+            log_lam = start + 0.5 * (log_lam - start)
     return fit_at(spread_at(start), likelihood, **own), start, spent
 
 

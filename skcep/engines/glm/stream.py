@@ -58,8 +58,8 @@ def _peak(log_lams, values, best):
         x, v = log_lams[best - 1 : best + 2], values[best - 1 : best + 2]
         c = np.polyfit(x - x[1], v, 2)
         if c[0] < 0:
-            theta = float(np.clip(-c[1] / (2 * c[0]), x[0] - x[1], x[2] - x[1]))
-            return x[1] + theta, float(np.polyval(c, theta))
+            offset = float(np.clip(-c[1] / (2 * c[0]), x[0] - x[1], x[2] - x[1]))
+            return x[1] + offset, float(np.polyval(c, offset))
     return float(log_lams[best]), float(values[best])
 
 
@@ -94,12 +94,12 @@ def stream_batch(fit_from, candidates, prior_mean, prior_spread, n_weights, *, p
         spread=np.stack([p.cov if full else p.var for p in kept]),
         log_evidence=evidence[keep],
     )
-    theta, value = _peak(np.log(lams), evidence, best)
-    near = int(np.argmin(np.abs(np.log(lams) - theta)))
+    log_lam, value = _peak(np.log(lams), evidence, best)
+    near = int(np.argmin(np.abs(np.log(lams) - log_lam)))
     post = posts[near]
     at = _in_form(_with_variance(prior_spread, n_weights, lams[near]), full)
     totals = natural_totals(post.mean, post.cov if full else post.var, prior_mean, at, post.precision if full else None)
-    lam = float(np.exp(theta))
+    lam = float(np.exp(log_lam))
     post.mean, fitted = with_prior_variance(totals, prior_mean, prior_spread, n_weights, lam)
     if full:
         post.cov, post.var, post.precision = fitted, np.diag(fitted).copy(), None
