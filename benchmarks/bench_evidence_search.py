@@ -128,9 +128,7 @@ def _anderson_ep(A, s, lik, spread, init=None, depth=20, tol=1e-7, max_iter=5000
         if change > 1e4 * best[0]:
             xs, fs, x = [], [], best[1]
     mean, var = to_moments(*q_of(x))
-    post = GLMPosterior(mean, var, None, it, change < tol)
-    post.sites = (x[:size].reshape(shape), x[size:].reshape(shape))
-    return post
+    return GLMPosterior(mean, var, None, it, change < tol, sites=(x[:size].reshape(shape), x[size:].reshape(shape)))
 
 
 class Reference:

@@ -11,6 +11,7 @@
 """
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -722,8 +723,7 @@ def _gaussian_batch_fit(X, y, noise, rows):
     def fit_from(mean0, spread0):
         spread0 = np.diag(spread0) if np.ndim(spread0) == 1 else spread0
         post = fit_full(X[rows], y[rows], lik, mean0, spread0, tol=1e-10, max_iter=50)
-        post.log_evidence = evidence_of(X[rows], y[rows], post, mean0, spread0, lik)
-        return post
+        return replace(post, log_evidence=evidence_of(X[rows], y[rows], post, mean0, spread0, lik))
 
     return fit_from
 

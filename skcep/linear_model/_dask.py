@@ -14,6 +14,7 @@ single-machine block schedule ("Expectation propagation as a way of life", Vehta
 JMLR 2020), not to its exact path.
 """
 
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -187,11 +188,8 @@ class DaskRows:
             moments = (1.0 / post.var, post.mean / post.var)
         totals = parts.totals()  # the sites' reductions (on the client), before the evidence
         terms = parts.step(*moments, evidence=evidence_likelihood)  # returns the same sites
-        post.log_evidence = log_evidence(
-            prior_mean, spread, post.mean, post.var if post.cov is None else post.cov, terms
-        )
-        post.sites, post.prior_spread = (parts.state, totals), spread
-        return post
+        evidence = log_evidence(prior_mean, spread, post.mean, post.var if post.cov is None else post.cov, terms)
+        return replace(post, log_evidence=evidence, sites=(parts.state, totals), prior_spread=spread)
 
 
 def _zero_change(dim):

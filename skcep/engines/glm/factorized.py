@@ -44,6 +44,9 @@ Sparse designs (CSR) keep sites only at non-zeros, so memory is O(nnz).  Nothing
 about scikit-learn: inputs are arrays, outputs a :class:`GLMPosterior`.
 """
 
+import copy
+from dataclasses import replace
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -402,8 +405,7 @@ def fit_factorized(
         cep=cep,
         sweeps=sweeps,
     )
-    post.sites = (parts.site_prec, parts.site_shift)
-    return post
+    return replace(post, sites=(parts.site_prec, parts.site_shift))
 
 
 def fit_factorized_partitions(
@@ -512,6 +514,7 @@ def factorized_sweeps(
         control = SweepControl(damping, tol, per_step=method != "ep", probe=probe, relax=relax, settings=sweeps)
     else:
         control, prec, shift = resume
+        control = copy.deepcopy(control)  # the earlier fit's run stays as it was
         control.tol = tol
     converged = False
     it = done = len(control.trace)

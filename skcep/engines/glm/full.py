@@ -1,5 +1,7 @@
 """Full-covariance EP with one site per row on its linear predictor (weight-space EP)."""
 
+from dataclasses import replace
+
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, solve_triangular
@@ -189,8 +191,7 @@ def fit_full(
         start=start,
         sweeps=sweeps,
     )
-    post.sites = (parts.site_prec, parts.site_shift)
-    return post
+    return replace(post, sites=(parts.site_prec, parts.site_shift))
 
 
 def full_site_totals(X, site_prec, site_shift):

@@ -336,8 +336,8 @@ def fit_full_dual(
         control.trace,
         sites=(site_prec, site_shift),
         precision=precision,
+        fixed_site_evidence=partial(fixed_site_evidence_dual, X, site_prec.copy(), site_shift.copy()),
     )
-    result.fixed_site_evidence = partial(fixed_site_evidence_dual, X, site_prec.copy(), site_shift.copy())
     return result
 
 

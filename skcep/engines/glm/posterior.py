@@ -8,16 +8,19 @@ import numpy as np
 import scipy.sparse as sp
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class GLMPosterior:
-    """Gaussian posterior over the weights.
+    """Gaussian posterior over the weights, immutable: a step that changes a field returns a new
+    one (:func:`dataclasses.replace`).
 
     ``mean`` (d,), ``var`` (d,) marginal variances, ``cov`` (d, d) and ``precision`` (its
     inverse, as the sweeps summed it) for the full family (else None), ``n_iter`` sweeps run,
     ``converged``, ``n_skipped`` site updates skipped for a non-positive cavity or non-finite
     moments, ``trace`` the change of each sweep; ``run`` = (:class:`SweepControl`, precision,
     shift) at the end of a factorized fit's own sweeps, from which
-    ``fit_factorized_partitions(resume=run)`` continues them.
+    ``fit_factorized_partitions(resume=run)`` continues them (on a copy of the control);
+    ``prior_spread`` the prior's spread of a fit on Dask partitions, whose ``sites`` are the
+    partitions' persisted sites and their reductions.
     """
 
     mean: np.ndarray
@@ -34,6 +37,7 @@ class GLMPosterior:
     run: tuple = None
     evidence_rising: float = None
     fixed_site_evidence: object = None
+    prior_spread: np.ndarray = None
 
 
 def site_copy(site, weight):

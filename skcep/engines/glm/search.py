@@ -9,6 +9,7 @@ it (:func:`_cep_after_search`).
 """
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -100,8 +101,8 @@ def maximize_evidence(
     r"""Type-II maximum likelihood of the EP evidence (E1) over θ = log λ in
     ``settings.log_variance_bounds`` (:class:`~skcep.engines.glm.settings.SearchSettings`).
 
-    ``fit_at(θ, warm, max_sweeps=None)`` fits at λ = e^θ, starting from the sites of the fitted
-    result ``warm`` (None: a cold start; a fit within ``warm_within`` of θ is used), and
+    ``fit_at(θ, warm, max_sweeps=None)`` fits at λ = e^θ, starting from the sites of the earlier
+    fit at θ = ``warm`` (None: a cold start; the nearest fit within ``warm_within`` of θ), and
     returns a :class:`~skcep.engines.glm.GLMPosterior` with ``log_evidence``;
     ``slope_of(θ, result)`` is the evidence's slope there, (E2); ``step_of(θ, result, lo, hi)``
     the θ in [lo, hi] that maximises the evidence at that result's sites held fixed
@@ -145,7 +146,7 @@ def maximize_evidence(
         log_lam = float(np.clip(log_lam, low, high))
         if log_lam not in fitted:
             near = min(fitted, key=lambda t: abs(t - log_lam)) if fitted else None
-            warm = fitted[near] if near is not None and abs(near - log_lam) <= warm_within + 1e-9 else None
+            warm = near if near is not None and abs(near - log_lam) <= warm_within + 1e-9 else None
             fitted[log_lam] = fit_at(log_lam, warm, **limit)
             slope[log_lam] = float(slope_of(log_lam, fitted[log_lam]))
         return log_lam
@@ -292,8 +293,9 @@ def fit_glm(
         if full:  # n < d: the same EP in the predictor space (full_dual)
             fit = fit_full_dual if dual_applies(X, kw.get("init_sites")) else fit_full
         post = fit(X, y, lik, prior_mean, spread, sample_weight=sample_weight, **kw)
-        post.log_evidence = evidence_of(X, y, post, prior_mean, spread, evidence_likelihood, sample_weight)
-        return post
+        return replace(
+            post, log_evidence=evidence_of(X, y, post, prior_mean, spread, evidence_likelihood, sample_weight)
+        )
 
     return fit_with_evidence(
         fit_at,
@@ -380,18 +382,25 @@ def fit_with_evidence(
     def spread_at(t):
         return _with_variance(prior_spread, tune_weights, np.exp(t))
 
-    done = {}  # θ: the search's latest fit there
+    done = {}  # θ: the search's latest fit there, without its sites
+    sites = {}  # θ: the sites kept of those fits (warm starts, refinements)
     count = [0]
 
-    def keep_sites():
-        """Sites (the warm starts, the refinements) only for the last ``search.keep_sites`` fits and
-        the best one and its neighbours in θ: the workers' or this process' memory."""
+    def with_sites(t):
+        """The search's fit at θ = ``t`` with its sites; None without a fit or kept sites."""
+        return replace(done[t], sites=sites[t]) if t in sites else None
+
+    def record(t, post):
+        """Keep the fit ``post`` at θ = ``t``, and sites only for the last ``search.keep_sites``
+        fits and the best one and its neighbours in θ (the workers' or this process' memory);
+        the fit without its sites, which the search holds."""
+        done[t], sites[t] = replace(post, sites=None), post.sites
         seen = sorted(done)
-        i = seen.index(max(done, key=lambda t: done[t].log_evidence))
+        i = seen.index(max(done, key=lambda u: done[u].log_evidence))
         keep = set(seen[max(i - 1, 0) : i + 2]) | set(list(done)[-search.keep_sites :])
-        for t, post in done.items():
-            if t not in keep:
-                post.sites = None
+        for u in [u for u in sites if u not in keep]:
+            del sites[u]
+        return done[t]
 
     def search_fit(t, warm, max_sweeps=None):
         count[0] += 1
@@ -399,11 +408,11 @@ def fit_with_evidence(
         if section is not None:
             section(f"λ search, trial {k}: λ = {np.exp(t):.4g}")
         limit = {} if max_sweeps is None else dict(max_iter=min(max_iter, max_sweeps))
-        done[t] = post = fit(spread_at(t), evidence_likelihood, warm, **{**trials, **limit})
+        start = None if warm is None else with_sites(warm)
+        post = fit(spread_at(t), evidence_likelihood, start, **{**trials, **limit})
         if section is not None:
             section(f"λ search, trial {k}: log evidence {post.log_evidence:.6g}")
-        keep_sites()
-        return post
+        return record(t, post)
 
     def refine(t, rough):
         """``rough`` continued to ``search.refine_tol_factor`` × ``tol`` (factorized EP: its sweeps
@@ -413,16 +422,14 @@ def fit_with_evidence(
             return rough
         if section is not None:
             section(f"λ search, refining λ = {np.exp(t):.4g}")
-        if not full and rough.sites is not None:
-            post = fit(spread_at(t), evidence_likelihood, rough, resume=True, **options)
+        if not full and t in sites:
+            post = fit(spread_at(t), evidence_likelihood, with_sites(t), resume=True, **options)
         else:
-            post = fit(spread_at(t), evidence_likelihood, rough, **options)
-            post.n_iter += rough.n_iter
+            post = fit(spread_at(t), evidence_likelihood, with_sites(t), **options)
+            post = replace(post, n_iter=post.n_iter + rough.n_iter)
         if section is not None:
             section(f"λ search, refined λ = {np.exp(t):.4g}: log evidence {post.log_evidence:.6g}")
-        done[t] = post
-        keep_sites()
-        return post
+        return record(t, post)
 
     def slope_of(t, post):
         return prior_variance_gradient(post.mean, post.var, np.exp(t), tune_weights)
@@ -451,10 +458,8 @@ def fit_with_evidence(
         settings=search,
     )
     spent = sum(f.n_iter for f in fitted.values())
-    chosen, searched = fitted[log_lam], log_lam
-    for post in fitted.values():
-        if post is not chosen:
-            post.sites = None
+    chosen, searched = with_sites(log_lam) or fitted[log_lam], log_lam
+    sites.clear()  # the other fits' sites: memory
     if section is not None:
         section(
             f"λ search: λ = {np.exp(log_lam):.4g} chosen (log evidence "
@@ -475,10 +480,9 @@ def fit_with_evidence(
         post, log_lam, spent = _cep_after_search(
             fit, spread_at, likelihood, own, log_lam, start, max_iter, spent, settings=search
         )
-    post.prior_variance = float(np.exp(log_lam))
-    post.n_iter += spent
+    post = replace(post, prior_variance=float(np.exp(log_lam)), n_iter=post.n_iter + spent)
     if rising is not None:
-        post.evidence_rising = rising
+        post = replace(post, evidence_rising=rising)
         _warn_rising(fitted[searched], searched, rising, log_lam, search)
     return post
 

@@ -5,6 +5,8 @@ summed evidence of its batches — the prequential evidence log p(D | λ) = Σ_b
 (Dawid, "Statistical theory: the prequential approach", 1984) — so that λ can be chosen again
 after any batch without the earlier rows (``partial_fit`` with ``prior_variance="auto"``)."""
 
+from dataclasses import replace
+
 import numpy as np
 
 from .evidence import _with_variance, fixed_site_evidence, natural_totals, with_prior_variance
@@ -100,10 +102,6 @@ def stream_batch(fit_from, candidates, prior_mean, prior_spread, n_weights, *, p
     at = _in_form(_with_variance(prior_spread, n_weights, lams[near]), full)
     totals = natural_totals(post.mean, post.cov if full else post.var, prior_mean, at, post.precision if full else None)
     lam = float(np.exp(log_lam))
-    post.mean, fitted = with_prior_variance(totals, prior_mean, prior_spread, n_weights, lam)
-    if full:
-        post.cov, post.var, post.precision = fitted, np.diag(fitted).copy(), None
-    else:
-        post.var = fitted
-    post.prior_variance, post.log_evidence = lam, value
-    return post, after
+    mean, fitted = with_prior_variance(totals, prior_mean, prior_spread, n_weights, lam)
+    moments = dict(cov=fitted, var=np.diag(fitted).copy(), precision=None) if full else dict(var=fitted)
+    return replace(post, mean=mean, **moments, prior_variance=lam, log_evidence=value), after
