@@ -108,6 +108,23 @@ def test_kjit_fit_skips_empty_partitions(on_cluster):
     assert_same_operator(spread, local, kept.iloc[:, :4])
 
 
+def test_kjit_holders_of_rows_are_the_engines_message_chunks():
+    """The Dask holder and the in-memory one implement the engine's MessageChunks and hold the
+    same rows: count, subsample in the order asked, mean output."""
+    from skcep.engines.kjit import MessageChunks, MessageRows
+    from skcep.message_operator._dask import message_chunks
+
+    X, Y = messages(300, seed=5)
+    spread = message_chunks(*chunked(X, Y, 70), lambda X, Y: None, lambda X, Y: (X, Y))
+    local = MessageRows(X, Y)
+    assert isinstance(spread, MessageChunks) and isinstance(local, MessageChunks)
+    assert spread.n_rows == local.n_rows == 300
+    index = np.array([299, 3, 140, 70, 69])
+    for a, b in zip(spread.take(index), local.take(index)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(spread.mean_output(), local.mean_output(), rtol=1e-13)
+
+
 @pytest.mark.parametrize(
     "column, value, match",
     [

@@ -4,6 +4,7 @@ Passing Expectation Propagation Messages", UAI 2015).  Numerics in :mod:`skcep.e
 :class:`LogisticFactor` and :class:`OperatorSite` are re-exported from
 :mod:`skcep.engines.kjit.factors`."""
 
+from functools import partial
 from numbers import Integral, Real
 
 import numpy as np
@@ -13,17 +14,19 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, SkcepMixin, fit_method, predict_method
+from .._dask import fit_without_rows
 from .._validation import MESSAGE_ROWS, check_fit_range, validate_data
 from ..engines.kjit import (
     LogisticFactor,
+    MessageRows,
     OperatorSite,
     check_messages,
     check_outputs,
-    fit_first_batch,
+    fit_message_chunks,
     message_families,
     predictive_moments,
 )
-from ._dask import fit_operator
+from ._dask import message_chunks
 
 __all__ = ["KJITMessageOperator", "LogisticFactor", "OperatorSite"]
 _POSITIVE = Interval(Real, 0, None, closed="neither")
@@ -174,7 +177,6 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         **COMMON_CONSTRAINTS,
     }
     _structural_params = ("message_families", "n_inner_features", "n_outer_features")
-    _dask_fit = fit_operator
 
     def __init__(
         self,
@@ -237,6 +239,14 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         check_fit_range(type(self).__name__, Y, name=what, advice=_OUTPUT_ADVICE)
         return Y
 
+    @classmethod
+    def _check_rows(cls, families, X, Y):
+        """Rows X and outputs Y checked as :meth:`fit` checks them, by an unfitted operator of
+        ``families`` (a chunk of the Dask fit, on a worker: the first rows set the columns)."""
+        checker = cls(message_families=families)
+        X, Y = checker._check_X(X, False, y=Y, multi_output=True, y_numeric=True)
+        return X, checker._as_2d(Y, X.shape[0])
+
     # fitting -----------------------------------------------------------------------------------
     @fit_method
     def fit(self, X, Y):
@@ -245,19 +255,43 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         oracle count and the variance trace."""
         X, Y = self._check_X(X, True, y=Y, multi_output=True, y_numeric=True)
         self.__dict__.pop("n_outputs_", None)
-        return self._fit_checked(X, self._as_2d(Y, X.shape[0]), np.ndim(Y) == 1)
+        return self._fit_checked(self._in_memory(X, self._as_2d(Y, X.shape[0])), np.ndim(Y) == 1)
 
-    def _fit_checked(self, X, Y, y_1d, batch_fit=fit_first_batch):
-        """:meth:`fit` after validation, by the engine's or the Dask batch fit (``fit_chunks``)."""
-        self._fit_batch(X, Y, y_1d, batch_fit)
-        self.n_oracle_calls_, self._trace = 0, []
-        self._report(X.shape[0])
-        return self
+    def _dask_fit(self, X, Y):
+        """:meth:`fit` on a Dask array or DataFrame of messages X (rows chunked) and outputs Y
+        (n,) or (n, n_outputs): the numpy fit's result (up to the order of floating-point sums)
+        from statistics reduced on the workers (:mod:`skcep.message_operator._dask`).
 
-    def _fit_batch(self, X, Y, y_1d, batch_fit=fit_first_batch):
-        fitted = batch_fit(
+        Every chunk is checked as :meth:`fit` checks its rows before anything is fitted; the
+        first invalid chunk (in row order) raises the numpy fit's ValueError, with the chunk's
+        rows appended.  Empty chunks are left out; without any rows, numpy's fit raises its
+        ValueError."""
+        chunks = message_chunks(
             X,
             Y,
+            lambda X, Y: self._check_X(X, True, y=Y, multi_output=True, y_numeric=True),
+            partial(self._check_rows, self.message_families),
+        )
+        if chunks is None:
+            return fit_without_rows(self, "fit", X, Y)
+        self.__dict__.pop("n_outputs_", None)
+        return self._fit_checked(chunks, np.ndim(Y) == 1)
+
+    def _in_memory(self, X, Y):
+        """Checked rows in memory as the engine reads them (statistics in ``n_jobs`` threads)."""
+        return MessageRows(X, Y, n_jobs=self._n_threads())
+
+    def _fit_checked(self, chunks, y_1d):
+        """:meth:`fit` of checked rows held as ``chunks`` (a MessageChunks of the engine)."""
+        self._fit_batch(chunks, y_1d)
+        self.n_oracle_calls_, self._trace = 0, []
+        self._report(chunks.n_rows)
+        return self
+
+    def _fit_batch(self, chunks, y_1d):
+        """The engine's batch fit of checked rows held as ``chunks``; sets the fitted state."""
+        fitted = fit_message_chunks(
+            chunks,
             message_families(self.message_families),
             self.n_inner_features,
             self.n_outer_features,
@@ -266,7 +300,6 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
             outer_width=self.outer_width,
             noise_variance={"auto": "evidence"}.get(self.noise_variance, self.noise_variance),
             prior_variance=float(self.prior_variance),
-            n_jobs=self._n_threads(),
         )
         f = self._feature_map = fitted.features
         self._families_, self._y_1d, self.n_outputs_ = list(f.families), y_1d, fitted.intercept.size
@@ -288,9 +321,9 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         if not first:
             self._update(X, Y2)
         elif held is None:
-            self._fit_batch(X, Y2, np.ndim(Y) == 1)
+            self._fit_batch(self._in_memory(X, Y2), np.ndim(Y) == 1)
         else:  # oracle answers already collected by send
-            self._fit_batch(np.vstack([held[0], X]), np.vstack([held[1], Y2]), np.ndim(Y) == 1)
+            self._fit_batch(self._in_memory(np.vstack([held[0], X]), np.vstack([held[1], Y2])), np.ndim(Y) == 1)
         if not hasattr(self, "n_oracle_calls_"):
             self.n_oracle_calls_, self._trace = 0, []
         self._report(X.shape[0], fitted_now=first)
@@ -366,7 +399,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
                 held = (np.vstack([held[0], X[:take]]), np.vstack([held[1], parts[0]]))
             self._initial = held or (X[:take], parts[0])
             if self._initial[0].shape[0] >= self.n_initial:
-                self._fit_batch(*self._initial, self._oracle_1d)
+                self._fit_batch(self._in_memory(*self._initial), self._oracle_1d)
         if rest.shape[0]:
             parts.append(self._send_jit(rest))
         self._report(X.shape[0], fitted_now=not fitted and self.__sklearn_is_fitted__())

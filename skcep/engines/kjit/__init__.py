@@ -14,7 +14,8 @@ by the leave-one-out error of the predicted message.  Nothing here knows about s
 * :mod:`.features` — inner and outer random features, the median heuristic, the feature map;
 * :mod:`.regression` — Bayesian linear regression: statistics, posterior, updates, evidence;
 * :mod:`.selection` — the leave-one-out KL error and the search of the widths and σ_y²;
-* :mod:`.first_batch` — the batch fit of a first batch: plan, statistics, global step;
+* :mod:`.first_batch` — the batch fit of a first batch held as :class:`MessageChunks` (rows in
+  memory: :class:`MessageRows`): plan, statistics, global step;
 * :mod:`.factors` — the logistic factor, its oracles and the operator-backed EP site;
 * ``_kernel`` — the compiled passes of the feature maps and of the predictive variance.
 """
@@ -28,14 +29,18 @@ from .features import (
     median_inner_widths,
     median_outer_width,
     outer_features,
+    positive_widths,
     subsample_rows,
 )
 from .first_batch import (
     STATISTICS_CHUNK,
     FirstBatch,
+    MessageChunks,
+    MessageRows,
     Plan,
     choose_first_batch,
     fit_first_batch,
+    fit_message_chunks,
     noise_floor,
     plan_first_batch,
 )
@@ -84,6 +89,7 @@ __all__ = [
     "message_variances",
     # features
     "median_inner_widths",
+    "positive_widths",
     "median_outer_width",
     "inner_features",
     "outer_features",
@@ -113,10 +119,13 @@ __all__ = [
     # first batch
     "STATISTICS_CHUNK",
     "FirstBatch",
+    "MessageChunks",
+    "MessageRows",
     "Plan",
     "plan_first_batch",
     "noise_floor",
     "choose_first_batch",
+    "fit_message_chunks",
     "fit_first_batch",
     # factors
     "LogisticFactor",

@@ -35,6 +35,7 @@ from .messages import message_variances
 
 __all__ = [
     "median_inner_widths",
+    "positive_widths",
     "median_outer_width",
     "inner_features",
     "outer_features",
@@ -103,8 +104,13 @@ def median_inner_widths(families, X):
 
     A message family whose rows all have (numerically) zero variance gets σ_l² = 1.
     """
-    widths = np.mean(message_variances(families, X), axis=0)
-    return np.where(np.isfinite(widths) & (widths > 0), widths, 1.0)
+    return positive_widths(np.mean(message_variances(families, X), axis=0))
+
+
+def positive_widths(mean_variances):
+    """σ_l² of the median heuristic from each message's mean variance over the rows: that
+    mean, or 1 where it is not a positive number (all rows of zero variance)."""
+    return np.where(np.isfinite(mean_variances) & (mean_variances > 0), mean_variances, 1.0)
 
 
 def inner_features(X, families, frequencies, offsets, out=None, work=None):

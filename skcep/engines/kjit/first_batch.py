@@ -1,12 +1,16 @@
 r"""The batch fit of the operator's first batch: features, widths, σ_y² and the posterior.
 
-:func:`fit_first_batch` runs the steps of the engine on one batch: it draws the features
-(:func:`~skcep.engines.kjit.features.draw_features`), plans the widths and σ_y²
-(:func:`plan_first_batch`: leave-one-out, the evidence over
+:func:`fit_message_chunks` runs the steps of the engine on one batch held as
+:class:`MessageChunks` — rows in chunks that compute their own sums, subsample and
+statistics: it draws the features (:func:`~skcep.engines.kjit.features.draw_features`),
+plans the widths and σ_y² (:func:`plan_first_batch`: leave-one-out, the evidence over
 :data:`~skcep.engines.kjit.selection.OUTER_WIDTH_GRID`, or as given), centres the outputs, and
-sums the statistics (:mod:`skcep.engines.kjit.regression`) of chunks of
-:data:`STATISTICS_CHUNK` rows — boundaries from the row count alone, never from ``n_jobs`` —
-so its result does not depend on the number of threads.
+takes the statistics (:mod:`skcep.engines.kjit.regression`) the chunks sum.  Two holders
+implement the protocol: :class:`MessageRows`, rows in memory (what :func:`fit_first_batch`
+and the numpy fit use), whose statistics are summed over chunks of :data:`STATISTICS_CHUNK`
+rows — boundaries from the row count alone, never from ``n_jobs`` — so its result does not
+depend on the number of threads; and ``skcep.message_operator._dask.DaskMessageChunks``,
+rows on Dask workers.
 
 :func:`plan_first_batch` runs the leave-one-out search
 (:func:`~skcep.engines.kjit.selection.select_by_loo`) on at most
@@ -14,19 +18,20 @@ so its result does not depend on the number of threads.
 (:func:`~skcep.engines.kjit.features.subsample_rows`), before the partition step, and
 :func:`choose_first_batch` — the global step — keeps σ_y² above
 :data:`~skcep.engines.kjit.selection.NOISE_FLOOR` σ₀² λ_max(ΨᵀΨ) of all rows
-(:func:`noise_floor`).  A distributed fit (``skcep.message_operator._dask``) runs the same
-plan, partition step and global step with the rows on its workers.
+(:func:`noise_floor`).
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 from scipy.linalg import eigh
 
 from ..chunks import chunk_slices, map_chunks
-from .features import RandomFeatures, draw_features, median_outer_width, subsample_rows
+from .features import RandomFeatures, draw_features, median_outer_width, positive_widths, subsample_rows
+from .messages import message_variances
 from .regression import (
     BayesianLinearRegression,
+    RegressionStatistics,
     best_noise_variance,
     regression_posterior,
     regression_statistics,
@@ -37,10 +42,13 @@ from .selection import NOISE_FLOOR, OUTER_WIDTH_GRID, _is, select_by_loo
 __all__ = [
     "STATISTICS_CHUNK",
     "FirstBatch",
+    "MessageChunks",
+    "MessageRows",
     "Plan",
     "plan_first_batch",
     "noise_floor",
     "choose_first_batch",
+    "fit_message_chunks",
     "fit_first_batch",
 ]
 
@@ -117,6 +125,105 @@ def _statistics(features, phi, Y, slices, n_jobs):
     return sum_statistics(map_chunks(step, slices, n_jobs))
 
 
+@runtime_checkable
+class MessageChunks(Protocol):
+    """Checked rows of a first batch — messages X (n, 2c) and outputs Y (n, D_y) — held in
+    chunks that compute their own sums, subsample and statistics: what
+    :func:`fit_message_chunks` reads of the rows.  Implemented by :class:`MessageRows` (in
+    memory) and ``skcep.message_operator._dask.DaskMessageChunks`` (on Dask workers)."""
+
+    #: n, the number of rows.
+    n_rows: int
+
+    def mean_message_variances(self, families) -> np.ndarray:
+        """The mean over all rows of each message's variance
+        (:func:`~skcep.engines.kjit.messages.message_variances` of ``families``), shape (c,):
+        σ_l² of the median heuristic before
+        :func:`~skcep.engines.kjit.features.positive_widths`."""
+        ...
+
+    def mean_output(self) -> np.ndarray:
+        """The mean of the outputs over all rows, shape (D_y,): the intercept."""
+        ...
+
+    def take(self, index) -> "tuple[np.ndarray, np.ndarray]":
+        """(X[index], Y[index]) in memory: the rows at the positions ``index`` (into all rows,
+        in row order), in that order — the subsample :func:`plan_first_batch` looks at."""
+        ...
+
+    def statistics(self, candidates, intercept) -> "list[RegressionStatistics]":
+        """Per candidate feature map of a :class:`Plan` (all share their inner features), the
+        partition step :func:`~skcep.engines.kjit.regression.regression_statistics` (ΨᵀΨ, ΨᵀY,
+        Σy², n) of its outer features and the outputs minus ``intercept``, on chunks of a fixed
+        number of rows (:data:`STATISTICS_CHUNK` unless told), summed in row order over all rows."""
+        ...
+
+
+class MessageRows:
+    """:class:`MessageChunks` in memory: checked X (n, 2c) and Y (n, D_y), whose statistics
+    are summed over chunks of ``chunk_size`` rows, run in up to ``n_jobs`` threads."""
+
+    def __init__(self, X, Y, chunk_size=STATISTICS_CHUNK, n_jobs=None):
+        self.X, self.Y, self.chunk_size, self.n_jobs = X, Y, chunk_size, n_jobs
+        self.n_rows = X.shape[0]
+
+    def mean_message_variances(self, families):
+        return np.mean(message_variances(families, self.X), axis=0)
+
+    def mean_output(self):
+        return self.Y.mean(axis=0)
+
+    def take(self, index):
+        return self.X[index], self.Y[index]
+
+    def statistics(self, candidates, intercept):
+        slices = chunk_slices(self.n_rows, self.chunk_size)
+        phi = np.concatenate(map_chunks(lambda rows: candidates[0].inner(self.X[rows]), slices, self.n_jobs))
+        Yc = self.Y - intercept
+        return [_statistics(c, phi, Yc, slices, self.n_jobs) for c in candidates]
+
+
+def fit_message_chunks(
+    chunks,
+    families,
+    n_inner,
+    n_outer,
+    rng,
+    inner_widths="auto",
+    outer_width="auto",
+    noise_variance="loo",
+    prior_variance=1.0,
+):
+    """The batch fit: features, widths, σ_y² and the posterior of one batch of rows held as
+    :class:`MessageChunks` (checked messages and outputs).
+
+    Draws the features (:func:`~skcep.engines.kjit.features.draw_features`; σ_l² given, or
+    the median heuristic on all rows for "median" and "auto") and a seed for the subsample,
+    chooses the widths and σ_y² (:func:`plan_first_batch`: leave-one-out, the evidence or as
+    given; ``inner_widths`` an array or "auto"/"median", ``outer_width`` a number or
+    "auto"/"median", ``noise_variance`` a number, "loo" or "evidence"), centres the outputs
+    by their mean (the returned ``intercept``) and computes the posterior from the statistics
+    the chunks sum (:func:`choose_first_batch`).
+    """
+    widths = inner_widths
+    if isinstance(inner_widths, str):
+        widths = positive_widths(chunks.mean_message_variances(families))
+    features = draw_features(None, families, n_inner, n_outer, rng, widths)
+    plan = plan_first_batch(
+        features,
+        rng.randint(2**31),
+        chunks.n_rows,
+        chunks.take,
+        inner_widths,
+        outer_width,
+        noise_variance,
+        prior_variance,
+    )
+    intercept = chunks.mean_output()
+    statistics = chunks.statistics(plan.candidates, intercept)
+    return choose_first_batch(plan, statistics, intercept, prior_variance)
+
+
 def fit_first_batch(
     X,
     Y,
@@ -131,35 +238,19 @@ def fit_first_batch(
     n_jobs=None,
     chunk_size=STATISTICS_CHUNK,
 ):
-    """The batch fit: features, widths, σ_y² and the posterior of one batch of rows.
-
-    Draws the features (:func:`~skcep.engines.kjit.features.draw_features`; σ_l² given, or
-    the median heuristic on the batch for "median" and "auto") and a seed for the subsample,
-    chooses the widths and σ_y² (:func:`plan_first_batch`: leave-one-out, the evidence or as
-    given; ``inner_widths`` an array or "auto"/"median", ``outer_width`` a number or
-    "auto"/"median", ``noise_variance`` a number, "loo" or "evidence"), centres the outputs
-    by their mean (the returned ``intercept``) and computes the posterior from statistics
-    summed over chunks of ``chunk_size`` rows (:func:`choose_first_batch`).  X (n, 2c) and
-    Y (n, D_y) are checked.
-    """
-    given = None if isinstance(inner_widths, str) else inner_widths
-    features = draw_features(X, families, n_inner, n_outer, rng, given)
-    plan = plan_first_batch(
-        features,
-        rng.randint(2**31),
-        X.shape[0],
-        lambda i: (X[i], Y[i]),
+    """:func:`fit_message_chunks` of checked rows X (n, 2c) and Y (n, D_y) in memory
+    (:class:`MessageRows`: statistics summed over chunks of ``chunk_size`` rows)."""
+    return fit_message_chunks(
+        MessageRows(X, Y, chunk_size, n_jobs),
+        families,
+        n_inner,
+        n_outer,
+        rng,
         inner_widths,
         outer_width,
         noise_variance,
         prior_variance,
     )
-    slices = chunk_slices(X.shape[0], chunk_size)
-    phi = np.concatenate(map_chunks(lambda rows: plan.candidates[0].inner(X[rows]), slices, n_jobs))
-    intercept = Y.mean(axis=0)
-    Yc = Y - intercept
-    statistics = [_statistics(c, phi, Yc, slices, n_jobs) for c in plan.candidates]
-    return choose_first_batch(plan, statistics, intercept, prior_variance)
 
 
 def noise_floor(stats, prior_variance):
