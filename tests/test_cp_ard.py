@@ -214,8 +214,8 @@ def test_group_cep_equals_vmp_with_ard():
 
 
 class TwoPartitions:
-    """The holder protocol of :func:`~skcep.engines.cp.start_sweeps` with the entries in two
-    :class:`EntryPartition` objects in this process (what the Dask fit runs on workers)."""
+    """An :class:`~skcep.engines.cp.Entries` holder (the protocol of ``partitions=``) with the
+    entries in two :class:`EntryPartition` objects in this process (what the Dask fit runs on workers)."""
 
     def __init__(self, X, y, **options):
         half = y.size // 2

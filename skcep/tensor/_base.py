@@ -4,6 +4,7 @@ the standardization of Gaussian targets (``normalize_y``, from exact sums) and t
 takes, and predictions from the posterior mean and variance of the latent entry.
 """
 
+import functools
 from fractions import Fraction
 from numbers import Integral
 
@@ -48,6 +49,15 @@ def target_scaling(y, weight=None):
     total, first = moment_sums(y, weight)
     offset = sum_value(first) / sum_value(total)
     return offset, scale_from(total, moment_sums(y, weight, offset))
+
+
+def chunked_target_scaling(sums, squares):
+    """:func:`target_scaling` of entries held in chunks: ``sums`` the chunks' exact (Σ w, Σ w·y)
+    and ``squares(offset)`` their exact Σ w (y − offset)² (:func:`moment_sums`), added in chunk
+    order; exact, so the bits of :func:`target_scaling` over all the entries at once."""
+    total, first = functools.reduce(lambda a, b: (add_sums(a[0], b[0]), add_sums(a[1], b[1])), sums)
+    offset = sum_value(first) / sum_value(total)
+    return offset, scale_from(total, functools.reduce(add_sums, squares(offset)))
 
 
 def scale_from(total, squares):

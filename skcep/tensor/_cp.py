@@ -1,6 +1,7 @@
 """Bayesian CP tensor decomposition as a scikit-learn estimator: validation, state, and the
 translation to the engine :mod:`skcep.engines.cp`, which does all the numerics."""
 
+import functools
 from numbers import Integral, Real
 from textwrap import indent
 
@@ -12,6 +13,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method, warn
+from .._dask import fit_without_rows, rows
 from ..engines.cp import (
     absorb_batch,
     elbo,
@@ -25,7 +27,7 @@ from ..engines.cp import (
     streaming_sweeps,
 )
 from ._base import TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes, link_mean, target_scaling
-from ._dask_cp import fit_tensor
+from ._dask_cp import DaskEntries, EntryRows
 
 __all__ = ["BayesianCPTensor"]
 
@@ -36,6 +38,21 @@ ORDINAL_WARM_START = 20  # Gaussian sweeps that start an ordinal fit (cp.ordinal
 OFFSET_PRIOR = (1e-3, 1e-3)  # bias_prior_variance="auto": β_k ~ Gam(a0, b0), the offsets' prior precision
 HOLD_PRIORS = 3  # sweeps of a fit (or of a batch) before the learned priors start moving
 WARM_UP_GAUSSIAN = 50_000  # warm_up_entries="auto" for Gaussian entries (docs/tensor.md, "The warm-up buffer")
+
+# what a fit on Dask collections refuses
+ENTRY_SCHEDULE = (
+    "schedule='entry' updates the CEP sites block after block, each from the posterior the block "
+    "before left: it is sequential and cannot run on entries spread over Dask workers. Use "
+    "schedule='group' (the default) to fit Dask collections."
+)
+ORDINAL_IN_MEMORY = (
+    "likelihood='ordinal' refits its cut points on all entries at once after every sweep: pass the "
+    "entries as numpy arrays, not Dask collections (compute them first)."
+)
+IMPLICIT_IN_MEMORY = (
+    "implicit_modes solves for every row of a mode and the objects it shares entries with at once: pass the "
+    "entries as numpy arrays, not Dask collections (compute them first)."
+)
 
 _DOC = (
     r"""Bayesian CP decomposition of a partly observed tensor, by CEP or VMP.
@@ -278,7 +295,6 @@ class BayesianCPTensor(TensorEstimator):
         "modulating_modes",
         "normalize_y",
     )
-    _dask_fit = fit_tensor  # fit on Dask collections: the entries stay on the workers
     _dask_fit_weights = True
     _check_index = staticmethod(check_tensor_index)  # run on every chunk of a Dask fit
 
@@ -456,6 +472,66 @@ class BayesianCPTensor(TensorEstimator):
         self._warn_if_collapsed()
         return self
 
+    def _dask_fit(self, X, y, sample_weight=None):
+        """``fit`` on a Dask array or DataFrame of entry indices (chunked by entries) and a Dask
+        vector or Series of values (``sample_weight``: a vector of entry weights, re-chunked like
+        the entries; checked, and its zero-weight entries dropped, on the workers).
+
+        The entries are read as row chunks (:class:`~skcep.tensor._dask_cp.EntryRows`), their
+        first two validated here, and checked, encoded and kept on the workers
+        (:class:`~skcep.tensor._dask_cp.DaskEntries`); the estimator starts exactly as its
+        in-memory fit does (the same ``random_state`` draws the same initial factors: the shape
+        comes from a reduction of the largest index per mode, the Gaussian noise start from one
+        of Var(y)) and runs the engine's group sweeps over the chunks (``partitions=`` of
+        :func:`~skcep.engines.cp.fit_cp`; see :mod:`skcep.tensor._dask_cp`).  The result equals
+        the in-memory fit from the same start up to the order of floating-point sums; ``elbo_``,
+        ``n_iter_``, ``converged_`` and the ConvergenceWarning are the in-memory fit's.
+        ``n_init`` restarts run one after another.  ``schedule="entry"`` is sequential by nature
+        and raises a ValueError: use ``schedule="group"``.  Empty chunks are left out; without
+        any entries, numpy's fit raises its ValueError.
+
+        **What limits it: the size of the factors.**  The client holds q and makes every group
+        update (d_k R×R inversions per mode), and every worker receives the first and packed
+        second moments of each factor once per sweep, after the factor's update (probit CEP also
+        each mode's covariance): O(Σ_k d_k R²) bytes per sweep per worker, whatever the number
+        of entries.  Each mode update brings back, from every chunk, R(R+3)/2 numbers per row
+        that the chunk touches.  This suits many entries and factors of up to millions of rows ×
+        small R; past that, the broadcast and the client's memory dominate.  The next step is the
+        layout of distributed CP codes — DFacTo (Choi & Vishwanathan, "DFacTo: Distributed
+        Factorization of Tensors", NeurIPS 2014) and SPLATT's medium-grained decomposition
+        (Smith & Karypis, "A Medium-Grained Algorithm for Distributed Sparse Tensor
+        Factorization", IPDPS 2016): shuffle the entries by their row of the big mode, so that
+        each worker owns a range of its rows, holds their statistics complete, makes their group
+        updates itself and keeps their factor rows; only the other modes' factors are then
+        broadcast and reduced.
+        """
+        noise_prior, fixed_shape = self._check_params()
+        if self._method == "cep" and self.schedule == "entry":
+            raise ValueError(ENTRY_SCHEDULE)
+        if self.likelihood == "ordinal":
+            raise ValueError(ORDINAL_IN_MEMORY)
+        if self.implicit_modes:
+            raise ValueError(IMPLICIT_IN_MEMORY)
+        self.__dict__.pop("classes_", None), self.__dict__.pop("shape_", None)
+        index, columns = rows(X, drop_empty=True)
+        if index.shape[0] == 0:
+            return fit_without_rows(self, "fit", X, y)
+        entries = EntryRows(index, y, sample_weight, columns)
+        self._validate(*entries.head(), reset=True)
+        classes = None
+        if self.likelihood == "probit":
+            self._encode(entries.labels(), first_call=True)
+            classes = self.classes_
+        held = DaskEntries(
+            entries, self._check_index, classes, normalize=self.likelihood == "gaussian" and self.normalize_y
+        )
+        self.y_offset_, self.y_scale_ = held.offset, held.scale
+        shape = self._resolve_shape(held.maxima[None, :], fixed_shape, None, entries=False)
+        self._start(None, None, noise_prior, shape, self.max_iter, held=held)
+        if not self.converged_:
+            self._warn_not_converged(self.max_iter)
+        return self
+
     def _warn_if_collapsed(self):
         """A ``ConvergenceWarning`` when every CP component is zero: the fit sits at the all-zero
         fixed point, and predicts from the offsets alone (a constant without ``mode_bias``)."""
@@ -631,12 +707,13 @@ class BayesianCPTensor(TensorEstimator):
         return 1.0 if self.bias_prior_variance == "auto" else self.bias_prior_variance
 
     def _start(self, X, y, noise_prior, shape, max_iter, held=None, offset_init=0.0, weight=None):
-        """Keep the best of ``n_init`` random starts by ELBO; ``held``: the entries on Dask workers;
-        ``offset_init``: the starting mean of the global offset; ``weight``: the entry weights."""
+        """Keep the best of ``n_init`` random starts by ELBO; ``held``: the entries on Dask workers
+        (a :class:`~skcep.tensor._dask_cp.DaskEntries`; X and y None); ``offset_init``: the starting
+        mean of the global offset; ``weight``: the entry weights."""
         rng = check_random_state(self.random_state)
         gaussian, ordinal = self.likelihood == "gaussian", self.likelihood == "ordinal"
         fit, score, noise = (
-            (held.fit_cp, held.elbo, held.starting_noise_precision)
+            (functools.partial(fit_cp, partitions=held.partitions), held.elbo, held.starting_noise_precision)
             if held
             else (fit_cp, elbo, starting_noise_precision)
         )

@@ -1,16 +1,20 @@
 """BayesianCPTensor's fit on Dask collections: the entries stay on the workers, q travels.
 
 The observed entries (an (n, K) Dask array of indices and a Dask vector of values, or a Dask
-DataFrame and Series) are checked and encoded chunk by chunk on the workers and persisted there,
-one :class:`~skcep.engines.cp.EntryPartition` per chunk.  The sweeps are the engine's group
-sweeps (:func:`~skcep.engines.cp.fit_cp` with ``partitions=``): for each mode in turn every
-worker runs the mode's statistics step on its entries against its copy of q's moments, the
-client sums the partitions' row statistics in order (:func:`~skcep.engines.cp.reduce_rows`),
-makes the group update and sends the new moments with the next step.  The same happens for
-the offsets; q(τ) comes from the partitions' sums of squared errors.  Probit CEP sites are
-per-entry state and stay in their partition.  Since the group update is a sum over entries
-(Li, Fang, Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.2–4.3), the fit equals the
-in-memory fit from the same start up to the order of floating-point sums.
+DataFrame and Series) are read as row chunks (:class:`EntryRows`), checked and encoded chunk by
+chunk on the workers and persisted there (:class:`DaskEntries`), one
+:class:`~skcep.engines.cp.EntryPartition` per chunk (:class:`DaskEntryPartitions`, the engine's
+:class:`~skcep.engines.cp.Entries` holder).  ``BayesianCPTensor._dask_fit`` validates, builds the
+holder and runs the engine; nothing here reads or sets the estimator.
+
+The sweeps are the engine's group sweeps (:func:`~skcep.engines.cp.fit_cp` with ``partitions=``):
+for each mode in turn every worker runs the mode's statistics step on its entries against its copy
+of q's moments, the client sums the partitions' row statistics in order
+(:func:`~skcep.engines.cp.reduce_rows`), makes the group update and sends the new moments with the
+next step.  The same happens for the offsets; q(τ) comes from the partitions' sums of squared
+errors.  Probit CEP sites are per-entry state and stay in their partition.  Since the group update
+is a sum over entries (Li, Fang, Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.2–4.3),
+the fit equals the in-memory fit from the same start up to the order of floating-point sums.
 """
 
 import functools
@@ -18,26 +22,12 @@ import functools
 import numpy as np
 from sklearn.utils.validation import _check_sample_weight
 
-from .._dask import DaskPartitions, aligned, fit_without_rows, is_dask_collection, row_blocks, rows
+from .._dask import DaskPartitions, aligned, is_dask_collection, row_blocks, rows
 from .._validation import check_fit_range
-from ..engines.cp import EntryPartition, SweepTotals, fit_cp, noise_precision_for_variance, posterior_sums
-from ._base import _TARGET_ADVICE, add_sums, moment_sums, scale_from, sum_value
+from ..engines.cp import EntryPartition, SweepTotals, noise_precision_for_variance, posterior_sums
+from ._base import _TARGET_ADVICE, chunked_target_scaling, moment_sums
 
-__all__ = ["DaskEntries", "fit_tensor"]
-
-ENTRY_SCHEDULE = (
-    "schedule='entry' updates the CEP sites block after block, each from the posterior the block "
-    "before left: it is sequential and cannot run on entries spread over Dask workers. Use "
-    "schedule='group' (the default) to fit Dask collections."
-)
-ORDINAL_IN_MEMORY = (
-    "likelihood='ordinal' refits its cut points on all entries at once after every sweep: pass the "
-    "entries as numpy arrays, not Dask collections (compute them first)."
-)
-IMPLICIT_IN_MEMORY = (
-    "implicit_modes solves for every row of a mode and the objects it shares entries with at once: pass the "
-    "entries as numpy arrays, not Dask collections (compute them first)."
-)
+__all__ = ["DaskEntries", "DaskEntryPartitions", "EntryRows"]
 
 
 def _entries_chunk(index, y, check_index, classes, weight=None):
@@ -136,10 +126,12 @@ def _chunk_sums(post, index, values, likelihood):
     return posterior_sums(post, index, y, likelihood, weight=weight)[0]
 
 
-class _Partitions(DaskPartitions):
-    """:class:`~skcep._dask.DaskPartitions` of :class:`EntryPartition`.  A sweep's ``begin``
-    returns nothing the client needs, so it waits and runs in the task of the step after it:
-    one round trip to the workers fewer per sweep."""
+class DaskEntryPartitions(DaskPartitions):
+    """The entries' :class:`EntryPartition` objects on the Dask workers, one per chunk: it
+    implements :class:`skcep.engines.cp.Entries`, the holder a group sweep steps
+    (:class:`~skcep._dask.DaskPartitions` runs the steps).  A sweep's ``begin`` returns nothing
+    the client needs, so it waits and runs in the task of the step after it: one round trip to the
+    workers fewer per sweep."""
 
     _deferred = ("begin",)
 
@@ -155,22 +147,15 @@ class _Partitions(DaskPartitions):
         return super().step(calls)
 
 
-class DaskEntries:
-    """The training entries of a CP fit as persisted chunks on the Dask workers.
+class EntryRows:
+    """The observed entries of a Dask fit as row chunks, before any check of their values.
 
-    ``X`` and ``columns`` come from :func:`~skcep._dask.rows` (no empty chunks).  Building it
-    checks and encodes every chunk on the workers and reduces what the estimator needs before
-    the sweeps: the largest index of every mode (``maxima``), the entries per
-    object (:meth:`n_seen`) and Var(y) (``variance``); with ``normalize_y`` it sets the
-    estimator's ``y_offset_`` and ``y_scale_`` from the chunks' exact sums (the numpy fit's
-    bits, :func:`~skcep.tensor._base.target_scaling`) and holds the standardized values
-    (``variance``: theirs).  :meth:`fit_cp`, :meth:`elbo` and
-    :meth:`starting_noise_precision` take the arguments of the engine's functions of these
-    names (their ``index`` and ``y`` unused) and run on the chunks.
-    """
+    ``X`` (n, K) comes from :func:`~skcep._dask.rows` (no empty chunks) with its column names
+    ``columns``; ``y`` (a Dask array or Series, n values) and ``sample_weight`` (Dask or numpy, n
+    weights; None: unweighted) are read and re-chunked like X: ``y`` a Dask array, ``weights`` one
+    Delayed vector per chunk (or None per chunk).  A ValueError if their shapes do not match."""
 
-    def __init__(self, estimator, X, y, sample_weight=None, columns=None):
-        import dask  # noqa: PLC0415
+    def __init__(self, X, y, sample_weight=None, columns=None):
         import dask.array as da  # noqa: PLC0415
 
         y, _ = rows(y, "y")
@@ -185,19 +170,48 @@ class DaskEntries:
             if weight.shape != (X.shape[0],):
                 raise ValueError(f"sample_weight.shape == {weight.shape}, expected {(X.shape[0],)}!")
             weights = row_blocks(rows(weight, "sample_weight", X.chunks[0])[0])
-        head = X[:2].compute()
-        if columns is not None:
+        self.X, self.y, self.weights, self.columns = X, y, weights, columns
+
+    def head(self, n=2):
+        """The first ``n`` entries (X a DataFrame with X's columns, if it had names), computed:
+        what the estimator validates its number of modes and feature names on."""
+        X = self.X[:n].compute()
+        if self.columns is not None:
             import pandas as pd  # noqa: PLC0415
 
-            head = pd.DataFrame(head, columns=columns)
-        estimator._validate(head, y[:2].compute(), reset=True)
-        classes = None
-        if estimator.likelihood == "probit":
-            estimator._encode(np.unique(da.unique(y).compute()), first_call=True)
-            classes = estimator.classes_
+            X = pd.DataFrame(X, columns=self.columns)
+        return X, self.y[:n].compute()
+
+    def labels(self):
+        """The distinct values of y, sorted (computed)."""
+        import dask.array as da  # noqa: PLC0415
+
+        return np.unique(da.unique(self.y).compute())
+
+
+class DaskEntries:
+    """The training entries of a CP fit as persisted chunks on the Dask workers.
+
+    Building it from :class:`EntryRows` checks (``check_index``, the estimator's index check) and
+    encodes (``classes``: probit's two labels, ``classes[1]`` → 1; None for Gaussian values)
+    every chunk on the workers and reduces what the fit needs before the sweeps: the largest
+    index of every mode (``maxima``), the entries per object (:meth:`n_seen`) and Var(y)
+    (``variance``); with ``normalize`` the (weighted) mean and standard deviation of y
+    (``offset``, ``scale``; else 0 and 1) from the chunks' exact sums (the numpy fit's bits,
+    :func:`~skcep.tensor._base.target_scaling`), and it holds the standardized values
+    (``variance``: theirs).  A ValueError if no entry has a non-zero weight.
+    :meth:`partitions` is the factory of the :class:`DaskEntryPartitions` that
+    :func:`~skcep.engines.cp.fit_cp` (``partitions=``) runs its sweeps on; :meth:`elbo` and
+    :meth:`starting_noise_precision` take the arguments of the engine's functions of these
+    names (their ``index`` and ``y`` unused) and reduce over the chunks.
+    """
+
+    def __init__(self, entries, check_index, classes=None, normalize=False):
+        import dask  # noqa: PLC0415
+
         chunks = [
-            dask.delayed(_entries_chunk)(xb, yb, estimator._check_index, classes, wb)
-            for xb, yb, wb in zip(row_blocks(X), row_blocks(y), weights)
+            dask.delayed(_entries_chunk)(xb, yb, check_index, classes, wb)
+            for xb, yb, wb in zip(row_blocks(entries.X), row_blocks(entries.y), entries.weights)
         ]
         held = dask.persist(*[c[0] for c in chunks], *[c[1] for c in chunks])
         self.index, self.y = list(held[: len(chunks)]), list(held[len(chunks) :])
@@ -207,16 +221,14 @@ class DaskEntries:
         self.n, _, m2 = functools.reduce(_pooled, [s[2] for s in summaries])
         if self.n == 0:
             raise ValueError("Sample weights must contain at least one non-zero number.")
-        offset, scale = 0.0, 1.0  # estimator._set_scaling's, from the chunks' exact sums: the same bits
-        if estimator.likelihood == "gaussian" and estimator.normalize_y:
-            sums = dask.compute(*[dask.delayed(_moment_sums)(v) for v in self.y])
-            total, first = functools.reduce(lambda a, b: (add_sums(a[0], b[0]), add_sums(a[1], b[1])), sums)
-            offset = sum_value(first) / sum_value(total)
-            squares = dask.compute(*[dask.delayed(_moment_sums)(v, offset) for v in self.y])
-            scale = scale_from(total, functools.reduce(add_sums, squares))
-            self.y = list(dask.persist(*[dask.delayed(_standardized)(v, offset, scale) for v in self.y]))
-        estimator.y_offset_, estimator.y_scale_ = offset, scale
-        self.variance = m2 / self.n / scale**2
+        self.offset, self.scale = 0.0, 1.0
+        if normalize:
+            self.offset, self.scale = chunked_target_scaling(
+                dask.compute(*[dask.delayed(_moment_sums)(v) for v in self.y]),
+                lambda offset: dask.compute(*[dask.delayed(_moment_sums)(v, offset) for v in self.y]),
+            )
+            self.y = list(dask.persist(*[dask.delayed(_standardized)(v, self.offset, self.scale) for v in self.y]))
+        self.variance = m2 / self.n / self.scale**2
 
     def starting_noise_precision(self, y, noise_prior, weight=None):
         """:func:`~skcep.engines.cp.starting_noise_precision` of the chunks' values (``y`` unused)."""
@@ -227,13 +239,10 @@ class DaskEntries:
         return [np.r_[c, np.zeros(d - c.size, dtype=np.int64)] for c, d in zip(self.counts, shape)]
 
     def partitions(self, **options):
-        """The holder of partitions :func:`~skcep.engines.cp.start_sweeps` runs its steps on."""
-        return _Partitions(_partition_step, self.index, self.y, None, **options)
-
-    def fit_cp(self, post, index=None, y=None, **options):
-        """:func:`~skcep.engines.cp.fit_cp` on the chunks (``n_jobs`` plays no part: a worker
-        runs its chunk's steps in its own thread)."""
-        return fit_cp(post, None, None, partitions=self.partitions, **options)
+        """The :class:`DaskEntryPartitions` of the chunks, each partition built from its chunk and
+        ``options`` at the first step (``partitions=`` of :func:`~skcep.engines.cp.fit_cp`;
+        ``n_jobs`` plays no part: a worker runs its chunk's steps in its own thread)."""
+        return DaskEntryPartitions(_partition_step, self.index, self.y, None, **options)
 
     def elbo(self, post, index=None, y=None, likelihood="gaussian", n_jobs=None, weight=None):
         """:func:`~skcep.engines.cp.elbo` of q ``post``, summed over the chunks."""
@@ -242,53 +251,3 @@ class DaskEntries:
         shared = dask.delayed(post, pure=False, traverse=False)
         sums = dask.compute(*[dask.delayed(_chunk_sums)(shared, i, v, likelihood) for i, v in zip(self.index, self.y)])
         return SweepTotals.combine(sums, post, likelihood).elbo()
-
-
-def fit_tensor(estimator, X, y, sample_weight=None):
-    """``BayesianCPTensor.fit`` on a Dask array or DataFrame of entry indices (chunked by
-    entries) and a Dask vector or Series of values (``sample_weight``: a vector of entry
-    weights, re-chunked like the entries; checked, and its zero-weight entries dropped, on the
-    workers).
-
-    The chunks are checked, encoded and kept on the workers; the estimator starts exactly as its
-    in-memory fit does (the same ``random_state`` draws the same initial factors: the shape
-    comes from a reduction of the largest index per mode, the Gaussian noise start from one of
-    Var(y)) and runs the engine's group sweeps over the chunks (see the module docstring).  The
-    result equals the in-memory fit from the same start up to the order of floating-point sums;
-    ``elbo_``, ``n_iter_``, ``converged_`` and the ConvergenceWarning are the in-memory fit's.
-    ``n_init`` restarts run one after another.  ``schedule="entry"`` is sequential by nature
-    and raises a ValueError: use ``schedule="group"``.  Empty chunks are left out; without any
-    entries, numpy's fit raises its ValueError.
-
-    **What limits it: the size of the factors.**  The client holds q and makes every group
-    update (d_k R×R inversions per mode), and every worker receives the first and packed second
-    moments of each factor once per sweep, after the factor's update (probit CEP also each
-    mode's covariance): O(Σ_k d_k R²) bytes per sweep per worker, whatever the number of
-    entries.  Each mode update brings back, from every chunk, R(R+3)/2 numbers per row that the
-    chunk touches.  This suits many entries and factors of up to millions of rows × small R;
-    past that, the broadcast and the client's memory dominate.  The next step is the layout of
-    distributed CP codes — DFacTo (Choi & Vishwanathan, "DFacTo: Distributed Factorization of
-    Tensors", NeurIPS 2014) and SPLATT's medium-grained decomposition (Smith & Karypis, "A
-    Medium-Grained Algorithm for Distributed Sparse Tensor Factorization", IPDPS 2016):
-    shuffle the entries by their row of the big mode, so that each worker owns a range of its
-    rows, holds their statistics complete, makes their group updates itself and keeps their
-    factor rows; only the other modes' factors are then broadcast and reduced.
-    """
-    noise_prior, fixed_shape = estimator._check_params()
-    if estimator._method == "cep" and estimator.schedule == "entry":
-        raise ValueError(ENTRY_SCHEDULE)
-    if estimator.likelihood == "ordinal":
-        raise ValueError(ORDINAL_IN_MEMORY)
-    if estimator.implicit_modes:
-        raise ValueError(IMPLICIT_IN_MEMORY)
-    for name in ("classes_", "shape_"):
-        estimator.__dict__.pop(name, None)
-    entries, columns = rows(X, drop_empty=True)
-    if entries.shape[0] == 0:
-        return fit_without_rows(estimator, "fit", X, y)
-    held = DaskEntries(estimator, entries, y, sample_weight, columns)
-    shape = estimator._resolve_shape(held.maxima[None, :], fixed_shape, None, entries=False)
-    estimator._start(None, None, noise_prior, shape, estimator.max_iter, held=held)
-    if not estimator.converged_:
-        estimator._warn_not_converged(estimator.max_iter)
-    return estimator

@@ -1,40 +1,67 @@
-r"""StreamingDeepTensor's ``fit`` on Dask collections: one pass over the chunks, in order.
+r"""StreamingDeepTensor's ``fit`` on Dask collections: the entries' chunks, read, reduced and folded
+in order where they are.
 
 Streaming Bayesian deep tensor factorization (Fang, Wang, Pan, Liu and Zhe, "Streaming Bayesian
 Deep Tensor Factorization", ICML 2021, Algorithm 1) is assumed density filtering: each entry's
-update changes the weights the next entry sees, so a fit is a sequence.  :func:`fit_stream`
-runs it as a chain of tasks (:func:`skcep._dask.partial_fit_chunks` with its own step): the
-posterior — O(weights + embeddings), never O(entries), but for the sets N(s) of
+update changes the weights the next entry sees, so a fit is a sequence.  Here: the non-empty row
+chunks of X and y (:func:`read_chunks`), per-chunk work run on the workers with its first error in
+chunk order (:func:`map_chunks`), the exact scaling of the targets over all chunks
+(:func:`target_scaling`), and the holder :class:`DaskChunks`, whose fold is a chain of tasks: the
+stream's state — O(weights + embeddings), never O(entries), but for the sets N(s) of
 ``implicit_modes`` (one index per distinct pair seen) — travels from task to task while every
-chunk of entries stays where it is.
+chunk of entries stays where it is.  ``StreamingDeepTensor._dask_fit`` validates and runs the
+stream; nothing here reads or sets the estimator.
 """
 
 import copy
-import functools
 
 import numpy as np
 
-from .._dask import _blocks_of, aligned, fit_without_rows, partial_fit_chunks, require_dask
-from .._validation import check_fit_range
-from ._base import _TARGET_ADVICE, add_sums, check_tensor_index, moment_sums, scale_from, sum_value
+from .._dask import _blocks_of, aligned, require_dask
+from ._base import chunked_target_scaling, moment_sums
 
-__all__ = ["fit_stream"]
+__all__ = ["DaskChunks", "first_chunk", "map_chunks", "read_chunks", "target_scaling"]
 
 
-def _summary(checker, X, y):
-    """One chunk checked as ``fit`` checks its data: (largest index per mode, its labels for
-    probit, its levels for ordinal entries or else the exact sums (Σ 1, Σ y) of its values,
-    None), or (None, None, error)."""
+def read_chunks(X, y):
+    """The non-empty row chunks of X and of y (Delayed objects; a DataFrame's or Series' own
+    partitions, keeping column names), two lists of equal length; both empty, y unread, when X has
+    no rows.  A ValueError when y is not chunked like X."""
+    require_dask()
+    X_blocks, lengths = _blocks_of(X, "X")
+    if not X_blocks:
+        return [], []
+    y_blocks, y_lengths = _blocks_of(y, "y", tuple(lengths))
+    if list(y_lengths) != list(lengths):
+        raise ValueError(f"X and y have different row chunks ({lengths} and {y_lengths}); chunk y like X.")
+    return X_blocks, y_blocks
+
+
+def first_chunk(X_blocks, y_blocks):
+    """The first chunk of X and of y, computed."""
+    import dask  # noqa: PLC0415
+
+    return dask.compute(X_blocks[0], y_blocks[0])
+
+
+def _caught(func, X, y):
+    """``func(X, y)`` on one chunk as (result, None), or (None, error) for a TypeError or ValueError."""
     try:
-        X, y = checker._validate(X, y, reset=False)
-        X = check_tensor_index(X, estimator_name=type(checker).__name__)
-        if checker.likelihood != "gaussian":  # (finite, numeric for ordinal entries: _validate)
-            return X.max(axis=0), np.unique(y), None
-        y = checker._encode(y, first_call=False)  # finite values
-        check_fit_range(type(checker).__name__, y, advice=_TARGET_ADVICE)
-        return X.max(axis=0), moment_sums(y), None
+        return func(*aligned((X, y))), None
     except (TypeError, ValueError) as error:
-        return None, None, error
+        return None, error
+
+
+def map_chunks(func, X_blocks, y_blocks):
+    """``func(X_i, y_i)`` of every chunk, computed on the workers, in chunk order; the first chunk
+    (in order) whose ``func`` raises a TypeError or ValueError raises it here."""
+    import dask  # noqa: PLC0415
+
+    results = dask.compute(*[dask.delayed(_caught)(func, xb, yb) for xb, yb in zip(X_blocks, y_blocks)])
+    for _, error in results:
+        if error is not None:
+            raise error
+    return [result for result, _ in results]
 
 
 def _square_sums(y, offset):
@@ -42,78 +69,39 @@ def _square_sums(y, offset):
     return moment_sums(np.asarray(y, dtype=float), offset=offset)
 
 
-def _stream_chunk(model, X, y, options):
-    """Task i of the chain: the model of task i − 1 continued by ``fit``'s pass over chunk i."""
-    model = copy.deepcopy(model)  # a task's inputs may be shared with other tasks
-    X, y, _ = model._prepare(*aligned((X, y)), first_call=False)
-    return model._stream(X, y)
-
-
-def fit_stream(estimator, X, y):
-    """``StreamingDeepTensor.fit`` on a Dask array or DataFrame of entry indices X and values y
-    (rows chunked alike): one pass over the chunks in order, as a chain of tasks.
-
-    First every chunk is checked and reduced to its largest index per mode (and its labels for
-    probit, its levels for ordinal entries, or the exact sums of its values and, in a second
-    pass, of their squared deviations), so the tensor's shape, the classes (every level, known
-    before the first batch) and ``normalize_y``'s ``y_offset_`` and ``y_scale_`` are those of the
-    whole data (bit for bit the numpy fit's) and the first invalid chunk raises the numpy fit's
-    error before anything is fitted (the estimator is then left as it was).  The client then
-    starts like numpy ``fit``: the prior and the generator seeded by ``random_state``.  Task i
-    takes the posterior and the generator left by task i − 1 and processes chunk i exactly as
-    numpy ``fit`` processes its data: entries in batches of ``batch_size`` — each ADF over its
-    entries (ordinal: then the cut points refitted on the batch), then the EP refinement of the
-    spike-and-slab terms — visited in an order drawn by ``generator.permutation`` when
-    ``shuffle=True``.
-
-    How it relates to numpy ``fit``: with one chunk it is numpy ``fit``, bit for bit.  With
-    several chunks, the entries are shuffled within each chunk (the chunks are visited in
-    order) and a batch never spans two chunks (a chunk's last batch may be short), which is
-    the same procedure as numpy ``fit`` continued chunk by chunk:
-    ``est._start(...)`` then ``est._stream(X_i, y_i)`` for every chunk, in order.  A stream in
-    a random order over all the chunks would need every entry to move; this keeps them on their
-    workers.  ``verbose`` progress lines are printed by the workers.
-
-    Streams processed in parallel and merged (Broderick, Boyd, Wibisono, Wilson and Jordan,
-    "Streaming Variational Bayes", NeurIPS 2013: every worker starts from the same posterior,
-    the changes of natural parameters are summed) are not offered.  That sum is exact for
-    conjugate exponential-family updates; here the network's weights are identifiable only up
-    to permutations and signs of the hidden units, and every worker would also refine the
-    spike-and-slab prior terms, which a merge would have to count once — not a simple option.
-    """
-    require_dask()
+def target_scaling(y_blocks, sums):
+    """:func:`~skcep.tensor._base.target_scaling` of the values of all the chunks, from their exact
+    sums ``sums`` (Σ 1, Σ y per chunk, in order) and, in a second pass over ``y_blocks``, their
+    squared deviations: the bits of the numpy fit."""
     import dask  # noqa: PLC0415
 
-    for name in ("classes_", "shape_", "noise_precision_"):  # fit starts afresh
-        estimator.__dict__.pop(name, None)
-    X_blocks, lengths = _blocks_of(X, "X")  # the non-empty chunks
-    if not X_blocks:  # no rows at all
-        return fit_without_rows(estimator, "fit", X, y)
-    y_blocks, y_lengths = _blocks_of(y, "y", tuple(lengths))
-    if list(y_lengths) != list(lengths):
-        raise ValueError(f"X and y have different row chunks ({lengths} and {y_lengths}); chunk y like X.")
-    head_X, head_y = dask.compute(X_blocks[0], y_blocks[0])
-    checker = type(estimator)(**estimator.get_params(deep=False))
-    for model in (checker, estimator):  # n_features_in_, feature_names_in_
-        X_head, _ = model._validate(head_X[:2], np.asarray(head_y)[:2], reset=True)
-    fixed = estimator._check_params(X_head.shape[1])
-    summaries = dask.compute(*[dask.delayed(_summary)(checker, xb, yb) for xb, yb in zip(X_blocks, y_blocks)])
-    for _, _, error in summaries:
-        if error is not None:
-            raise error
-    estimator.y_offset_, estimator.y_scale_ = 0.0, 1.0  # estimator._set_scaling's, from all chunks
-    if estimator.likelihood != "gaussian":  # every label (level) of the data, before the first batch
-        estimator._encode(np.unique(np.concatenate([s[1] for s in summaries])), first_call=True)
-    elif estimator.normalize_y:  # exact sums over the chunks: the numpy fit's bits
-        total, first = functools.reduce(
-            lambda a, b: (add_sums(a[0], b[0]), add_sums(a[1], b[1])), [s[1] for s in summaries]
-        )
-        offset = sum_value(first) / sum_value(total)
-        squares = dask.compute(*[dask.delayed(_square_sums)(yb, offset) for yb in y_blocks])
-        estimator.y_offset_, estimator.y_scale_ = offset, scale_from(total, functools.reduce(add_sums, squares))
-    shape = estimator._resolve_shape(np.vstack([s[0] for s in summaries]), fixed, None, entries=False)
-    estimator._start(X_head.shape[1], shape)
-    params = estimator.get_params(deep=False)
-    fitted = partial_fit_chunks(estimator, X, y, step=_stream_chunk)
-    estimator.__dict__.update({k: v for k, v in fitted.__dict__.items() if k not in params})
-    return estimator
+    return chunked_target_scaling(
+        sums, lambda offset: dask.compute(*[dask.delayed(_square_sums)(yb, offset) for yb in y_blocks])
+    )
+
+
+def _fold_chunk(step, check, state, X, y):
+    """Task i of the chain: ``step`` on a copy of the state task i − 1 left (a task's inputs may
+    be shared with other tasks) and chunk i's entries checked by ``check``."""
+    state = copy.deepcopy(state)
+    return step(state, *check(*aligned((X, y))))
+
+
+class DaskChunks:
+    """A stream's entries as the row chunks of Dask collections (:func:`read_chunks`), each
+    checked on its worker by ``check(X, y) -> (X, y, weight)`` (the estimator's check of a chunk,
+    with the values as the engine fits them) when the stream reaches it.  It implements
+    :class:`skcep.engines.sbdt.EntryChunks`: :meth:`fold` is a chain of tasks, one per chunk,
+    each continuing the state the one before left, computed on the workers when a client exists."""
+
+    def __init__(self, X_blocks, y_blocks, check):
+        self.X, self.y, self.check = X_blocks, y_blocks, check
+
+    def fold(self, step, state):
+        """``state`` carried through ``step(state, X, y, weight)`` over the chunks in order."""
+        import dask  # noqa: PLC0415
+
+        step, check, state = (dask.delayed(v, pure=False, traverse=False) for v in (step, self.check, state))
+        for xb, yb in zip(self.X, self.y):
+            state = dask.delayed(_fold_chunk, pure=False)(step, check, state, xb, yb)
+        return state.compute()

@@ -3,6 +3,7 @@ indices, holds the posterior and runs the engine's one step, :func:`skcep.engine
 on every batch."""
 
 import copy
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -11,8 +12,10 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, fit_method
+from .._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, Progress, fit_method
+from .._dask import fit_without_rows
 from ..engines.sbdt import (
+    InMemoryChunks,
     absorb_batch,
     absorb_summary,
     grow_posterior,
@@ -20,8 +23,8 @@ from ..engines.sbdt import (
     initial_thresholds,
     predict_moments,
 )
-from ._base import TensorEstimator, _check_noise_prior, _check_positive_ints, check_tensor_index
-from ._dask_sbdt import fit_stream
+from ._base import TensorEstimator, _check_noise_prior, _check_positive_ints, check_tensor_index, moment_sums
+from ._dask_sbdt import DaskChunks, first_chunk, map_chunks, read_chunks, target_scaling
 
 __all__ = ["StreamingDeepTensor"]
 
@@ -119,7 +122,7 @@ class StreamingDeepTensor(TensorEstimator):
             The spike-and-slab refinement runs once per batch.
         shuffle : bool, default=True
             Whether ``fit`` visits the entries in a random order (seeded by ``random_state``; on a
-            Dask collection, within each chunk: see :func:`skcep.tensor._dask_sbdt.fit_stream`).
+            Dask collection, within each chunk, the chunks visited in order).
         init_scale : float, default=0.0
             Standard deviation of random initial embedding means.  0: embeddings start at their
             prior mean 0 (the paper); > 0: objects start from working means drawn from
@@ -220,7 +223,6 @@ class StreamingDeepTensor(TensorEstimator):
         "shape",
         "implicit_modes",
     )
-    _dask_fit = fit_stream
 
     def __init__(
         self,
@@ -349,16 +351,17 @@ class StreamingDeepTensor(TensorEstimator):
             implicit_modes={int(k): int(j) for k, j in (self.implicit_modes or {}).items()},
         )
 
-    def _fold(self, post, X, y, progress, weight=None):
-        """The engine's step on one batch; with ``verbose``, one progress line.  An ordinal
-        stream's first batch starts its cut points (:func:`~skcep.engines.sbdt.initial_thresholds`)."""
-        if self.likelihood == "ordinal" and post.thresholds is None:
-            post.thresholds = initial_thresholds(post, X, y, self.classes_.size, weight)
-        before = post.copy() if progress is not None else None
-        absorb_batch(post, X, y, self.likelihood, self.damping, weight)
-        if progress is not None:
-            change, mean_log_z = absorb_summary(before, post)
-            progress(post.n_batches, change, mean_log_z)
+    def _pass(self):
+        """The step that absorbs a chunk of checked entries (:class:`_Pass`), from the parameters
+        and, for ordinal entries, the number of levels."""
+        return _Pass(
+            self.likelihood,
+            self.damping,
+            self.batch_size,
+            self.shuffle,
+            self.classes_.size if self.likelihood == "ordinal" else None,
+            type(self).__name__ if self.verbose else None,
+        )
 
     @fit_method
     def fit(self, X, y, sample_weight=None):
@@ -395,15 +398,88 @@ class StreamingDeepTensor(TensorEstimator):
         self._set_posterior(self._new_posterior(n_modes, shape, self._rng))
 
     def _stream(self, X, y, weight=None):
-        """fit's pass over checked entries (on Dask: over one chunk): batches of ``batch_size``,
-        in an order shuffled by the generator if ``shuffle``, folded into the posterior."""
-        order = self._rng.permutation(X.shape[0]) if self.shuffle else np.arange(X.shape[0])
-        progress = self._progress(unit="batch", objective="mean log evidence")
-        for start in range(0, order.size, self.batch_size):
-            batch = order[start : start + self.batch_size]
-            self._fold(self._posterior, X[batch], y[batch], progress, None if weight is None else weight[batch])
-        self._set_posterior(self._posterior)
+        """fit's pass over checked entries: batches of ``batch_size``, in an order shuffled by the
+        generator if ``shuffle``, folded into the posterior."""
+        return self._stream_chunks(InMemoryChunks((X, y, weight)))
+
+    def _stream_chunks(self, chunks):
+        """fit's pass over the entries of a holder of chunks (:class:`~skcep.engines.sbdt.EntryChunks`),
+        in chunk order: each chunk as :meth:`_stream` passes over its entries, the generator and
+        the posterior carried from chunk to chunk."""
+        self._rng, post = chunks.fold(self._pass(), (self._rng, self._posterior))
+        self._set_posterior(post)
         return self
+
+    def _dask_fit(self, X, y):
+        """``fit`` on a Dask array or DataFrame of entry indices X and values y (rows chunked
+        alike): one pass over the chunks in order, as a chain of tasks
+        (:class:`~skcep.tensor._dask_sbdt.DaskChunks`).
+
+        First every chunk is checked and reduced to its largest index per mode (and its labels for
+        probit, its levels for ordinal entries, or the exact sums of its values and, in a second
+        pass, of their squared deviations), so the tensor's shape, the classes (every level, known
+        before the first batch) and ``normalize_y``'s ``y_offset_`` and ``y_scale_`` are those of
+        the whole data (bit for bit the numpy fit's) and the first invalid chunk raises the numpy
+        fit's error before anything is fitted (the estimator is then left as it was).  The client
+        then starts like numpy ``fit``: the prior and the generator seeded by ``random_state``.
+        Task i takes the posterior and the generator left by task i − 1 and processes chunk i
+        exactly as numpy ``fit`` processes its data: entries in batches of ``batch_size`` — each
+        ADF over its entries (ordinal: then the cut points refitted on the batch), then the EP
+        refinement of the spike-and-slab terms — visited in an order drawn by
+        ``generator.permutation`` when ``shuffle=True``.
+
+        How it relates to numpy ``fit``: with one chunk it is numpy ``fit``, bit for bit.  With
+        several chunks, the entries are shuffled within each chunk (the chunks are visited in
+        order) and a batch never spans two chunks (a chunk's last batch may be short), which is
+        the same procedure as numpy ``fit`` continued chunk by chunk: ``est._start(...)`` then
+        ``est._stream(X_i, y_i)`` for every chunk, in order.  A stream in a random order over all
+        the chunks would need every entry to move; this keeps them on their workers.  ``verbose``
+        progress lines are printed by the workers.
+
+        Streams processed in parallel and merged (Broderick, Boyd, Wibisono, Wilson and Jordan,
+        "Streaming Variational Bayes", NeurIPS 2013: every worker starts from the same posterior,
+        the changes of natural parameters are summed) are not offered.  That sum is exact for
+        conjugate exponential-family updates; here the network's weights are identifiable only up
+        to permutations and signs of the hidden units, and every worker would also refine the
+        spike-and-slab prior terms, which a merge would have to count once — not a simple option.
+        """
+        for name in ("classes_", "shape_", "noise_precision_"):  # fit starts afresh
+            self.__dict__.pop(name, None)
+        X_blocks, y_blocks = read_chunks(X, y)
+        if not X_blocks:  # no rows at all
+            return fit_without_rows(self, "fit", X, y)
+        head_X, head_y = first_chunk(X_blocks, y_blocks)
+        checker = type(self)(**self.get_params(deep=False))  # the chunks' check, without fitted state
+        for model in (checker, self):  # n_features_in_, feature_names_in_
+            X_head, _ = model._validate(head_X[:2], np.asarray(head_y)[:2], reset=True)
+        fixed = self._check_params(X_head.shape[1])
+        summaries = map_chunks(checker._chunk_summary, X_blocks, y_blocks)
+        self.y_offset_, self.y_scale_ = 0.0, 1.0  # _set_scaling's, from all chunks
+        if self.likelihood != "gaussian":  # every label (level) of the data, before the first batch
+            self._encode(np.unique(np.concatenate([s[1] for s in summaries])), first_call=True)
+        elif self.normalize_y:  # exact sums over the chunks: the numpy fit's bits
+            self.y_offset_, self.y_scale_ = target_scaling(y_blocks, [s[1] for s in summaries])
+        shape = self._resolve_shape(np.vstack([s[0] for s in summaries]), fixed, None, entries=False)
+        self._start(X_head.shape[1], shape)
+        return self._stream_chunks(DaskChunks(X_blocks, y_blocks, self._checked_chunk))
+
+    def _chunk_summary(self, X, y):
+        """A chunk of a Dask fit checked as ``fit`` checks its data, before the stream (the number
+        and names of the modes known): its largest index per mode, and its labels for probit, its
+        levels for ordinal entries, or else the exact sums (Σ 1, Σ y) of its values."""
+        X, y = self._validate(X, y, reset=False)
+        X = check_tensor_index(X, estimator_name=type(self).__name__)
+        if self.likelihood != "gaussian":  # (finite, numeric for ordinal entries: _validate)
+            return X.max(axis=0), np.unique(y)
+        y = self._encode(y, first_call=False)  # finite values
+        self._check_fit_range(y, None)
+        return X.max(axis=0), moment_sums(y)
+
+    def _checked_chunk(self, X, y):
+        """A chunk of a Dask fit checked as ``partial_fit`` checks a later batch, once the stream
+        has started: (X, y as the engine fits them, no weights)."""
+        X, y, _ = self._prepare(X, y, first_call=False)
+        return X, y, None
 
     @fit_method
     def partial_fit(self, X, y, classes=None, sample_weight=None):
@@ -439,7 +515,7 @@ class StreamingDeepTensor(TensorEstimator):
         else:  # work on copies (the generator draws only for init_scale > 0): a call that raises
             rng = copy.deepcopy(self._rng) if self.init_scale > 0 else self._rng  # changes nothing
             post = grow_posterior(self._posterior.copy(), shape, rng, self.init_scale)
-        self._fold(post, X, y, self._progress(unit="batch", objective="mean log evidence"), weight)
+        self._pass().absorb(post, X, y, self._progress(unit="batch", objective="mean log evidence"), weight)
         self._rng = rng
         self._set_posterior(post)
         return self
@@ -468,3 +544,41 @@ class StreamingDeepTensor(TensorEstimator):
         check_is_fitted(self, "_posterior")
         X = check_tensor_index(self._validate(X, reset=False)[0], estimator_name=type(self).__name__)
         return predict_moments(self._posterior, X)
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """``fit``'s step on a chunk of checked entries (what a holder of chunks folds; on Dask it
+    travels to the workers, so it holds plain settings, not the estimator).  ``n_levels``: the
+    ordinal levels (None otherwise); ``name``: the estimator's, for the progress lines of
+    ``verbose`` (None: silent)."""
+
+    likelihood: str
+    damping: float
+    batch_size: int
+    shuffle: bool
+    n_levels: int = None
+    name: str = None
+
+    def __call__(self, state, X, y, weight=None):
+        """The state (generator, posterior) after the chunk's entries, in batches of
+        ``batch_size``, in an order drawn by the generator if ``shuffle``."""
+        rng, post = state
+        order = rng.permutation(X.shape[0]) if self.shuffle else np.arange(X.shape[0])
+        progress = None if self.name is None else Progress(self.name, "batch", "mean log evidence")
+        for start in range(0, order.size, self.batch_size):
+            batch = order[start : start + self.batch_size]
+            self.absorb(post, X[batch], y[batch], progress, None if weight is None else weight[batch])
+        return rng, post
+
+    def absorb(self, post, X, y, progress, weight=None):
+        """The engine's step on one batch; with a ``progress`` callback, one progress line.  An
+        ordinal stream's first batch starts its cut points
+        (:func:`~skcep.engines.sbdt.initial_thresholds`)."""
+        if self.likelihood == "ordinal" and post.thresholds is None:
+            post.thresholds = initial_thresholds(post, X, y, self.n_levels, weight)
+        before = post.copy() if progress is not None else None
+        absorb_batch(post, X, y, self.likelihood, self.damping, weight)
+        if progress is not None:
+            change, mean_log_z = absorb_summary(before, post)
+            progress(post.n_batches, change, mean_log_z)

@@ -19,7 +19,8 @@ cluster, and global steps on their sums.
 * :mod:`.updates` — the global steps: rows reduced, group, noise, ARD and learned-prior updates;
 * :mod:`.moments` — moments of f at the entries, ``predict_cp``, ``effective_rank``;
 * :mod:`.elbo` — the ELBO, its KL terms, ``EntrySums``, ``SweepTotals``, ``posterior_sums``;
-* :mod:`.partition` — ``EntryPartition`` (the map steps of a group sweep), ``InMemoryEntries``;
+* :mod:`.partition` — ``EntryPartition`` (the map steps of a group sweep), the holder protocol
+  ``Entries`` and its single-machine ``InMemoryEntries``;
 * :mod:`.group_schedule` — VMP and group CEP sweeps;
 * :mod:`.entry_schedule` — entry CEP sweeps;
 * :mod:`.fit` — ``start_sweeps``, ``fit_cp``, ``CPFitResult``;
@@ -32,7 +33,7 @@ from .elbo import EntrySums, SweepTotals, elbo, posterior_sums
 from .fit import CPFitResult, fit_cp, start_sweeps
 from .implicit import new_term
 from .moments import effective_rank, predict_cp
-from .partition import EntryPartition, InMemoryEntries
+from .partition import Entries, EntryPartition, InMemoryEntries
 from .posterior import CPPosterior, GaussianRows, put_rows, take_rows
 from .sites import augmented_target, probit_offset_sites, probit_site, probit_site_statistics, site_likelihood
 from .start import (
@@ -64,6 +65,7 @@ __all__ = [
     "RowStatistics",
     "EntrySums",
     "SweepTotals",
+    "Entries",
     "EntryPartition",
     "InMemoryEntries",
     "init_posterior",

@@ -36,11 +36,11 @@ def start_sweeps(
     whose ``posterior`` is q after the last sweep (updated in place).
 
     ``partitions`` (group schedule only) holds the entries elsewhere, e.g. on Dask workers:
-    ``partitions(**options)`` returns a holder whose ``step(name, *args)`` runs the
-    :class:`~skcep.engines.cp.partition.EntryPartition` step ``name`` on every partition (each built from
-    its entries and ``options`` before its first step) and returns their results in partition order; ``index``
-    and ``y`` are then unused.  By default the entries are one
-    :class:`~skcep.engines.cp.partition.InMemoryEntries`.
+    ``partitions(**options)`` returns an :class:`~skcep.engines.cp.partition.Entries` holder, whose
+    ``step(name, *args)`` runs the :class:`~skcep.engines.cp.partition.EntryPartition` step ``name``
+    on every partition (each built from its entries and ``options`` before its first step) and
+    returns their results in partition order; ``index`` and ``y`` are then unused.  By default the
+    entries are one :class:`~skcep.engines.cp.partition.InMemoryEntries`.
     ``weight`` (n,): the entries' weights (None: all 1; see :mod:`~skcep.engines.cp.statistics`).
     ``simultaneous`` (group schedule): every group of a sweep updated from the q before the
     sweep (see :func:`~skcep.engines.cp.stream.streaming_sweeps`).

@@ -5,19 +5,19 @@ Entries and their per-entry state (probit sites, the predictor means of the swee
 in an :class:`EntryPartition`, whose steps ``begin``, ``factor`` (mode k), ``offset`` (group j)
 and ``finish`` (the :class:`~skcep.engines.cp.elbo.EntrySums` of q(τ), the ELBO and the
 convergence test) are a group sweep's map steps; each receives only the groups of q updated
-since the step before.  The group sweep runs them on every partition of a holder
-(``holder.step(name, *args)`` → the partitions' results in order) and makes the global steps on
-their sums: one :class:`InMemoryEntries` on a single machine (its chunks through
-``map_chunks(step, chunks, n_jobs)``), or partitions on Dask workers (``partitions=`` of
-:func:`~skcep.engines.cp.fit.fit_cp`).  :func:`~skcep.engines.cp.fit.start_sweeps` sets up the
-schedule, :func:`~skcep.engines.cp.fit.fit_cp` runs sweeps until convergence, and
-:func:`~skcep.engines.cp.stream.absorb_batch` folds a streaming batch into the posterior
-(assumed density filtering).  The entry schedule is sequential by design (block after block,
-each refreshing q) and runs in memory only.
+since the step before.  The group sweep runs them on every partition of a holder, an
+:class:`Entries` (``holder.step(name, *args)`` → the partitions' results in order), and makes the
+global steps on their sums: one :class:`InMemoryEntries` on a single machine (its chunks through
+``map_chunks(step, chunks, n_jobs)``), or partitions elsewhere, e.g. on Dask workers
+(``partitions=`` of :func:`~skcep.engines.cp.fit.fit_cp`, a factory of an :class:`Entries`).
+:func:`~skcep.engines.cp.fit.start_sweeps` sets up the schedule, :func:`~skcep.engines.cp.fit.fit_cp`
+runs sweeps until convergence, and :func:`~skcep.engines.cp.stream.absorb_batch` folds a streaming
+batch into the posterior (assumed density filtering).  The entry schedule is sequential by design
+(block after block, each refreshing q) and runs in memory only.
 """
 
 import copy
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -260,10 +260,27 @@ class EntryPartition:
         return fit_thresholds(cp_mean + off_mean, variance, self.sign, n_levels, sweep.thresholds, self.weight)
 
 
+class Entries(Protocol):
+    """The holder of the training entries that a group sweep runs its map steps on: the entries
+    in partitions, each an :class:`EntryPartition` with its per-entry state, wherever they are
+    held.  :class:`InMemoryEntries` is the single-machine one; a holder of partitions elsewhere
+    (``skcep.tensor._dask_cp.DaskEntryPartitions``: on Dask workers) is built by the factory
+    ``partitions(**options)`` that :func:`~skcep.engines.cp.fit.start_sweeps` takes, each
+    partition from its entries and ``options`` (the keywords of :class:`EntryPartition` but
+    ``index``, ``y``, ``weight`` and ``n_jobs``, which the holder owns)."""
+
+    def step(self, name, *args):
+        """Run the :class:`EntryPartition` step ``name`` (``"begin"``, ``"factor"``, ``"offset"``,
+        ``"finish"``, ``"cut_points"``) with ``args`` on every partition, each keeping the state
+        the step leaves for the next one; return the steps' results as a list, in partition
+        order (the global step reduces them in that order)."""
+        ...
+
+
 class InMemoryEntries:
-    """All entries as one :class:`EntryPartition` in this process (the single-machine fit):
-    ``step(name, *args)`` runs the partition's step ``name`` in place and returns its result in
-    a list of one."""
+    """All entries as one :class:`EntryPartition` in this process (the single-machine fit); it
+    implements :class:`Entries`: ``step(name, *args)`` runs the partition's step ``name`` in
+    place and returns its result in a list of one."""
 
     def __init__(self, partition):
         self.partition = partition

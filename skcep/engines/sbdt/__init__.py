@@ -9,7 +9,9 @@ eqs. 5–9).  Beyond the paper: a global offset, ordinal entries and implicit fe
 
 The engine's one step folds a batch into the posterior, updating it in place:
 ``absorb_batch(post, X, y, likelihood, damping)`` (Alg. 1 lines 3–9); a stream is the loop
-``for batch in batches: post = absorb_batch(post, *batch, likelihood, damping)``.
+``for batch in batches: post = absorb_batch(post, *batch, likelihood, damping)``.  A pass over
+entries held in chunks (in memory or on Dask workers) folds that loop over the chunks in order
+through a holder (:class:`EntryChunks`, ``holder.fold(step, state)``).
 
 Modules:
 
@@ -20,10 +22,13 @@ Modules:
 * :mod:`.thresholds` — the cut points of ordinal entries: their start and their refit per batch;
 * :mod:`.spike_slab` — the EP step of the spike-and-slab terms (supplement eqs. 5–9);
 * :mod:`.adf` — ADF over a batch's entries (Alg. 1 lines 3–8) and the step ``absorb_batch``;
+* :mod:`.chunks` — a stream's entries in chunks folded in order: the holder protocol ``EntryChunks``
+  and its single-machine ``InMemoryChunks``;
 * ``_kernel`` — the compiled per-entry loop (numba): delta method, evidence, eq. 7, noise.
 """
 
 from .adf import absorb_batch, absorb_summary
+from .chunks import EntryChunks, InMemoryChunks
 from .moments import predict_moments
 from .posterior import DeepPosterior, grow_posterior, init_posterior
 from .thresholds import initial_thresholds
@@ -36,4 +41,6 @@ __all__ = [
     "initial_thresholds",
     "absorb_batch",
     "absorb_summary",
+    "EntryChunks",
+    "InMemoryChunks",
 ]
