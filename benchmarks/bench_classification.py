@@ -215,7 +215,7 @@ damped run (damping 0.1, tol 1e-6, ≤ 3000 sweeps) locates a fixed point.
   path), so there CEP landed on EP's fixed point; on the other five sets 26 % and 36 %. A limit
   of 2 kept CEP-2 on ionos at −0.055. But the step is not continuous in the sites: CEP-1 on 10 %
   of the sparse data of `bench_scale.py` needed 193-195 sweeps, and a logistic CEP-1 fit of
-  `tests/test_weights.py` kept a 2-cycle of 6.4e-6 sd at tol 1e-9.
+  `tests/linear_model/test_weights.py` kept a 2-cycle of 6.4e-6 sd at tol 1e-9.
 - **The guard now: a blend over a band (`skcep.engines.glm.factorized.CEP_SPREAD_BAND` = (0.5, 2)).** A
   site's tilted mean and variance are (1 − ω) CEP's + ω EP's, with EP's share ω the cubic
   smoothstep of σ_c² k² from 0 at 0.5 to 1 at 2. Per split (probit, prior_variance=1): CEP-1

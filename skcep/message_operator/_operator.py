@@ -82,83 +82,85 @@ _NO_POSITIVE_TAG = (
 class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     r"""Kernel-based just-in-time learned EP message operator (Jitkrittum et al., UAI 2015).
 
-        Maps a tuple of c incoming one-dimensional messages to the D_y expected sufficient
-        statistics of the projected belief (numerator of eq. 1) with a predictive variance:
-        Bayesian linear regression (§3.3, eqs. 9–17) on two-stage random Fourier features of the
-        messages' mean embeddings (§3.1–3.2, Algorithm 1).  A row of ``X`` concatenates the
-        messages' parameters in ``message_families`` order: Gaussian (mean, variance), Beta (α, β),
-        Gamma (shape, rate).  Outputs are centred by the first batch's mean, not rescaled.
-        Message parameters and outputs must lie within ±1e50 (a ValueError names the limit).
+    Maps a tuple of c incoming one-dimensional messages to the D_y expected sufficient
+    statistics of the projected belief (numerator of eq. 1) with a predictive variance:
+    Bayesian linear regression (§3.3, eqs. 9–17) on two-stage random Fourier features of the
+    messages' mean embeddings (§3.1–3.2, Algorithm 1).  A row of ``X`` concatenates the
+    messages' parameters in ``message_families`` order: Gaussian (mean, variance), Beta (α, β),
+    Gamma (shape, rate).  Outputs are centred by the first batch's mean, not rescaled.
+    Message parameters and outputs must lie within ±1e50 (a ValueError names the limit).
 
-        Parameters
-        ----------
-        message_families : tuple of {"gaussian", "beta", "gamma"}, default=("gaussian", "beta")
-            The family of each incoming message, in column order.
-        n_inner_features : int, default=300
-            D_in, random features of the mean embeddings (Algorithm 1, steps 1–3).
-        n_outer_features : int, default=500
-            D_out, random features of the kernel on embeddings (steps 4–6); cost grows as D_out².
-        noise_variance : float, "loo" or "evidence", default="loo"
-            σ_y², the oracle's noise variance (eq. 10).  "loo": smallest leave-one-out error of the
-            predicted message (≤ 1,000 rows of the first batch): mean log KL of the Gaussian whose
-            (E[x], E[x²]) are the first two outputs (else log mean squared error); σ_y² ≥ 1e-8 σ₀²
-            λ_max(ΨᵀΨ).  "evidence" (alias "auto"): the first batch's marginal likelihood.
-        prior_variance : float, default=1.0
-            σ₀², prior variance of every regression weight (eq. 9).
-        inner_widths, outer_width : "auto", "median", array-like (n_messages,) / float, default="auto"
-            σ_l² per message and γ² (eq. 7), squared kernel widths.  "median": the heuristic of
-            supplement A; "auto": that × 4^k (k = −2, …, 2) of smallest leave-one-out error — γ²
-            by the evidence and σ_l² "median" if ``noise_variance="evidence"``.
-        uncertainty_threshold : float, default=-10.0
-            :meth:`send` asks the oracle where log(ψᵀΣ_wψ + σ_y²), in output units, exceeds it (§4;
-            the paper's −8.5 was set beside σ_y² = 1e-4).  Keep it above log σ_y².
-        oracle : callable, default=None
-            ``oracle(X) -> Y``, Y of shape (n, D_y) or (n,); needed by :meth:`send` only.
-        n_initial : int, default=300
-            Rows the oracle answers before :meth:`send` fits its first batch.
-    <N_JOBS><VERBOSE>    random_state : int, RandomState instance or None, default=None
-            Seeds the random frequencies and phases.
+    Parameters
+    ----------
+    message_families : tuple of {"gaussian", "beta", "gamma"}, default=("gaussian", "beta")
+        The family of each incoming message, in column order.
+    n_inner_features : int, default=300
+        D_in, random features of the mean embeddings (Algorithm 1, steps 1–3).
+    n_outer_features : int, default=500
+        D_out, random features of the kernel on embeddings (steps 4–6); cost grows as D_out².
+    noise_variance : float, "loo" or "evidence", default="loo"
+        σ_y², the oracle's noise variance (eq. 10).  "loo": smallest leave-one-out error of the
+        predicted message (≤ 1,000 rows of the first batch): mean log KL of the Gaussian whose
+        (E[x], E[x²]) are the first two outputs (else log mean squared error); σ_y² ≥ 1e-8 σ₀²
+        λ_max(ΨᵀΨ).  "evidence" (alias "auto"): the first batch's marginal likelihood.
+    prior_variance : float, default=1.0
+        σ₀², prior variance of every regression weight (eq. 9).
+    inner_widths, outer_width : "auto", "median", array-like (n_messages,) / float, default="auto"
+        σ_l² per message and γ² (eq. 7), squared kernel widths.  "median": the heuristic of
+        supplement A; "auto": that × 4^k (k = −2, …, 2) of smallest leave-one-out error — γ²
+        by the evidence and σ_l² "median" if ``noise_variance="evidence"``.
+    uncertainty_threshold : float, default=-10.0
+        :meth:`send` asks the oracle where log(ψᵀΣ_wψ + σ_y²), in output units, exceeds it (§4;
+        the paper's −8.5 was set beside σ_y² = 1e-4).  Keep it above log σ_y².
+    oracle : callable, default=None
+        ``oracle(X) -> Y``, Y of shape (n, D_y) or (n,); needed by :meth:`send` only.
+    n_initial : int, default=300
+        Rows the oracle answers before :meth:`send` fits its first batch.
+    <N_JOBS>
+    <VERBOSE>
+    random_state : int, RandomState instance or None, default=None
+        Seeds the random frequencies and phases.
 
-        Attributes
-        ----------
-        inner_widths_, outer_width_, noise_variance_ : ndarray of shape (n_messages,), float, float
-            σ_l², γ² and σ_y² in use (fitted values where chosen by a heuristic or a criterion).
-        loo_error_ : float or None
-            Leave-one-out error of the chosen widths and σ_y² (``noise_variance``); None if unused.
-        inner_frequencies_, inner_offsets_ : ndarray
-            ω_i ∼ N(0, diag(σ_l⁻²)) as rows of shape (n_inner_features, n_messages); b_i ∼ U[0, 2π].
-        outer_frequencies_, outer_offsets_ : ndarray
-            ν_j ∼ N(0, γ⁻² I) as columns of shape (n_inner_features, n_outer_features); c_j ∼ U[0, 2π].
-        coef_ : ndarray of shape (n_outer_features, n_outputs)
-            Posterior mean of the weights μ_w (eq. 13).
-        coef_cov_ : ndarray of shape (n_outer_features, n_outer_features)
-            Posterior covariance Σ_w (eq. 12), shared by the outputs.
-        intercept_ : ndarray of shape (n_outputs,)
-            Output offset (mean of the first batch's outputs).
-        n_oracle_calls_ : int
-            Rows answered by the oracle in :meth:`send`.
-        log_predictive_variance_ : ndarray of shape (n_rows_sent,)
-            Per row sent: the log predictive variance before the update (NaN for initial rows).
-        n_features_in_, n_outputs_ : int
+    Attributes
+    ----------
+    inner_widths_, outer_width_, noise_variance_ : ndarray of shape (n_messages,), float, float
+        σ_l², γ² and σ_y² in use (fitted values where chosen by a heuristic or a criterion).
+    loo_error_ : float or None
+        Leave-one-out error of the chosen widths and σ_y² (``noise_variance``); None if unused.
+    inner_frequencies_, inner_offsets_ : ndarray
+        ω_i ∼ N(0, diag(σ_l⁻²)) as rows of shape (n_inner_features, n_messages); b_i ∼ U[0, 2π].
+    outer_frequencies_, outer_offsets_ : ndarray
+        ν_j ∼ N(0, γ⁻² I) as columns of shape (n_inner_features, n_outer_features); c_j ∼ U[0, 2π].
+    coef_ : ndarray of shape (n_outer_features, n_outputs)
+        Posterior mean of the weights μ_w (eq. 13).
+    coef_cov_ : ndarray of shape (n_outer_features, n_outer_features)
+        Posterior covariance Σ_w (eq. 12), shared by the outputs.
+    intercept_ : ndarray of shape (n_outputs,)
+        Output offset (mean of the first batch's outputs).
+    n_oracle_calls_ : int
+        Rows answered by the oracle in :meth:`send`.
+    log_predictive_variance_ : ndarray of shape (n_rows_sent,)
+        Per row sent: the log predictive variance before the update (NaN for initial rows).
+    n_features_in_, n_outputs_ : int
 
-        Examples
-        --------
-        >>> import numpy as np
-        >>> from skcep.message_operator import KJITMessageOperator, LogisticFactor
-        >>> rng = np.random.default_rng(0)
-        >>> X = np.column_stack([rng.normal(0, 2, 1000), rng.uniform(0.5, 4, 1000),
-        ...                      np.full(1000, 2.0), np.ones(1000)])  # N(z; μ, σ²), Beta(p; 2, 1)
-        >>> factor = LogisticFactor()                          # exact oracle, 4 statistics
-        >>> op = KJITMessageOperator(oracle=lambda X: factor(X)[:, :2], random_state=0)
-        >>> Y = op.send(X)                                     # (E[z], E[z²]) of every row
-        >>> bool(op.n_oracle_calls_ < 400)                     # 300 initial rows + the uncertain
-        True
-        >>> bool(np.abs(Y - factor(X)[:, :2]).max() < 0.1)
-        True
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skcep.message_operator import KJITMessageOperator, LogisticFactor
+    >>> rng = np.random.default_rng(0)
+    >>> X = np.column_stack([rng.normal(0, 2, 1000), rng.uniform(0.5, 4, 1000),
+    ...                      np.full(1000, 2.0), np.ones(1000)])  # N(z; μ, σ²), Beta(p; 2, 1)
+    >>> factor = LogisticFactor()                          # exact oracle, 4 statistics
+    >>> op = KJITMessageOperator(oracle=lambda X: factor(X)[:, :2], random_state=0)
+    >>> Y = op.send(X)                                     # (E[z], E[z²]) of every row
+    >>> bool(op.n_oracle_calls_ < 400)                     # 300 initial rows + the uncertain
+    True
+    >>> bool(np.abs(Y - factor(X)[:, :2]).max() < 0.1)
+    True
     """
 
-    __doc__ = __doc__.replace("<N_JOBS>", N_JOBS_DOC).replace(
-        "<VERBOSE>",
+    __doc__ = __doc__.replace("    <N_JOBS>\n", N_JOBS_DOC).replace(
+        "    <VERBOSE>\n",
         VERBOSE_DOC + ("        A batch is one fit, partial_fit or send call: its rows and the oracle calls.\n"),
     )
 

@@ -96,7 +96,7 @@ _DOC = (
     implicit_modes : dict or None, default=None
         Implicit feedback (SVD++; Koren, KDD 2008, eq. 15): ``{k: j}`` gives every row s of
         mode k the normalised sum of learned vectors of the mode-j objects it shares a training
-        entry with, ũ_s = u_s + |N(s)|^(−1/2) Σ_{m∈N(s)} y_m, so that which items a user rated
+        entry with, ``ũ_s = u_s + |N(s)|^(−1/2) Σ_{m∈N(s)} y_m``, so that which items a user rated
         informs their embedding (``{0: 1, 1: 0}`` for users × items: each side from the other).
         q(y_m) is Gaussian and its prior precision learned (fixed at 1/``prior_variance`` when
         that is given); each mode's rows and vectors are updated jointly by VMP's coordinate step
@@ -137,7 +137,7 @@ _DOC = (
     noise_prior : tuple (a0, b0), default=(1e-3, 1e-3)
         Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
     normalize_y : bool, default=True
-        Gaussian entries: fit the standardized targets (y − y_offset_) / y_scale_, with
+        Gaussian entries: fit the standardized targets ``(y − y_offset_) / y_scale_``, with
         ``y_offset_`` and ``y_scale_`` the (weighted) mean and standard deviation of the
         training y, and predict in y's units.  The priors (``prior_variance``,
         ``intercept_prior_variance``, ``bias_prior_variance``, ``noise_prior``) then speak of the
@@ -450,7 +450,7 @@ class BayesianCPTensor(TensorEstimator):
         X : array-like of shape (n_entries, n_modes)
             Integer entry indices, one column per mode.
         y : array-like of shape (n_entries,)
-            Entry values (real for "gaussian", |y| ≤ 1e50; two labels for "probit"; numeric levels
+            Entry values (real for "gaussian", ``|y| ≤ 1e50``; two labels for "probit"; numeric levels
             for "ordinal", e.g. half-star ratings).
         sample_weight : array-like of shape (n_entries,), default=None
             Non-negative entry weights up to 1e12: an entry of weight w enters as its likelihood

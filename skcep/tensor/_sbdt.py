@@ -76,7 +76,7 @@ class StreamingDeepTensor(TensorEstimator):
         implicit_modes : dict or None, default=None
             Implicit feedback (SVD++; Koren, "Factorization meets the neighborhood", KDD 2008,
             eq. 15): ``{k: j}`` makes the network input of row s of mode k
-            ũ_s = u_s + |N(s)|^(−1/2) Σ_{m∈N(s)} y_m, with a learned vector y_m ~ N(0, I) per mode-j
+            ``ũ_s = u_s + |N(s)|^(−1/2) Σ_{m∈N(s)} y_m``, with a learned vector y_m ~ N(0, I) per mode-j
             object (fully factorized Gaussian q, like the embeddings), so that which items a user
             rated informs their input (``{0: 1, 1: 0}`` for users × items: each side from the
             other).  N(s) is built by the stream: the distinct mode-j objects seen with s in the
@@ -84,7 +84,7 @@ class StreamingDeepTensor(TensorEstimator):
             persists across ``partial_fit`` calls, and predictions use N(s) of every entry absorbed
             (unseen rows: no implicit part).  The delta method reads E ũ = E u + c Σ E y and
             Var ũ = Var u + c² Σ Var y, and eq. 7 moves u with the input's gradient g and every
-            y_m of N(s) with c·g: O(|N(s)| r) per entry.  None: no implicit feedback (the paper).
+            y_m of N(s) with c·g: ``O(|N(s)| r)`` per entry.  None: no implicit feedback (the paper).
         ordinal_prediction : {"mean", "mode"}, default="mean"
             What ``predict`` returns for ordinal entries: the expected level value
             Σ_k P(level k)·level_k (the RMSE-optimal choice) or the most probable level.
@@ -104,7 +104,7 @@ class StreamingDeepTensor(TensorEstimator):
         noise_prior : tuple (a0, b0), default=(1.0, 1.0)
             Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
         normalize_y : bool, default=True
-            Gaussian entries: fit the standardized targets (y − y_offset_) / y_scale_, with
+            Gaussian entries: fit the standardized targets ``(y − y_offset_) / y_scale_``, with
             ``y_offset_`` and ``y_scale_`` the (weighted) mean and standard deviation of the
             training y (of the first batch of a stream, kept afterwards), and predict in y's units.
             The priors (embeddings, weights, ``intercept_prior_variance``, ``noise_prior``) then
@@ -372,7 +372,7 @@ class StreamingDeepTensor(TensorEstimator):
         X : array-like of shape (n_entries, n_modes)
             Integer entry indices, one column per mode.
         y : array-like of shape (n_entries,)
-            Entry values (real for "gaussian", |y| ≤ 1e50; two labels for "probit"; numeric levels
+            Entry values (real for "gaussian", ``|y| ≤ 1e50``; two labels for "probit"; numeric levels
             for "ordinal", e.g. half-star ratings).
         sample_weight : array-like of shape (n_entries,), default=None
             Non-negative entry weights up to 1e12: an entry of weight w enters with its

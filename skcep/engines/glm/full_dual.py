@@ -33,7 +33,7 @@ sites from the same cavities by the same helpers (:func:`~skcep.engines.gaussian
 :func:`~skcep.engines.glm.posterior.site_copy` / :func:`~skcep.engines.glm.posterior.site_total` for sample
 weights) and judges its sweeps by the same :class:`~skcep.engines.glm.sweeps.SweepControl`; only the
 rounding differs (measured: the same sweeps and verdicts, posterior means within 1e-14
-posterior sd of fit_full's; tests/test_full_dual.py, benchmarks/results/full_wide.md).  Where
+posterior sd of fit_full's; tests/engines/glm/test_full_dual.py, benchmarks/results/full_wide.md).  Where
 the sites outweigh a large prior variance the predictor's marginals are taken in forms without
 cancellation (:class:`PredictorPosterior`): at λ = 10⁶ they are within 3e-13 of 40-digit
 arithmetic, where float64 inverses of the d × d precision are off by up to 5e-8.

@@ -159,7 +159,7 @@ def test_unseen_objects_are_predicted_from_the_prior():
 @pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
 def test_partial_fit_over_batches_equals_fit(likelihood):
     """With y as it is (``normalize_y=False``; the default standardizes a stream by its first
-    batch and a fit by all its entries: tests/test_tensor_scaling.py)."""
+    batch and a fit by all its entries: tests/tensor/test_tensor_scaling.py)."""
     X, y, f = additive_tensor(n=250, seed=4)
     classes = None
     if likelihood == "probit":

@@ -349,7 +349,7 @@ def test_dask_fit_takes_weights_chunked_like_the_rows():
     w = rng.integers(0, 4, len(y)).astype(float)
     kw = dict(
         method="cep1", class_weight={0: 2.0, 1: 1.0, 2: 0.5}, tol=1e-9, max_iter=3000, prior_variance=1.0
-    )  # the weights' path; "auto" on Dask: tests/test_evidence.py
+    )  # the weights' path; "auto" on Dask: tests/engines/glm/test_evidence.py
     with dask.config.set(scheduler="synchronous"):
         Xd, yd, wd = (da.from_array(a, chunks=40) for a in (X, y, w))
         on_dask = CEPProbitClassifier(**kw).fit(Xd, yd, sample_weight=wd)

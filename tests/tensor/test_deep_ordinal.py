@@ -223,7 +223,7 @@ def test_adf_pass_matches_step_by_step_reference(activation, weighted):
 def test_integer_weight_is_close_to_the_entry_fed_w_times(w):
     """One step of weight w against w steps in a row (the cut points fixed): the power step is
     w copies of one copy's site in f, the repeated entry re-linearises the network between
-    copies, so they differ a little, as for probit entries (tests/test_tensor_weights.py).
+    copies, so they differ a little, as for probit entries (tests/tensor/test_tensor_weights.py).
     Largest difference of a posterior mean, in posterior sd, over every weight and embedding
     (10 entries): measured 0.014 (w = 2) and 0.029 (w = 3); the tolerances are about 1.5 times
     that."""
