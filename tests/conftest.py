@@ -1,7 +1,17 @@
 """Shared fixtures: one real Dask cluster for the whole test run; every test that uses it is
 marked ``slow`` (``python -m pytest -m "not slow"`` runs the quick subset)."""
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# The tests mirror the package's tree, and some share reference code across it (the tensor
+# estimators' tests reuse the engines' grid references, tests/synthetic.py serves all): every
+# test directory is importable by module name, so any file also runs on its own.
+for _directory in sorted({path.parent for path in Path(__file__).parent.rglob("test_*.py")}):
+    if str(_directory) not in sys.path:
+        sys.path.append(str(_directory))
 
 # The cluster setting docs/dask.md recommends: Dask's nanny sets MALLOC_TRIM_THRESHOLD_ in every
 # worker, which turns off glibc's adaptive mmap threshold; this keeps temporaries on the heap.
