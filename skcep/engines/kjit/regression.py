@@ -125,7 +125,8 @@ class BayesianLinearRegression:
     the precision ΨᵀΨ/σ_y² + I/σ₀² and ΨᵀY/σ_y² (eq. 17) are accumulated, and every
     ``refresh_every`` updated rows (default D) Σ_w and μ_w are recomputed from them by a
     Cholesky factorisation, so rounding errors of long streams of downdates never accumulate
-    (O(D³) per D rows: O(D²) per row amortised).  A block of k ≥ D/4 rows is folded in by
+    (O(D³) per D rows: O(D²) per row amortised).  A block of k ≥ D // ``refactor_divisor``
+    rows (:class:`~skcep.engines.kjit.settings.BlockSettings`, default 4) is folded in by
     refactorising directly.  Σ_w and the precision are symmetric; only their lower triangles
     are read (BLAS symv, symm, syr and the Cholesky factorisation), so rank-one updates write
     just that half.
@@ -161,9 +162,10 @@ class BayesianLinearRegression:
         self.n_updates_since_refresh = 0
 
     # online updates --------------------------------------------------------------------------
-    def update(self, Psi, Y):
-        """Fold k new rows into the posterior (eqs. 16–17).  Nothing is changed if the update
-        fails (a block's factorisation)."""
+    def update(self, Psi, Y, *, blocks=BLOCKS):
+        """Fold k new rows into the posterior (eqs. 16–17); a block of at least
+        D // ``blocks.refactor_divisor`` rows by refactorising.  Nothing is changed if the
+        update fails (a block's factorisation)."""
         k, d = Psi.shape
         if k == 0:
             return self
@@ -175,7 +177,7 @@ class BayesianLinearRegression:
         else:
             precision = np.add(self.precision, Psi.T @ Psi / s2, out=np.empty_like(self.precision))
             shift = self.shift + Psi.T @ Y / s2
-            if k >= d // 4:  # refactorising is cheaper than the Woodbury update
+            if k >= d // blocks.refactor_divisor:  # refactorising is cheaper than the Woodbury update
                 factors = _factorise(precision, shift)
                 self.precision, self.shift = precision, shift
                 self.cov, self.mean, self.inverse_cholesky = factors

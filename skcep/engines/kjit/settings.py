@@ -69,7 +69,8 @@ class BlockSettings:
     """Chunks and blocks of rows: what a sum or a predictive variance is computed over, and the
     size of the temporaries (:mod:`~skcep.engines.kjit.first_batch`,
     :mod:`~skcep.engines.kjit.regression`, :mod:`~skcep.engines.kjit.features`; design notes:
-    "Statistics chunks", "Prediction chunks", "Cholesky rows", "Feature blocks").
+    "Statistics chunks", "Prediction chunks", "Cholesky rows", "Feature blocks", "Online
+    blocks").
 
     statistics_rows
         Rows per partition of the batch fit's statistics ΨᵀΨ, ΨᵀY (in memory, and sub-chunks
@@ -84,6 +85,10 @@ class BlockSettings:
         Rows × D_in per block of the inner features' temporaries.
     variance_elements
         Rows × D_out per block of the predictive variance's products.
+    refactor_divisor
+        An online update of k ≥ D_out // ``refactor_divisor`` rows refactorises the precision
+        instead of the Woodbury update (:meth:`~skcep.engines.kjit.regression.BayesianLinearRegression.update`);
+        the two agree to rounding.
     """
 
     statistics_rows: int = 2048
@@ -91,6 +96,7 @@ class BlockSettings:
     cholesky_rows: int = 320
     inner_elements: int = 40_000
     variance_elements: int = 2**21
+    refactor_divisor: int = 4
 
 
 SELECTION = SelectionSettings()
