@@ -17,7 +17,8 @@ small arrays travelling:
    fit;
 3. **statistics** — each chunk computes its inner features once and, for every candidate γ²,
    the partition step :func:`~skcep.engines.kjit.regression.regression_statistics` (ΨᵀΨ, ΨᵀY,
-   Σy², n) over sub-chunks of :data:`~skcep.engines.kjit.first_batch.STATISTICS_CHUNK` rows;
+   Σy², n) over sub-chunks of ``BlockSettings.statistics_rows`` rows
+   (:mod:`~skcep.engines.kjit.settings`);
    the D_out × D_out results are summed on the client in chunk order
    (:func:`~skcep.engines.kjit.regression.sum_statistics`).
 
@@ -29,7 +30,7 @@ import numpy as np
 
 from .._dask import aligned, require_dask, row_blocks, rows
 from ..engines.chunks import chunk_slices
-from ..engines.kjit import STATISTICS_CHUNK, _statistics, message_variances, sum_statistics
+from ..engines.kjit import BLOCKS, _statistics, message_variances, sum_statistics
 
 __all__ = ["DaskMessageChunks", "message_chunks"]
 
@@ -59,13 +60,14 @@ def _take(X, index):
     return X[index]
 
 
-def _chunk_statistics(X, Y, intercept, candidates):
+def _chunk_statistics(X, Y, intercept, candidates, blocks):
     """The partition step of one chunk: inner features once, then the statistics of the outer
-    features of every candidate γ² (sub-chunks of STATISTICS_CHUNK rows, summed in order)."""
+    features of every candidate γ² (sub-chunks of ``blocks.statistics_rows`` rows, summed in
+    order)."""
     X, Y, intercept, candidates = aligned((X, Y, intercept, candidates))
-    phi = candidates[0].inner(X)
+    phi = candidates[0].inner(X, blocks=blocks)
     Yc = Y - intercept
-    slices = chunk_slices(X.shape[0], STATISTICS_CHUNK)
+    slices = chunk_slices(X.shape[0], blocks.statistics_rows)
     return [_statistics(features, phi, Yc, slices, 1) for features in candidates]
 
 
@@ -90,11 +92,12 @@ class DaskMessageChunks:
     """Checked messages (n, 2c) and outputs (n, D_y) held on the workers: persisted Delayed
     blocks, one pair per chunk, of the given lengths.  Implements the engine's
     :class:`~skcep.engines.kjit.first_batch.MessageChunks` protocol: sums and statistics are
-    computed per chunk on the workers and summed on the client in chunk order; :meth:`take`
+    computed per chunk on the workers and summed on the client in chunk order (sub-chunks as
+    ``blocks``, a :class:`~skcep.engines.kjit.settings.BlockSettings`, says); :meth:`take`
     gathers the subsample's rows."""
 
-    def __init__(self, messages, outputs, lengths, n_columns, n_outputs):
-        self.messages, self.outputs = list(messages), list(outputs)
+    def __init__(self, messages, outputs, lengths, n_columns, n_outputs, *, blocks=BLOCKS):
+        self.messages, self.outputs, self.blocks = list(messages), list(outputs), blocks
         self.lengths = [int(n) for n in lengths]
         self.n_columns, self.n_outputs = n_columns, n_outputs
         self.n_rows = sum(self.lengths)
@@ -122,19 +125,23 @@ class DaskMessageChunks:
 
         shared = dask.delayed(candidates, traverse=False)
         parts = dask.compute(
-            *[dask.delayed(_chunk_statistics)(x, y, intercept, shared) for x, y in zip(self.messages, self.outputs)]
+            *[
+                dask.delayed(_chunk_statistics)(x, y, intercept, shared, self.blocks)
+                for x, y in zip(self.messages, self.outputs)
+            ]
         )
         return [sum_statistics(part[i] for part in parts) for i in range(len(candidates))]
 
 
-def message_chunks(X, Y, check_head, check_chunk):
+def message_chunks(X, Y, check_head, check_chunk, *, blocks=BLOCKS):
     """A Dask array or DataFrame of messages X (rows chunked) and outputs Y (n,) or
     (n, n_outputs), checked, as :class:`DaskMessageChunks`; None if X has no rows at all.
 
     ``check_head(X, Y)`` checks the first two rows on the client (X a DataFrame with X's
     columns if X is one) before any chunk; ``check_chunk(X, Y) -> (X, Y (n, D_y))`` checks
     every chunk on the workers, where the checked chunks stay.  The first invalid chunk (in row
-    order) raises its ValueError with the chunk's rows appended.  Empty chunks are left out."""
+    order) raises its ValueError with the chunk's rows appended.  Empty chunks are left out.
+    ``blocks`` sizes the statistics' sub-chunks."""
     require_dask()
     import dask  # noqa: PLC0415
 
@@ -159,4 +166,5 @@ def message_chunks(X, Y, check_head, check_chunk):
         if error is not None:
             raise error
     n_outputs = 1 if Y.ndim == 1 else Y.shape[1]
-    return DaskMessageChunks([c[0] for c in checked], [c[1] for c in checked], X.chunks[0], X.shape[1], n_outputs)
+    messages, outputs = [c[0] for c in checked], [c[1] for c in checked]
+    return DaskMessageChunks(messages, outputs, X.chunks[0], X.shape[1], n_outputs, blocks=blocks)

@@ -17,12 +17,13 @@ by the leave-one-out error of the predicted message.  Nothing here knows about s
 * :mod:`.first_batch` — the batch fit of a first batch held as :class:`MessageChunks` (rows in
   memory: :class:`MessageRows`): plan, statistics, global step;
 * :mod:`.factors` — the logistic factor, its oracles and the operator-backed EP site;
+* :mod:`.settings` — the named settings (:class:`SelectionSettings`, :class:`BlockSettings`
+  and their defaults ``SELECTION``, ``BLOCKS``), passed as ``selection=`` and ``blocks=``;
 * ``_kernel`` — the compiled passes of the feature maps and of the predictive variance.
 """
 
 from .factors import LogisticFactor, OperatorSite
 from .features import (
-    SELECTION_ROWS,
     RandomFeatures,
     draw_features,
     inner_features,
@@ -33,7 +34,6 @@ from .features import (
     subsample_rows,
 )
 from .first_batch import (
-    STATISTICS_CHUNK,
     FirstBatch,
     MessageChunks,
     MessageRows,
@@ -56,7 +56,6 @@ from .messages import (
     message_variances,
 )
 from .regression import (
-    PREDICT_CHUNK,
     BayesianLinearRegression,
     RegressionStatistics,
     best_noise_variance,
@@ -67,17 +66,20 @@ from .regression import (
     sum_statistics,
 )
 from .selection import (
-    INNER_WIDTH_GRID,
-    NOISE_FLOOR,
-    OUTER_WIDTH_GRID,
     LeaveOneOut,
     gaussian_log_kl,
     gaussian_moments,
     loo_error,
     select_by_loo,
 )
+from .settings import BLOCKS, SELECTION, BlockSettings, SelectionSettings
 
 __all__ = [
+    # settings
+    "SelectionSettings",
+    "BlockSettings",
+    "SELECTION",
+    "BLOCKS",
     # messages
     "GaussianMessage",
     "BetaMessage",
@@ -95,7 +97,6 @@ __all__ = [
     "outer_features",
     "RandomFeatures",
     "draw_features",
-    "SELECTION_ROWS",
     "subsample_rows",
     # regression
     "RegressionStatistics",
@@ -105,19 +106,14 @@ __all__ = [
     "BayesianLinearRegression",
     "log_marginal_likelihood",
     "best_noise_variance",
-    "PREDICT_CHUNK",
     "predictive_moments",
     # selection
-    "OUTER_WIDTH_GRID",
-    "INNER_WIDTH_GRID",
-    "NOISE_FLOOR",
     "gaussian_log_kl",
     "gaussian_moments",
     "loo_error",
     "LeaveOneOut",
     "select_by_loo",
     # first batch
-    "STATISTICS_CHUNK",
     "FirstBatch",
     "MessageChunks",
     "MessageRows",

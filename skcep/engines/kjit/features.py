@@ -32,6 +32,7 @@ import numpy as np
 
 from ._kernel import clipped_single, reduced_phase, scaled_product
 from .messages import message_variances
+from .settings import BLOCKS, SELECTION
 
 __all__ = [
     "median_inner_widths",
@@ -41,15 +42,9 @@ __all__ = [
     "outer_features",
     "RandomFeatures",
     "draw_features",
-    "SELECTION_ROWS",
     "subsample_rows",
 ]
 
-#: Rows (a random subset of larger batches) on which widths — and σ_y² by leave-one-out —
-#: are chosen: the median heuristic's subsample.
-SELECTION_ROWS = 1000
-
-_INNER_ELEMENTS = 40_000  # rows × D_in per block of inner features (~1.3 MB of temporaries)
 _NO_OFFSETS = np.empty(0)  # "no phases" for reduced_phase
 _NO_FACTOR = np.empty((0, 0), dtype=np.float32)  # "no second factor" for scaled_product
 
@@ -113,20 +108,21 @@ def positive_widths(mean_variances):
     return np.where(np.isfinite(mean_variances) & (mean_variances > 0), mean_variances, 1.0)
 
 
-def inner_features(X, families, frequencies, offsets, out=None, work=None):
+def inner_features(X, families, frequencies, offsets, out=None, work=None, *, blocks=BLOCKS):
     r"""φ̂(r) = √(2/D_in) (Re e^{i b_i} Π_l φ_l(ω_il))_i for every row of X: (n, D_in),
     written into ``out`` if given.
 
     ``frequencies`` (D_in, c) holds the per-message frequencies ω_il, ``offsets`` (D_in,) the
-    phases b_i.  Rows are processed in blocks whose temporaries — buffers of ``work`` (a
-    :class:`_Workspace`; None: a new one) — stay in the L2 cache.
+    phases b_i.  Rows are processed in blocks of ``blocks.inner_elements`` rows × D_in whose
+    temporaries — buffers of ``work`` (a :class:`_Workspace`; None: a new one) — stay in the
+    L2 cache.
     """
     n, d_in = X.shape[0], offsets.size
     out = np.empty((n, d_in)) if out is None else out
     work = _Workspace() if work is None else work
     scale = np.sqrt(2.0 / d_in)
     initial = (np.zeros(d_in), np.ascontiguousarray(offsets, dtype=float))
-    step = max(1, _INNER_ELEMENTS // d_in)
+    step = max(1, blocks.inner_elements // d_in)
     for start in range(0, n, step):
         rows = slice(start, min(start + step, n))
         shape = (rows.stop - start, d_in)
@@ -150,10 +146,11 @@ def outer_features(phi, frequencies, offsets, out=None, work=None):
 
 
 def subsample_rows(n_rows, seed, max_rows=None):
-    """Positions of at most ``max_rows`` (default :data:`SELECTION_ROWS`) of ``n_rows`` rows:
-    all of them in order, or a random subset drawn from ``seed``.  The median heuristic and
-    the leave-one-out selection look at these rows only (a distributed fit gathers them)."""
-    max_rows = SELECTION_ROWS if max_rows is None else max_rows
+    """Positions of at most ``max_rows`` (default ``SELECTION.rows`` of
+    :mod:`~skcep.engines.kjit.settings`) of ``n_rows`` rows: all of them in order, or a random
+    subset drawn from ``seed``.  The median heuristic and the leave-one-out selection look at
+    these rows only (a distributed fit gathers them)."""
+    max_rows = SELECTION.rows if max_rows is None else max_rows
     if n_rows <= max_rows:
         return np.arange(n_rows)
     return np.random.default_rng(seed).choice(n_rows, max_rows, replace=False)
@@ -194,21 +191,21 @@ class RandomFeatures(NamedTuple):
     outer_frequencies: np.ndarray
     outer_offsets: np.ndarray
 
-    def inner(self, X, out=None, work=None):
+    def inner(self, X, out=None, work=None, *, blocks=BLOCKS):
         """φ̂ of every row of X, (n, D_in) (steps 1–3)."""
-        return inner_features(X, self.families, self.inner_frequencies, self.inner_offsets, out, work)
+        return inner_features(X, self.families, self.inner_frequencies, self.inner_offsets, out, work, blocks=blocks)
 
     def outer(self, phi, out=None, work=None):
         """ψ̂ from inner features, (n, D_out) (steps 4–6)."""
         return outer_features(phi, self.outer_frequencies, self.outer_offsets, out, work)
 
-    def __call__(self, X, work=None):
+    def __call__(self, X, work=None, *, blocks=BLOCKS):
         """ψ̂(X), (n, D_out).  With a :class:`_Workspace`, φ̂ and ψ̂ are its buffers "phi" and
-        "psi" (valid until its next use)."""
+        "psi" (valid until its next use); ``blocks`` sizes the inner features' blocks."""
         if work is None:
-            return self.outer(self.inner(X))
+            return self.outer(self.inner(X, blocks=blocks))
         n, d_in, d_out = X.shape[0], self.inner_offsets.size, self.outer_offsets.size
-        phi = self.inner(X, work.array("phi", (n, d_in)), work)
+        phi = self.inner(X, work.array("phi", (n, d_in)), work, blocks=blocks)
         return self.outer(phi, work.array("psi", (n, d_out)), work)
 
     def with_outer_width(self, outer_width):

@@ -4,21 +4,20 @@ r"""The batch fit of the operator's first batch: features, widths, σ_y² and th
 :class:`MessageChunks` — rows in chunks that compute their own sums, subsample and
 statistics: it draws the features (:func:`~skcep.engines.kjit.features.draw_features`),
 plans the widths and σ_y² (:func:`plan_first_batch`: leave-one-out, the evidence over
-:data:`~skcep.engines.kjit.selection.OUTER_WIDTH_GRID`, or as given), centres the outputs, and
-takes the statistics (:mod:`skcep.engines.kjit.regression`) the chunks sum.  Two holders
-implement the protocol: :class:`MessageRows`, rows in memory (what :func:`fit_first_batch`
-and the numpy fit use), whose statistics are summed over chunks of :data:`STATISTICS_CHUNK`
-rows — boundaries from the row count alone, never from ``n_jobs`` — so its result does not
-depend on the number of threads; and ``skcep.message_operator._dask.DaskMessageChunks``,
-rows on Dask workers.
+``SelectionSettings.outer_width_grid``, or as given), centres the outputs, and takes the
+statistics (:mod:`skcep.engines.kjit.regression`) the chunks sum.  Two holders implement the
+protocol: :class:`MessageRows`, rows in memory (what :func:`fit_first_batch` and the numpy fit
+use), whose statistics are summed over chunks of ``BlockSettings.statistics_rows`` rows —
+boundaries from the row count alone, never from ``n_jobs`` — so its result does not depend on
+the number of threads; and ``skcep.message_operator._dask.DaskMessageChunks``, rows on Dask
+workers.
 
 :func:`plan_first_batch` runs the leave-one-out search
-(:func:`~skcep.engines.kjit.selection.select_by_loo`) on at most
-:data:`~skcep.engines.kjit.features.SELECTION_ROWS` rows
-(:func:`~skcep.engines.kjit.features.subsample_rows`), before the partition step, and
-:func:`choose_first_batch` — the global step — keeps σ_y² above
-:data:`~skcep.engines.kjit.selection.NOISE_FLOOR` σ₀² λ_max(ΨᵀΨ) of all rows
-(:func:`noise_floor`).
+(:func:`~skcep.engines.kjit.selection.select_by_loo`) on at most ``SelectionSettings.rows``
+rows (:func:`~skcep.engines.kjit.features.subsample_rows`), before the partition step, and
+:func:`choose_first_batch` — the global step — keeps σ_y² above ``SelectionSettings.noise_floor``
+σ₀² λ_max(ΨᵀΨ) of all rows (:func:`noise_floor`).  The settings are those of
+:mod:`~skcep.engines.kjit.settings`, passed as ``selection=`` and ``blocks=``.
 """
 
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -37,10 +36,10 @@ from .regression import (
     regression_statistics,
     sum_statistics,
 )
-from .selection import NOISE_FLOOR, OUTER_WIDTH_GRID, _is, select_by_loo
+from .selection import _is, select_by_loo
+from .settings import BLOCKS, SELECTION
 
 __all__ = [
-    "STATISTICS_CHUNK",
     "FirstBatch",
     "MessageChunks",
     "MessageRows",
@@ -51,9 +50,6 @@ __all__ = [
     "fit_message_chunks",
     "fit_first_batch",
 ]
-
-#: Rows per partition of the batch fit's statistics (fixed: the sum never depends on n_jobs).
-STATISTICS_CHUNK = 2048
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,15 +83,24 @@ class Plan(NamedTuple):
 
 
 def plan_first_batch(
-    features, seed, n_rows, take, inner_widths="auto", outer_width="auto", noise_variance="loo", prior_variance=1.0
+    features,
+    seed,
+    n_rows,
+    take,
+    inner_widths="auto",
+    outer_width="auto",
+    noise_variance="loo",
+    prior_variance=1.0,
+    *,
+    selection=SELECTION,
 ):
     """The widths (and a σ_y² chosen by leave-one-out) of a first batch, from its
     :func:`~skcep.engines.kjit.features.subsample_rows` alone: ``take(index) -> (X[index],
     Y[index])`` fetches them.
 
     * ``noise_variance="evidence"``: σ_l² as drawn (the median heuristic for "auto"), γ² by
-      the median heuristic, × :data:`~skcep.engines.kjit.selection.OUTER_WIDTH_GRID` for
-      "auto" — the candidates whose evidence :func:`choose_first_batch` compares;
+      the median heuristic, × ``selection.outer_width_grid`` for "auto" — the candidates
+      whose evidence :func:`choose_first_batch` compares;
     * otherwise, if ``noise_variance`` is "loo" or a width is "auto":
       :func:`~skcep.engines.kjit.selection.select_by_loo` on the subsample;
     * otherwise the given or median-heuristic widths and the given σ_y².
@@ -105,14 +110,14 @@ def plan_first_batch(
     )
     if not loo and not isinstance(outer_width, str):
         return Plan([features.with_outer_width(outer_width)], noise_variance, False, None)
-    X, Y = take(subsample_rows(n_rows, seed))
+    X, Y = take(subsample_rows(n_rows, seed, selection.rows))
     if loo:
         chosen, noise, error = select_by_loo(
-            X, Y, features, seed, inner_widths, outer_width, noise_variance, prior_variance
+            X, Y, features, seed, inner_widths, outer_width, noise_variance, prior_variance, selection=selection
         )
         return Plan([chosen], noise, _is(noise_variance, "loo"), error)
-    median = median_outer_width(features.inner(X), random_state=seed)
-    grid = OUTER_WIDTH_GRID if _is(outer_width, "auto") else (1.0,)
+    median = median_outer_width(features.inner(X), selection.rows, random_state=seed)
+    grid = selection.outer_width_grid if _is(outer_width, "auto") else (1.0,)
     return Plan([features.with_outer_width(median * g) for g in grid], noise_variance, False, None)
 
 
@@ -155,16 +160,17 @@ class MessageChunks(Protocol):
         """Per candidate feature map of a :class:`Plan` (all share their inner features), the
         partition step :func:`~skcep.engines.kjit.regression.regression_statistics` (ΨᵀΨ, ΨᵀY,
         Σy², n) of its outer features and the outputs minus ``intercept``, on chunks of a fixed
-        number of rows (:data:`STATISTICS_CHUNK` unless told), summed in row order over all rows."""
+        number of rows (``BlockSettings.statistics_rows`` of the holder's settings), summed in row
+        order over all rows."""
         ...
 
 
 class MessageRows:
     """:class:`MessageChunks` in memory: checked X (n, 2c) and Y (n, D_y), whose statistics
-    are summed over chunks of ``chunk_size`` rows, run in up to ``n_jobs`` threads."""
+    are summed over chunks of ``blocks.statistics_rows`` rows, run in up to ``n_jobs`` threads."""
 
-    def __init__(self, X, Y, chunk_size=STATISTICS_CHUNK, n_jobs=None):
-        self.X, self.Y, self.chunk_size, self.n_jobs = X, Y, chunk_size, n_jobs
+    def __init__(self, X, Y, n_jobs=None, *, blocks=BLOCKS):
+        self.X, self.Y, self.n_jobs, self.blocks = X, Y, n_jobs, blocks
         self.n_rows = X.shape[0]
 
     def mean_message_variances(self, families):
@@ -177,8 +183,9 @@ class MessageRows:
         return self.X[index], self.Y[index]
 
     def statistics(self, candidates, intercept):
-        slices = chunk_slices(self.n_rows, self.chunk_size)
-        phi = np.concatenate(map_chunks(lambda rows: candidates[0].inner(self.X[rows]), slices, self.n_jobs))
+        slices = chunk_slices(self.n_rows, self.blocks.statistics_rows)
+        inner = candidates[0].inner
+        phi = np.concatenate(map_chunks(lambda rows: inner(self.X[rows], blocks=self.blocks), slices, self.n_jobs))
         Yc = self.Y - intercept
         return [_statistics(c, phi, Yc, slices, self.n_jobs) for c in candidates]
 
@@ -193,6 +200,8 @@ def fit_message_chunks(
     outer_width="auto",
     noise_variance="loo",
     prior_variance=1.0,
+    *,
+    selection=SELECTION,
 ):
     """The batch fit: features, widths, σ_y² and the posterior of one batch of rows held as
     :class:`MessageChunks` (checked messages and outputs).
@@ -203,7 +212,9 @@ def fit_message_chunks(
     given; ``inner_widths`` an array or "auto"/"median", ``outer_width`` a number or
     "auto"/"median", ``noise_variance`` a number, "loo" or "evidence"), centres the outputs
     by their mean (the returned ``intercept``) and computes the posterior from the statistics
-    the chunks sum (:func:`choose_first_batch`).
+    the chunks sum (:func:`choose_first_batch`).  ``selection`` (a
+    :class:`~skcep.engines.kjit.settings.SelectionSettings`) rules the choice; the chunks'
+    sizes are the holder's.
     """
     widths = inner_widths
     if isinstance(inner_widths, str):
@@ -218,10 +229,11 @@ def fit_message_chunks(
         outer_width,
         noise_variance,
         prior_variance,
+        selection=selection,
     )
     intercept = chunks.mean_output()
     statistics = chunks.statistics(plan.candidates, intercept)
-    return choose_first_batch(plan, statistics, intercept, prior_variance)
+    return choose_first_batch(plan, statistics, intercept, prior_variance, selection=selection)
 
 
 def fit_first_batch(
@@ -236,12 +248,14 @@ def fit_first_batch(
     noise_variance="loo",
     prior_variance=1.0,
     n_jobs=None,
-    chunk_size=STATISTICS_CHUNK,
+    *,
+    selection=SELECTION,
+    blocks=BLOCKS,
 ):
     """:func:`fit_message_chunks` of checked rows X (n, 2c) and Y (n, D_y) in memory
-    (:class:`MessageRows`: statistics summed over chunks of ``chunk_size`` rows)."""
+    (:class:`MessageRows`: statistics summed over chunks of ``blocks.statistics_rows`` rows)."""
     return fit_message_chunks(
-        MessageRows(X, Y, chunk_size, n_jobs),
+        MessageRows(X, Y, n_jobs, blocks=blocks),
         families,
         n_inner,
         n_outer,
@@ -250,18 +264,19 @@ def fit_first_batch(
         outer_width,
         noise_variance,
         prior_variance,
+        selection=selection,
     )
 
 
-def noise_floor(stats, prior_variance):
-    """:data:`~skcep.engines.kjit.selection.NOISE_FLOOR` σ₀² Λ_max(ΨᵀΨ) of all rows'
-    statistics (see :meth:`~skcep.engines.kjit.selection.LeaveOneOut.noise_bounds`)."""
+def noise_floor(stats, prior_variance, *, selection=SELECTION):
+    """``selection.noise_floor`` σ₀² Λ_max(ΨᵀΨ) of all rows' statistics (see
+    :meth:`~skcep.engines.kjit.selection.LeaveOneOut.noise_bounds`)."""
     d = stats.gram.shape[0]
     top = eigh(stats.gram, eigvals_only=True, subset_by_index=[d - 1, d - 1])[0]
-    return NOISE_FLOOR * prior_variance * max(float(top), 1e-300)
+    return selection.noise_floor * prior_variance * max(float(top), 1e-300)
 
 
-def choose_first_batch(plan, statistics, intercept, prior_variance):
+def choose_first_batch(plan, statistics, intercept, prior_variance, *, selection=SELECTION):
     """The global step of a first batch: of the :class:`Plan`'s candidate feature maps with
     their summed statistics, the one of largest evidence (σ_y² by
     :func:`~skcep.engines.kjit.regression.best_noise_variance`) if σ_y² is "evidence", else
@@ -270,11 +285,11 @@ def choose_first_batch(plan, statistics, intercept, prior_variance):
     best = None
     for candidate, stats in zip(plan.candidates, statistics):
         if _is(plan.noise_variance, "evidence"):
-            noise, evidence = best_noise_variance(stats, prior_variance)
+            noise, evidence = best_noise_variance(stats, prior_variance, selection=selection)
         else:
             noise, evidence = float(plan.noise_variance), None
             if plan.loo_noise:
-                noise = max(noise, noise_floor(stats, prior_variance))
+                noise = max(noise, noise_floor(stats, prior_variance, selection=selection))
         if best is None or (evidence is not None and evidence > best[3]):
             best = (candidate, stats, noise, evidence)
     candidate, stats, noise, evidence = best

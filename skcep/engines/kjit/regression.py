@@ -20,10 +20,11 @@ step once on the sum:
 
 **Prediction** is a map over rows: ``predictive_moments(X, features, posterior, return_var,
 n_jobs) -> (mean, var)`` runs ``posterior.predict(features(X_chunk), …)`` (eq. 15) on chunks of
-:data:`PREDICT_CHUNK` rows and writes each chunk's rows of the results.  Per chunk the work is
-two BLAS products — φ̂ν for the outer features and the triangular L⁻¹ψ̂ for the variances,
-in place — and single passes over the (rows × features) arrays by the compiled kernels of
-:mod:`skcep.engines.kjit._kernel`, in buffers each thread reuses from chunk to chunk
+``BlockSettings.predict_rows`` rows (:mod:`~skcep.engines.kjit.settings`) and writes each
+chunk's rows of the results.  Per chunk the work is two BLAS products — φ̂ν for the outer
+features and the triangular L⁻¹ψ̂ for the variances, in place — and single passes over the
+(rows × features) arrays by the compiled kernels of :mod:`skcep.engines.kjit._kernel`, in
+buffers each thread reuses from chunk to chunk
 (:class:`~skcep.engines.kjit.features._Workspace`); none of these steps holds the GIL.  It
 reads the posterior and writes nothing (the Cholesky factor for the variances is stored when
 the posterior is factorised, or computed for the call after online updates), so any number of
@@ -40,7 +41,7 @@ from scipy.optimize import minimize_scalar
 from ..chunks import chunk_slices, map_chunks
 from ._kernel import triangular_sums_of_squares
 from .features import _Workspace
-from .messages import _CHUNK_ELEMENTS
+from .settings import BLOCKS, SELECTION
 
 __all__ = [
     "RegressionStatistics",
@@ -50,16 +51,8 @@ __all__ = [
     "BayesianLinearRegression",
     "log_marginal_likelihood",
     "best_noise_variance",
-    "PREDICT_CHUNK",
     "predictive_moments",
 ]
-
-#: Rows per chunk of a prediction (fixed).  Each chunk packs ν and L⁻¹ for BLAS once, which
-#: favours large chunks, while its ψ̂ (2 MB at D_out = 500) should stay near the L2 cache for
-#: the passes after the products; 384–512 rows are within the noise of each other there.
-PREDICT_CHUNK = 512
-
-_CHOLESKY_ROWS = 320  # rows from which factorising the precision speeds up predictive variances
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,7 +125,8 @@ class BayesianLinearRegression:
     the precision ΨᵀΨ/σ_y² + I/σ₀² and ΨᵀY/σ_y² (eq. 17) are accumulated, and every
     ``refresh_every`` updated rows (default D) Σ_w and μ_w are recomputed from them by a
     Cholesky factorisation, so rounding errors of long streams of downdates never accumulate
-    (O(D³) per D rows: O(D²) per row amortised).  A block of k ≥ D/4 rows is folded in by
+    (O(D³) per D rows: O(D²) per row amortised).  A block of k ≥ D // ``refactor_divisor``
+    rows (:class:`~skcep.engines.kjit.settings.BlockSettings`, default 4) is folded in by
     refactorising directly.  Σ_w and the precision are symmetric; only their lower triangles
     are read (BLAS symv, symm, syr and the Cholesky factorisation), so rank-one updates write
     just that half.
@@ -168,9 +162,10 @@ class BayesianLinearRegression:
         self.n_updates_since_refresh = 0
 
     # online updates --------------------------------------------------------------------------
-    def update(self, Psi, Y):
-        """Fold k new rows into the posterior (eqs. 16–17).  Nothing is changed if the update
-        fails (a block's factorisation)."""
+    def update(self, Psi, Y, *, blocks=BLOCKS):
+        """Fold k new rows into the posterior (eqs. 16–17); a block of at least
+        D // ``blocks.refactor_divisor`` rows by refactorising.  Nothing is changed if the
+        update fails (a block's factorisation)."""
         k, d = Psi.shape
         if k == 0:
             return self
@@ -182,7 +177,7 @@ class BayesianLinearRegression:
         else:
             precision = np.add(self.precision, Psi.T @ Psi / s2, out=np.empty_like(self.precision))
             shift = self.shift + Psi.T @ Y / s2
-            if k >= d // 4:  # refactorising is cheaper than the Woodbury update
+            if k >= d // blocks.refactor_divisor:  # refactorising is cheaper than the Woodbury update
                 factors = _factorise(precision, shift)
                 self.precision, self.shift = precision, shift
                 self.cov, self.mean, self.inverse_cholesky = factors
@@ -236,18 +231,18 @@ class BayesianLinearRegression:
         return new
 
     # prediction ----------------------------------------------------------------------------
-    def variance_factor(self, n_rows):
+    def variance_factor(self, n_rows, *, blocks=BLOCKS):
         """L⁻¹ for predictive variances of ``n_rows`` rows, or None for ψᵀΣ_wψ.
 
-        The stored L⁻¹ when it is current; otherwise, for ≥ ``_CHOLESKY_ROWS`` rows (where its
-        D³ flops pay off), a fresh one — returned, not stored.  Compute it once and pass it to
-        every :meth:`predict` of a chunked prediction.
+        The stored L⁻¹ when it is current; otherwise, for ≥ ``blocks.cholesky_rows`` rows
+        (where its D³ flops pay off), a fresh one — returned, not stored.  Compute it once and
+        pass it to every :meth:`predict` of a chunked prediction.
         """
-        if self.inverse_cholesky is not None or n_rows < _CHOLESKY_ROWS:
+        if self.inverse_cholesky is not None or n_rows < blocks.cholesky_rows:
             return self.inverse_cholesky
         return _lower_inverse(cho_factor(self.precision, lower=True)[0])
 
-    def predict(self, Psi, return_var=False, factor="auto", out=None, overwrite_psi=False):
+    def predict(self, Psi, return_var=False, factor="auto", out=None, overwrite_psi=False, *, blocks=BLOCKS):
         """Posterior predictive mean Ψ μ_w (n, D_y) and, optionally, the variance ψᵀΣ_wψ of the
         regression function (n,) — add ``noise_variance`` for the variance of an output.
 
@@ -258,18 +253,19 @@ class BayesianLinearRegression:
         ``out`` = (mean, var) receives the results; ``overwrite_psi`` lets the triangular
         product run in place on Ψ (if in C order), which then holds the rows L⁻¹ψ.  Reads the
         posterior only: safe to call from many threads at once (the triangular product, like
-        the feature maps, releases the GIL).
+        the feature maps, releases the GIL).  The variances are computed in blocks of
+        ``blocks.variance_elements`` rows × features.
         """
         mean = np.matmul(Psi, self.mean, out=None if out is None else out[0])
         if not return_var:
             return mean
         n = Psi.shape[0]
         if isinstance(factor, str):
-            factor = self.variance_factor(n)
+            factor = self.variance_factor(n, blocks=blocks)
         var = np.empty(n) if out is None else out[1]
         if factor is not None:
             factor = np.asfortranarray(factor, dtype=float)
-        step = max(1, _CHUNK_ELEMENTS // max(1, Psi.shape[1]))
+        step = max(1, blocks.variance_elements // max(1, Psi.shape[1]))
         for start in range(0, n, step):
             rows = slice(start, min(start + step, n))
             P = Psi[rows]
@@ -282,18 +278,19 @@ class BayesianLinearRegression:
         return mean, np.maximum(var, 0.0, out=var)
 
 
-def predictive_moments(X, features, posterior, return_var=False, n_jobs=None, chunk_size=PREDICT_CHUNK):
+def predictive_moments(X, features, posterior, return_var=False, n_jobs=None, *, blocks=BLOCKS):
     """Predictive mean ψ̂(x)ᵀμ_w (n, D_y) and, if ``return_var``, variance ψ̂(x)ᵀΣ_wψ̂(x) (n,)
     of the regression function (eq. 15 without σ_y²) for message rows X; else None.
 
-    Rows are mapped in chunks of ``chunk_size`` (in up to ``n_jobs`` threads), each written
+    Rows are mapped in chunks of ``blocks.predict_rows`` (a
+    :class:`~skcep.engines.kjit.settings.BlockSettings`; in up to ``n_jobs`` threads), each written
     into its rows of the results; the variance factor is computed once, before the chunks.
     Every thread keeps one :class:`~skcep.engines.kjit.features._Workspace` for the chunk's
     φ̂, ψ̂ and temporaries, and the triangular product runs in place on ψ̂.  Nothing is
     written to ``features`` or ``posterior``.
     """
     n = X.shape[0]
-    factor = posterior.variance_factor(n) if return_var else None
+    factor = posterior.variance_factor(n, blocks=blocks) if return_var else None
     mean = np.empty((n, posterior.mean.shape[1]))
     var = np.empty(n) if return_var else None
     local = threading.local()
@@ -302,9 +299,10 @@ def predictive_moments(X, features, posterior, return_var=False, n_jobs=None, ch
         if not hasattr(local, "work"):
             local.work = _Workspace()
         out = (mean[rows], None if var is None else var[rows])
-        posterior.predict(features(X[rows], local.work), return_var, factor, out, overwrite_psi=True)
+        psi = features(X[rows], local.work, blocks=blocks)
+        posterior.predict(psi, return_var, factor, out, overwrite_psi=True, blocks=blocks)
 
-    map_chunks(step, chunk_slices(n, chunk_size), n_jobs)
+    map_chunks(step, chunk_slices(n, blocks.predict_rows), n_jobs)
     return mean, var
 
 
@@ -344,16 +342,19 @@ def log_marginal_likelihood(stats, noise_variance, prior_variance):
     return -_neg_log_evidence(np.log(noise_variance), _evidence_terms(stats), prior_variance)
 
 
-def best_noise_variance(stats, prior_variance, bounds=(1e-10, 1e2)):
+def best_noise_variance(stats, prior_variance, *, selection=SELECTION):
     """Global step: σ_y² maximising :func:`log_marginal_likelihood` given the statistics of
-    all rows — a grid over log σ_y², refined by a bounded scalar search.  Returns
+    all rows — a grid over log σ_y² (``selection.evidence_grid_points`` points between
+    ``selection.evidence_bounds``), refined by a bounded scalar search.  Returns
     ``(noise_variance, log_marginal_likelihood)``."""
     args = (_evidence_terms(stats), prior_variance)
-    grid = np.linspace(np.log(bounds[0]), np.log(bounds[1]), 25)
+    bounds = selection.evidence_bounds
+    grid = np.linspace(np.log(bounds[0]), np.log(bounds[1]), selection.evidence_grid_points)
     values = np.array([_neg_log_evidence(g, *args) for g in grid])
     j = int(np.argmin(values))
     lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]
-    res = minimize_scalar(_neg_log_evidence, bounds=(lo, hi), args=args, method="bounded", options={"xatol": 1e-4})
+    options = {"xatol": selection.evidence_xatol}
+    res = minimize_scalar(_neg_log_evidence, bounds=(lo, hi), args=args, method="bounded", options=options)
     if res.fun <= values[j]:
         return float(np.exp(res.x)), -float(res.fun)
     return float(np.exp(grid[j])), -float(values[j])

@@ -7,8 +7,8 @@ first two outputs (:func:`gaussian_log_kl`, the error of §4, experiment 1), els
 squared error (:func:`loo_error`).  The posterior mean is ridge regression, so every row's
 leave-one-out prediction follows from the hat-matrix diagonal, for any σ_y², after one
 eigendecomposition of ΨᵀΨ (:class:`LeaveOneOut`); :func:`select_by_loo` searches the widths
-over :data:`INNER_WIDTH_GRID` and :data:`OUTER_WIDTH_GRID`, σ_y² no lower than
-:data:`NOISE_FLOOR` σ₀² λ_max(ΨᵀΨ).
+over the grids of a :class:`~skcep.engines.kjit.settings.SelectionSettings`, σ_y² no lower than
+its ``noise_floor`` σ₀² λ_max(ΨᵀΨ).
 """
 
 import numpy as np
@@ -16,31 +16,15 @@ from scipy.linalg import eigh
 from scipy.optimize import minimize_scalar
 
 from .features import median_outer_width
+from .settings import SELECTION
 
 __all__ = [
-    "OUTER_WIDTH_GRID",
-    "INNER_WIDTH_GRID",
-    "NOISE_FLOOR",
     "gaussian_log_kl",
     "gaussian_moments",
     "loo_error",
     "LeaveOneOut",
     "select_by_loo",
 ]
-
-#: Multiples of the median-heuristic γ² searched for ``outer_width="auto"`` (by the
-#: leave-one-out error, or by the evidence with ``noise_variance="evidence"``).
-OUTER_WIDTH_GRID = (1 / 16, 1 / 4, 1.0, 4.0, 16.0)
-#: Multiples of the median-heuristic σ_l² (every message at once) searched by the
-#: leave-one-out error for ``inner_widths="auto"``.
-INNER_WIDTH_GRID = (1 / 16, 1 / 4, 1.0, 4.0, 16.0)
-#: Smallest σ_y² the leave-one-out search and ``noise_variance="loo"`` allow, relative to σ₀²
-#: times the largest eigenvalue of ΨᵀΨ: the posterior precision's condition number stays
-#: below 1e8, so rounding (the order of a sum, long streams of online updates) moves the
-#: predictions by less than ~1e-8 of their size.  A noiseless oracle's σ_y² ends here.
-NOISE_FLOOR = 1e-8
-
-_KL_VARIANCE_FLOOR = 1e-12  # predicted variances ≤ 0 count as this fraction of the target's
 
 
 # --------------------------------------------------------------------------------------------
@@ -75,16 +59,16 @@ def gaussian_moments(Y):
     return Y.ndim == 2 and Y.shape[1] >= 2 and bool(np.all(Y[:, 1] > Y[:, 0] ** 2))
 
 
-def loo_error(Y, Y_hat, gaussian=None):
+def loo_error(Y, Y_hat, gaussian=None, *, selection=SELECTION):
     """The selection criterion of predictions Y_hat (…, n, D_y) of targets Y (n, D_y): the mean
     over rows of the log KL of the predicted Gaussian (:func:`gaussian_log_kl`, predicted
-    variances floored at 1e-12 of the target's) if ``gaussian`` (default
-    :func:`gaussian_moments` of Y), else the log of the mean squared error summed over the
-    outputs.  Shape ``Y_hat.shape[:-2]``; smaller is better."""
+    variances floored at ``selection.kl_variance_floor`` of the target's) if ``gaussian``
+    (default :func:`gaussian_moments` of Y), else the log of the mean squared error summed
+    over the outputs.  Shape ``Y_hat.shape[:-2]``; smaller is better."""
     if gaussian is None:
         gaussian = gaussian_moments(Y)
     if gaussian:
-        return np.mean(gaussian_log_kl(Y, Y_hat, variance_floor=_KL_VARIANCE_FLOOR), axis=-1)
+        return np.mean(gaussian_log_kl(Y, Y_hat, variance_floor=selection.kl_variance_floor), axis=-1)
     return np.log(np.mean(np.sum((Y_hat - Y) ** 2, axis=-1), axis=-1) + 1e-300)
 
 
@@ -98,11 +82,13 @@ class LeaveOneOut:
     y_i − (y_i − (HY)_i)/(1 − H_ii) (Hastie, Tibshirani and Friedman, *The Elements of
     Statistical Learning*, §7.10.1).  With ΨᵀΨ = V diag(Λ) Vᵀ (one ``eigh``) and P = ΨV,
     H_ii = Σ_k P_ik²/(Λ_k + λ) and HY = P diag(1/(Λ + λ)) PᵀY, O(n D) per σ_y² and output.
-    The outputs are centred by ``intercept`` (default their mean), held fixed.
+    The outputs are centred by ``intercept`` (default their mean), held fixed; σ_y² is searched
+    as ``selection`` (a :class:`~skcep.engines.kjit.settings.SelectionSettings`) says.
     """
 
-    def __init__(self, Psi, Y, prior_variance=1.0, intercept=None):
+    def __init__(self, Psi, Y, prior_variance=1.0, intercept=None, *, selection=SELECTION):
         self.Y = Y
+        self.selection = selection
         self.intercept = Y.mean(axis=0) if intercept is None else intercept
         self.prior_variance = float(prior_variance)
         self.gaussian = gaussian_moments(Y)
@@ -128,29 +114,32 @@ class LeaveOneOut:
         """:func:`loo_error` for each σ_y² given, (G,); +inf where rounding left none (1 − H_ii
         = 0 at a σ_y² far below :meth:`noise_bounds`)."""
         with np.errstate(divide="ignore", invalid="ignore"):
-            values = loo_error(self.Y, self.predictions(noise_variances), self.gaussian)
+            values = loo_error(self.Y, self.predictions(noise_variances), self.gaussian, selection=self.selection)
         return np.where(np.isnan(values), np.inf, values)
 
     def noise_bounds(self):
-        """The σ_y² searched: from :data:`NOISE_FLOOR` σ₀² Λ_max (below it the precision's
-        condition number would exceed 1e8) to 10 σ₀² Λ_max (every prediction shrunk to the
-        intercept)."""
-        low = NOISE_FLOOR * self.prior_variance * max(float(self.eigenvalues[-1]), 1e-300)
-        return low, low * 10.0 / NOISE_FLOOR
+        """The σ_y² searched: from ``noise_floor`` σ₀² Λ_max (below it the precision's condition
+        number would exceed 1/``noise_floor``) to ``noise_ceiling`` σ₀² Λ_max (every prediction
+        shrunk to the intercept)."""
+        floor = self.selection.noise_floor
+        low = floor * self.prior_variance * max(float(self.eigenvalues[-1]), 1e-300)
+        return low, low * self.selection.noise_ceiling / floor
 
     def best_noise_variance(self):
-        """σ_y² minimising :meth:`error` within :meth:`noise_bounds`: a grid of 4 points per
-        decade of σ_y², refined by a bounded scalar search between the grid neighbours of its
-        best point.  Returns ``(noise_variance, error)``."""
+        """σ_y² minimising :meth:`error` within :meth:`noise_bounds`: a grid of
+        ``noise_points_per_decade`` points per decade of σ_y², refined by a bounded scalar
+        search between the grid neighbours of its best point.  Returns ``(noise_variance,
+        error)``."""
         low, high = self.noise_bounds()
-        grid = np.linspace(np.log(low), np.log(high), 1 + round(4 * np.log10(high / low)))
+        per_decade = self.selection.noise_points_per_decade
+        grid = np.linspace(np.log(low), np.log(high), 1 + round(per_decade * np.log10(high / low)))
         values = self.error(np.exp(grid))
         j = int(np.argmin(values))
         res = minimize_scalar(
             lambda g: float(self.error(np.exp(g))[0]),
             method="bounded",
             bounds=(grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]),
-            options={"xatol": 1e-3},
+            options={"xatol": self.selection.noise_xatol},
         )
         if res.fun < values[j]:
             return float(np.exp(res.x)), float(res.fun)
@@ -163,34 +152,47 @@ def _is(value, name):
 
 
 def select_by_loo(
-    X, Y, features, seed, inner_widths="auto", outer_width="auto", noise_variance="loo", prior_variance=1.0
+    X,
+    Y,
+    features,
+    seed,
+    inner_widths="auto",
+    outer_width="auto",
+    noise_variance="loo",
+    prior_variance=1.0,
+    *,
+    selection=SELECTION,
 ):
     """Widths and σ_y² of smallest leave-one-out error (:class:`LeaveOneOut`) on rows X, Y.
 
     A coordinate search over multiples of the median heuristic (supplement A): first σ_l² ×
-    :data:`INNER_WIDTH_GRID` (all messages scaled together; if ``inner_widths`` is "auto"),
-    each with γ² by the median heuristic on its embeddings (or ``outer_width`` if a number),
-    then, for the best of them, γ² × :data:`OUTER_WIDTH_GRID` (if ``outer_width`` is "auto");
-    each candidate with its best σ_y² (``noise_variance`` "loo") or the given one.  The draws
-    of ``features`` are kept, rescaled.  Returns ``(features, noise_variance, error)``.
+    ``selection.inner_width_grid`` (all messages scaled together; if ``inner_widths`` is
+    "auto"), each with γ² by the median heuristic on its embeddings (or ``outer_width`` if a
+    number), then, for the best of them, γ² × ``selection.outer_width_grid`` (if
+    ``outer_width`` is "auto"); each candidate with its best σ_y² (``noise_variance`` "loo")
+    or the given one.  The draws of ``features`` are kept, rescaled.  Returns ``(features,
+    noise_variance, error)``.
     """
 
     def score(candidate, phi):
-        loo = LeaveOneOut(candidate.outer(phi), Y, prior_variance)
+        loo = LeaveOneOut(candidate.outer(phi), Y, prior_variance, selection=selection)
         if _is(noise_variance, "loo"):
             return (*loo.best_noise_variance()[::-1], candidate, phi)
         return float(loo.error(noise_variance)[0]), float(noise_variance), candidate, phi
 
     best = None
-    for scale in INNER_WIDTH_GRID if _is(inner_widths, "auto") else (1.0,):
+    for scale in selection.inner_width_grid if _is(inner_widths, "auto") else (1.0,):
         candidate = features.with_inner_widths(features.inner_widths * scale)
         phi = candidate.inner(X)
-        gamma2 = median_outer_width(phi, random_state=seed) if isinstance(outer_width, str) else float(outer_width)
+        if isinstance(outer_width, str):
+            gamma2 = median_outer_width(phi, selection.rows, random_state=seed)
+        else:
+            gamma2 = float(outer_width)
         trial = score(candidate.with_outer_width(gamma2), phi)
         best = trial if best is None or trial[0] < best[0] else best
     if _is(outer_width, "auto"):
         _, _, chosen, phi = best
-        for scale in OUTER_WIDTH_GRID:
+        for scale in selection.outer_width_grid:
             if scale != 1.0:
                 trial = score(chosen.with_outer_width(chosen.outer_width * scale), phi)
                 best = trial if trial[0] < best[0] else best

@@ -8,12 +8,16 @@ the Gaussian kernel on embeddings, the posterior by explicit matrix inversion an
 marginal likelihood as a multivariate normal density.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scipy import integrate, special, stats
 from scipy.spatial.distance import pdist
 
 from skcep.engines.kjit import (
+    BLOCKS,
+    SELECTION,
     BayesianLinearRegression,
     LeaveOneOut,
     best_noise_variance,
@@ -39,8 +43,6 @@ from skcep.engines.kjit import (
 )
 from skcep.engines.kjit.features import _cos, _exp
 from skcep.engines.kjit.messages import _beta_rule
-from skcep.engines.kjit.regression import PREDICT_CHUNK
-from skcep.engines.kjit.selection import INNER_WIDTH_GRID, NOISE_FLOOR
 
 
 def _gaussian_messages(n, rng):
@@ -395,6 +397,7 @@ def test_first_batch_fit_does_not_depend_on_chunks(noise_variance):
     families = message_families(("gaussian", "beta"))
     fits = {}
     for chunk_size in (10_000, 97):
+        blocks = replace(BLOCKS, statistics_rows=chunk_size)
         fits[chunk_size] = fit_first_batch(
             X,
             Y,
@@ -403,7 +406,7 @@ def test_first_batch_fit_does_not_depend_on_chunks(noise_variance):
             60,
             np.random.RandomState(0),
             noise_variance=noise_variance,
-            chunk_size=chunk_size,
+            blocks=blocks,
         )
     one, many = fits[10_000], fits[97]
     np.testing.assert_array_equal(one.features.outer_frequencies, many.features.outer_frequencies)
@@ -489,7 +492,7 @@ def test_loo_noise_is_the_minimiser_on_a_grid():
         assert loo.gaussian == (targets is gaussian)
         noise, error = loo.best_noise_variance()
         low, high = loo.noise_bounds()
-        assert low == pytest.approx(NOISE_FLOOR * np.linalg.eigvalsh(Psi.T @ Psi)[-1])
+        assert low == pytest.approx(SELECTION.noise_floor * np.linalg.eigvalsh(Psi.T @ Psi)[-1])
         grid = np.geomspace(low, high, 500)
         values = loo.error(grid)
         assert low <= noise <= high
@@ -513,13 +516,13 @@ def test_select_by_loo_searches_multiples_of_the_median_heuristic():
     chosen, noise, error = select_by_loo(X, Y, base, seed=7)
     phi = chosen.inner(X)
     assert (noise, error) == pytest.approx(LeaveOneOut(chosen.outer(phi), Y).best_noise_variance())
-    for scale in INNER_WIDTH_GRID:
+    for scale in SELECTION.inner_width_grid:
         f = base.with_inner_widths(base.inner_widths * scale)
         phi_s = f.inner(X)
         g = f.with_outer_width(median_outer_width(phi_s, random_state=7))
         assert error <= LeaveOneOut(g.outer(phi_s), Y).best_noise_variance()[1] + 1e-12
     ratio = chosen.inner_widths / base.inner_widths
-    assert ratio[0] == pytest.approx(ratio[1]) and min(abs(np.array(INNER_WIDTH_GRID) - ratio[0])) < 1e-12
+    assert ratio[0] == pytest.approx(ratio[1]) and min(abs(np.array(SELECTION.inner_width_grid) - ratio[0])) < 1e-12
     np.testing.assert_allclose(
         chosen.inner_frequencies * np.sqrt(chosen.inner_widths),
         base.inner_frequencies * np.sqrt(base.inner_widths),
@@ -530,16 +533,16 @@ def test_select_by_loo_searches_multiples_of_the_median_heuristic():
 
 
 def test_loo_fit_keeps_the_noise_floor_of_all_rows():
-    """σ_y² chosen on the subsample of SELECTION_ROWS rows is raised, for the fit, to the floor
-    of all rows' ΨᵀΨ, so the precision's condition number stays below 1/NOISE_FLOOR."""
+    """σ_y² chosen on the subsample of SELECTION.rows rows is raised, for the fit, to the floor
+    of all rows' ΨᵀΨ, so the precision's condition number stays below 1/SELECTION.noise_floor."""
     X = _logistic_rows(2500, seed=44)
     Y = np.column_stack([np.tanh(X[:, 0] / 3), X[:, 0] ** 2 / 10 + 1.0])
     fitted = fit_first_batch(X, Y, message_families(("gaussian", "beta")), 30, 50, np.random.RandomState(0))
     gram = fitted.features(X).T @ fitted.features(X)
-    floor = NOISE_FLOOR * np.linalg.eigvalsh(gram)[-1]
+    floor = SELECTION.noise_floor * np.linalg.eigvalsh(gram)[-1]
     assert fitted.noise_variance >= floor * (1 - 1e-9) and fitted.loo_error is not None
     precision = fitted.posterior.precision
-    assert np.linalg.cond(np.tril(precision) + np.tril(precision, -1).T) < 1.01 / NOISE_FLOOR
+    assert np.linalg.cond(np.tril(precision) + np.tril(precision, -1).T) < 1.01 / SELECTION.noise_floor
     index = subsample_rows(2500, 5)
     np.testing.assert_array_equal(index, np.random.default_rng(5).choice(2500, 1000, replace=False))
     np.testing.assert_array_equal(subsample_rows(900, 5), np.arange(900))
@@ -580,12 +583,13 @@ def test_predictive_moments_in_chunks_and_threads():
     fitted = fit_first_batch(X, Y, message_families(("gaussian", "beta")), 30, 50, np.random.RandomState(0))
     f, post = fitted.features, fitted.posterior
     mean, var = post.predict(f(X), return_var=True)
-    serial = predictive_moments(X, f, post, return_var=True, chunk_size=128)
-    threaded = predictive_moments(X, f, post, return_var=True, chunk_size=128, n_jobs=2)
+    blocks = replace(BLOCKS, predict_rows=128)
+    serial = predictive_moments(X, f, post, return_var=True, blocks=blocks)
+    threaded = predictive_moments(X, f, post, return_var=True, blocks=blocks, n_jobs=2)
     np.testing.assert_allclose(serial[0], mean, rtol=1e-12)
     np.testing.assert_allclose(serial[1], var, rtol=1e-12)
     assert np.array_equal(serial[0], threaded[0]) and np.array_equal(serial[1], threaded[1])
-    only_mean, none = predictive_moments(X, f, post, chunk_size=128)
+    only_mean, none = predictive_moments(X, f, post, blocks=blocks)
     assert none is None and np.array_equal(only_mean, serial[0])
 
 
@@ -597,7 +601,7 @@ def _beta_characteristic_by_legendre(t, alpha, beta, n_nodes=200):
     return density @ np.exp(1j * np.outer(x, t))
 
 
-@pytest.mark.parametrize("chunk_size", [64, PREDICT_CHUNK])
+@pytest.mark.parametrize("chunk_size", [64, BLOCKS.predict_rows])
 def test_fast_prediction_equals_numpy_reference(chunk_size):
     """predictive_moments (compiled passes, per-thread buffers, the triangular product in
     place), serial and in 2 threads, against plain formulas: the features as
@@ -605,6 +609,7 @@ def test_fast_prediction_equals_numpy_reference(chunk_size):
     features' single-precision cosines), the mean ψᵀμ_w and the variance ψᵀΣ_wψ with Σ_w the
     explicit inverse of the precision — by L⁻¹ after a fit, by a fresh L⁻¹ after an online
     update (many rows) and by the covariance (few rows)."""
+    blocks = replace(BLOCKS, predict_rows=chunk_size)
     X = _logistic_rows(700, seed=8)
     Y = np.column_stack([np.tanh(X[:, 0] / 3), X[:, 0] ** 2 / 9])
     f, post = (lambda r: (r.features, r.posterior))(
@@ -631,7 +636,7 @@ def test_fast_prediction_equals_numpy_reference(chunk_size):
         P = psi[rows]
         want_mean, want_var = P @ posterior.mean, np.einsum("ij,jk,ik->i", P, cov, P)
         for n_jobs in (None, 2):
-            mean, var = predictive_moments(X[rows], f, posterior, return_var=True, n_jobs=n_jobs, chunk_size=chunk_size)
+            mean, var = predictive_moments(X[rows], f, posterior, return_var=True, n_jobs=n_jobs, blocks=blocks)
             np.testing.assert_allclose(mean, want_mean, rtol=1e-10, atol=1e-12)
             np.testing.assert_allclose(var, want_var, rtol=1e-9)
     # overwrite_psi works in place on C-ordered rows only; other layouts are copied first
