@@ -51,11 +51,15 @@ Against mpmath, log Z is accurate to ~1e-15 relative (for any width and in both 
 vectorised (the only Python loops run over series terms).
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 from scipy.linalg import solve_banded
 from scipy.special import erfcx, log_ndtr, ndtri
 
 __all__ = [
+    "ORDINAL",
+    "OrdinalSettings",
     "OrderedProbit",
     "log_interval_prob",
     "truncated_moments",
@@ -70,10 +74,31 @@ _NARROW = 2.0  # w (1 + |midpoint|) at or below which the series replaces the cl
 _N_SERIES = 40  # terms of the narrow-interval series
 _CF_FROM = 2.0  # the continued fraction for the tail moments from this x on
 _CF_DEPTH = 160  # its depth: full double precision for x ≥ 2
-PSEUDO_COUNT = 0.5  # weight of the pseudo-observation given to a level never observed
-_NEWTON_STEPS = 50  # at most; from a warm start (a fit's sweep before) 2 or 3
 _ROUNDING = 1e-12  # relative rounding of Σ log Z over many entries: gains below it are not measurable
-_NEWTON_TOL = 1e-8  # relative size of the last Newton step (quadratic convergence: θ to ~1e-15 by then)
+
+
+@dataclass(frozen=True)
+class OrdinalSettings:
+    """How :func:`fit_thresholds` fits the cut points, in both tensor engines (design notes:
+    "Cut points of ordinal entries").  Functions take it as ``ordinal=`` (default ``ORDINAL``).
+
+    pseudo_count
+        Weight of the pseudo-observation, at the pooled q(f), given to a level never observed
+        (which would otherwise leave the objective without a maximiser).
+    newton_steps
+        Newton's method stops after at most this many steps (from the cut points of a fit's
+        sweep before it takes 2 or 3).
+    newton_tol
+        ... or once a step moves θ by at most this much relative to 1 + max |θ| (and θ stays
+        ordered), or the gain it predicts is below the objective's rounding.
+    """
+
+    pseudo_count: float = 0.5
+    newton_steps: int = 50
+    newton_tol: float = 1e-8
+
+
+ORDINAL = OrdinalSettings()
 
 
 def _log_pdf(x):
@@ -275,7 +300,7 @@ class OrderedProbit:
         return out
 
 
-def fit_thresholds(m, s, y, n_levels, thresholds0=None, weight=None):
+def fit_thresholds(m, s, y, n_levels, thresholds0=None, weight=None, *, ordinal=ORDINAL):
     r"""Cut points θ (n_levels − 1,) maximising Σ_i log Z_i(θ), Z_i = Φ(b_i) − Φ(a_i), for fixed
     q(f_i) = N(m_i, s_i): the θ-dependent part of the EP / VMP objective.
 
@@ -290,11 +315,12 @@ def fit_thresholds(m, s, y, n_levels, thresholds0=None, weight=None):
 
     Levels never observed: the objective then has no maximiser (the cut points around an
     unobserved inner level meet; those of unobserved outer levels run off to ∓∞).  Each such
-    level therefore gets a pseudo-observation of weight ``PSEUDO_COUNT`` = ½ at the pooled
+    level therefore gets a pseudo-observation of weight ``ordinal.pseudo_count`` (½) at the pooled
     q(f) = N(m̄, s̄ + var m) (in the start as well); the result stays finite and ordered, with a
     probability of the order of ½/n for the level.  With every level observed the objective is
     exactly Σ_i log Z_i.  ``weight`` (n,): entry weights w_i, the objective Σ_i w_i log Z_i
-    (None: all 1; levels of zero total weight count as unobserved).
+    (None: all 1; levels of zero total weight count as unobserved).  ``ordinal``: the fit's
+    :class:`OrdinalSettings`.
     """
     m, s, y = (np.ravel(v) for v in np.broadcast_arrays(np.asarray(m, dtype=float), np.asarray(s, dtype=float), y))
     n_levels = int(n_levels)
@@ -313,8 +339,8 @@ def fit_thresholds(m, s, y, n_levels, thresholds0=None, weight=None):
         m = np.concatenate((m, np.full(missing.size, mean_m)))
         s = np.concatenate((s, np.full(missing.size, spread)))
         y = np.concatenate((y, missing))
-        weight = np.concatenate((weight, np.full(missing.size, PSEUDO_COUNT)))
-        counts[missing] = PSEUDO_COUNT
+        weight = np.concatenate((weight, np.full(missing.size, ordinal.pseudo_count)))
+        counts[missing] = ordinal.pseudo_count
     if thresholds0 is None:
         cumulative = np.cumsum(counts)[:-1] / counts.sum()
         theta0 = mean_m + np.sqrt(1.0 + spread) * ndtri(cumulative)
@@ -324,10 +350,10 @@ def fit_thresholds(m, s, y, n_levels, thresholds0=None, weight=None):
             raise ValueError(f"thresholds0 needs {n_levels - 1} cut points")
     c = np.sqrt(1.0 + s)
     theta, value, grad, diag, off = theta0, *_threshold_terms(theta0, m, c, y, weight, n_levels)
-    for _ in range(_NEWTON_STEPS):
+    for _ in range(ordinal.newton_steps):
         step = _tridiagonal_solve(diag, off, -grad)  # H δ = −g, H negative definite
         gain = grad @ step  # twice the gain Newton predicts (≥ 0)
-        small = np.max(np.abs(step)) <= _NEWTON_TOL * (1.0 + np.max(np.abs(theta))) or gain <= _ROUNDING * (
+        small = np.max(np.abs(step)) <= ordinal.newton_tol * (1.0 + np.max(np.abs(theta))) or gain <= _ROUNDING * (
             1.0 + abs(value)
         )
         if small and np.all(np.diff(theta + step) > 0):

@@ -16,7 +16,7 @@ from scipy.special import logsumexp, ndtr
 
 from skcep.engines.likelihoods import Probit
 from skcep.engines.ordinal import (
-    PSEUDO_COUNT,
+    ORDINAL,
     OrderedProbit,
     encode_levels,
     fit_thresholds,
@@ -335,7 +335,7 @@ def test_fit_thresholds_with_levels_never_observed():
     pooled_m, pooled_s = np.full(2, m.mean()), np.full(2, s.mean() + m.var())
 
     def penalised(theta):
-        return objective(theta, m, s, y) + PSEUDO_COUNT * objective(theta, pooled_m, pooled_s, np.array([2, 4]))
+        return objective(theta, m, s, y) + ORDINAL.pseudo_count * objective(theta, pooled_m, pooled_s, np.array([2, 4]))
 
     h = 1e-7  # well below the ~7e-4 that level 2 gets (the objective curves as ½ log(gap))
     grad = [(penalised(got + h * e) - penalised(got - h * e)) / (2 * h) for e in np.eye(4)]

@@ -19,7 +19,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from skcep import BayesianCPTensor
 from skcep.engines import cp
-from skcep.engines.cp import elbo, fit_cp, init_posterior
+from skcep.engines.cp import ImplicitSettings, elbo, fit_cp, init_posterior
 from skcep.engines.cp.implicit import (
     cooccurrence_weights,
     effective_moments,
@@ -104,7 +104,7 @@ def test_joint_update_is_the_dense_solution_of_the_block():
     _, term, rows, Lam, h = small_block(rng)
     A, b = dense_block(term, rows, Lam, h)
     d, R = rows.mean.shape
-    n_iter = implicit_update(rows, term, Lam, h, tol=1e-14, max_iter=500)
+    n_iter = implicit_update(rows, term, Lam, h, implicit=ImplicitSettings(cg_tol=1e-14, cg_max_iter=500))
     assert 0 < n_iter < 500
     x = np.linalg.solve(A, b)
     np.testing.assert_allclose(rows.mean, x[: d * R].reshape(d, R), atol=1e-10)
@@ -131,7 +131,7 @@ def test_truncated_solve_lowers_the_block_objective_at_every_iteration():
     for n in range(0, 12):
         r, t = Rows(rows.mean.copy(), rows.cov, rows.prior_precision, rows.prior_shift), term.copy()
         if n:
-            implicit_update(r, t, Lam, h, tol=0.0, max_iter=n)
+            implicit_update(r, t, Lam, h, implicit=ImplicitSettings(cg_tol=0.0, cg_max_iter=n))
         values.append(objective(r, t))
     assert np.all(np.diff(values) <= 1e-12 * np.abs(values[0]))
     assert values[-1] < values[0]

@@ -17,6 +17,7 @@ import copy
 import math
 import pickle
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -207,7 +208,7 @@ def test_cp_engine_zero_weight_contributes_nothing(likelihood):
     )
     w = np.ones(len(y))
     w[::7] = 0.0
-    options = dict(likelihood=likelihood, method="cep", max_iter=15, chunk_size=64)
+    options = dict(likelihood=likelihood, method="cep", max_iter=15, chunks=replace(cp.CHUNKS, chunk_size=64))
     a = cp.fit_cp(post, X, y, weight=w, **options).posterior
     b = cp.fit_cp(post, X[w > 0], y[w > 0], **options).posterior
     for g, h in zip(a.groups, b.groups):

@@ -25,7 +25,9 @@ cluster, and global steps on their sums.
 * :mod:`.entry_schedule` — entry CEP sweeps;
 * :mod:`.fit` — ``start_sweeps``, ``fit_cp``, ``CPFitResult``;
 * :mod:`.stream` — a streamed batch folded in (``absorb_batch``, ``streaming_sweeps``);
-* :mod:`.implicit` — implicit feedback (SVD++) in mean-field form.
+* :mod:`.implicit` — implicit feedback (SVD++) in mean-field form;
+* :mod:`.settings` — the named settings (``ChunkSettings``, ``ImplicitSettings``, ``SweepSettings``,
+  ``StartSettings``) and their default instances.
 """
 
 from .chunks import ModeChunk, SparseChunk, mode_chunks
@@ -35,6 +37,7 @@ from .implicit import new_term
 from .moments import effective_rank, predict_cp
 from .partition import Entries, EntryPartition, InMemoryEntries
 from .posterior import CPPosterior, GaussianRows, put_rows, take_rows
+from .settings import CHUNKS, IMPLICIT, START, SWEEPS, ChunkSettings, ImplicitSettings, StartSettings, SweepSettings
 from .sites import augmented_target, probit_offset_sites, probit_site, probit_site_statistics, site_likelihood
 from .start import (
     grow_posterior,
@@ -102,4 +105,12 @@ __all__ = [
     "initial_thresholds",
     "ordinal_start",
     "new_term",
+    "ChunkSettings",
+    "ImplicitSettings",
+    "SweepSettings",
+    "StartSettings",
+    "CHUNKS",
+    "IMPLICIT",
+    "SWEEPS",
+    "START",
 ]

@@ -1,20 +1,22 @@
 """Chunks of entries for the statistics step of one mode: the entries grouped by their row.
 
-``mode_chunks(index, shape, k, size=CHUNK_SIZE, sparse=True) -> list of ModeChunk | SparseChunk``
+``mode_chunks(index, shape, k, size=CHUNKS.chunk_size, sparse=True) -> list of ModeChunk | SparseChunk``
     How the entries ``index`` (n, K) are cut into chunks for the mode-k statistics step: a pure
-    function of the indices and a fixed chunk size, never of the number of workers.  A
+    function of the indices and a fixed chunk size (``ChunkSettings.chunk_size``,
+    :mod:`~skcep.engines.cp.settings`), never of the number of workers.  A
     :class:`ModeChunk` holds ``entries`` (positions of its entries in ``index``), ``columns``
     (K, c) their indices sorted by the mode-k row, and the segments (``starts``, ``rows``) of
     equal rows; a :class:`SparseChunk` (K = 3 with a small other mode) a range of mode-k rows
     as a CSR product.  ``sparse=False`` always gives ModeChunks (probit CEP needs them; its
-    chunks hold at most 2¹⁷/R² entries, so that the per-entry R×R work stays cache-sized).
+    chunks hold at most ``ChunkSettings.site_chunk_elements``/R² entries, so that the per-entry
+    R×R work stays cache-sized).
 """
 
 from typing import NamedTuple
 
 import numpy as np
 
-CHUNK_SIZE = 8192
+from .settings import CHUNKS
 
 
 class ModeChunk(NamedTuple):
@@ -54,7 +56,7 @@ def _sort_by(primary, secondary, n_secondary):
     return np.argsort(primary * np.int64(n_secondary) + secondary, kind="stable")
 
 
-def mode_chunks(index, shape, k, size=CHUNK_SIZE, sparse=True):
+def mode_chunks(index, shape, k, size=CHUNKS.chunk_size, sparse=True):
     """The chunks of the entries ``index`` (n, K) for the statistics step of mode k.
 
     Sparse chunks (:class:`SparseChunk`) when ``sparse``, K = 3 and d_small · d_k ≤ 4 n for the

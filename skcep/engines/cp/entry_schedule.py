@@ -11,6 +11,7 @@ from ..gaussian import cavity_natural
 from .elbo import SweepTotals, posterior_sums
 from .moments import _cp_mean, _offset_moments, _offset_rows
 from .packing import _packing
+from .settings import SWEEPS
 from .sites import _cavity_terms, _damped_probit_site, _labels, _n_skipped
 from .statistics import _hadamard, _weigh
 from .updates import component_update, learned_prior_update, noise_update
@@ -48,20 +49,21 @@ def _sum_by(inverse, values, n_groups):
 
 class _EntrySweeps:
     """Entry CEP (Wang & Zhe, Algorithm 1): sites of a block of entries replaced with EP
-    bookkeeping, q refreshed after every block.  Blocks of ``block_size`` entries in a random
-    order drawn from ``rng`` once (the given order when rng is None); block_size = 1 is the
-    paper's site-by-site sweep.  The τ sites are refreshed once per sweep, after every block:
+    bookkeeping, q refreshed after every block.  Blocks of ``block_size`` entries (None: as
+    ``sweeps``, :class:`~skcep.engines.cp.settings.SweepSettings`, says) in a random order drawn
+    from ``rng`` once (the given order when rng is None); block_size = 1 is the paper's
+    site-by-site sweep.  The τ sites are refreshed once per sweep, after every block:
     refreshing them block by block lets E[τ] fall while the embeddings are still random, and
     they collapse."""
 
-    def __init__(self, post, index, y, likelihood, damping, block_size, rng, n_jobs, weight=None):
+    def __init__(self, post, index, y, likelihood, damping, block_size, rng, n_jobs, weight=None, sweeps=SWEEPS):
         self.posterior, self.index, self.y, self.weight = post, index, y, weight
         self.damping, self.n_jobs = damping, n_jobs
         self.gaussian = likelihood == "gaussian"
         self.obs = y if self.gaussian else _labels(y, likelihood)
         self.n_skipped = 0
         n = y.size
-        self.block_size = block_size or max(8, n // 50)
+        self.block_size = block_size or max(sweeps.min_entry_block, n // sweeps.entry_blocks)
         self.order = np.arange(n) if rng is None else rng.permutation(n)
         self.packing = packing = _packing(post.rank)
         P = packing.weight.size

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .chunks import CHUNK_SIZE
 from .entry_schedule import _EntrySweeps
 from .group_schedule import _GroupSweeps
 from .partition import EntryPartition, InMemoryEntries
 from .posterior import CPPosterior
+from .settings import CHUNKS, IMPLICIT, SWEEPS
 
 
 def start_sweeps(
@@ -26,7 +26,9 @@ def start_sweeps(
     block_size=None,
     rng=None,
     n_jobs=None,
-    chunk_size=CHUNK_SIZE,
+    chunks=CHUNKS,
+    sweeps=SWEEPS,
+    implicit=IMPLICIT,
     partitions=None,
     weight=None,
     simultaneous=False,
@@ -43,7 +45,8 @@ def start_sweeps(
     entries are one :class:`~skcep.engines.cp.partition.InMemoryEntries`.
     ``weight`` (n,): the entries' weights (None: all 1; see :mod:`~skcep.engines.cp.statistics`).
     ``simultaneous`` (group schedule): every group of a sweep updated from the q before the
-    sweep (see :func:`~skcep.engines.cp.stream.streaming_sweeps`).
+    sweep (see :func:`~skcep.engines.cp.stream.streaming_sweeps`).  ``chunks``, ``sweeps`` and
+    ``implicit``: the engine's settings (:mod:`~skcep.engines.cp.settings`; see :func:`fit_cp`).
     """
     post = post.copy()
     if likelihood == "ordinal" and (post.thresholds is None or np.size(post.thresholds) < 1):
@@ -71,14 +74,14 @@ def start_sweeps(
                 "one before: it needs the entries in memory. Use schedule='group' for partitioned "
                 "entries."
             )
-        return _EntrySweeps(post, index, y, likelihood, damping, block_size, rng, n_jobs, weight)
+        return _EntrySweeps(post, index, y, likelihood, damping, block_size, rng, n_jobs, weight, sweeps)
     options = dict(
         shape=post.shape,
         offset_modes=post.offset_modes,
         likelihood=likelihood,
         method=method,
         damping=damping,
-        chunk_size=chunk_size,
+        chunks=chunks,
     )
     if partitions is None:
         parts = InMemoryEntries(EntryPartition(index, y, n_jobs=n_jobs, weight=weight, **options))
@@ -86,7 +89,7 @@ def start_sweeps(
         if weight is not None:
             raise ValueError("Partitioned entries carry their own weights; pass weight=None.")
         parts = partitions(**options)
-    return _GroupSweeps(post, parts, likelihood, method, simultaneous)
+    return _GroupSweeps(post, parts, likelihood, method, simultaneous, implicit)
 
 
 def _largest_change(before, groups):
@@ -125,7 +128,9 @@ def fit_cp(
     track_elbo=True,
     hold_noise=0,
     hold_priors=0,
-    chunk_size=CHUNK_SIZE,
+    chunks=CHUNKS,
+    sweeps=SWEEPS,
+    implicit=IMPLICIT,
     partitions=None,
     weight=None,
     simultaneous=False,
@@ -136,7 +141,10 @@ def fit_cp(
     ``max_iter`` sweeps.  ``damping`` (0, 1] damps the probit CEP sites (each update moves a
     site's natural parameters by damping × (proposed − current)); ``rng`` draws the block order
     of the entry schedule (nothing else is random); ``n_jobs`` threads run the chunks of a
-    sweep (``chunk_size`` entries each), with results that do not depend on it.
+    sweep (:class:`~skcep.engines.cp.settings.ChunkSettings` ``chunks``), with results that do not
+    depend on it; ``sweeps`` (:class:`~skcep.engines.cp.settings.SweepSettings`) sizes the entry
+    schedule's blocks when ``block_size`` is None, ``implicit``
+    (:class:`~skcep.engines.cp.settings.ImplicitSettings`) the solve of implicit feedback.
     ``callback(iteration, change, objective)`` runs after every sweep, with the largest change
     of a posterior mean in posterior standard deviations and the ELBO (None unless
     ``track_elbo``).  q(τ) is held at its starting value for the first ``hold_noise`` sweeps:
@@ -150,7 +158,7 @@ def fit_cp(
     the power w (None: all 1).
     Returns a :class:`CPFitResult` holding a new posterior (``post`` is not modified).
     """
-    sweeps = start_sweeps(
+    schedule_sweeps = start_sweeps(
         post,
         index,
         y,
@@ -161,17 +169,19 @@ def fit_cp(
         block_size=block_size,
         rng=rng,
         n_jobs=n_jobs,
-        chunk_size=chunk_size,
+        chunks=chunks,
         partitions=partitions,
         weight=weight,
         simultaneous=simultaneous,
+        sweeps=sweeps,
+        implicit=implicit,
     )
-    post = sweeps.posterior
+    post = schedule_sweeps.posterior
     trace, converged, n_iter = [], False, 0
     for n_iter in range(1, max_iter + 1):
         update_noise, update_priors = n_iter > hold_noise, n_iter > hold_priors
         before = None if callback is None else [g.mean.copy() for g in post.groups]
-        stats = sweeps.sweep(update_noise, update_priors)
+        stats = schedule_sweeps.sweep(update_noise, update_priors)
         objective = stats.elbo() if track_elbo else None
         if track_elbo:
             trace.append(objective)
@@ -180,4 +190,4 @@ def fit_cp(
         if stats.relative_change() < tol and update_noise and update_priors:
             converged = True
             break
-    return CPFitResult(post, n_iter, converged, trace, sweeps.n_skipped)
+    return CPFitResult(post, n_iter, converged, trace, schedule_sweeps.n_skipped)

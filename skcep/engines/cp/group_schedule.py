@@ -13,6 +13,7 @@ from .elbo import SweepTotals
 from .implicit import implicit_prior_update
 from .moments import _seen_moments
 from .packing import _packing
+from .settings import IMPLICIT
 from .updates import (
     component_update,
     group_update,
@@ -27,12 +28,13 @@ class _GroupSweeps:
     """Group schedule: VMP, or CEP with all sites of a group refreshed from the same q and
     merged per row (Li et al. §4.3).  ``parts`` holds the entries
     (:class:`~skcep.engines.cp.partition.InMemoryEntries`, or partitions on Dask workers): each group is one
-    :class:`~skcep.engines.cp.partition.EntryPartition` step on every partition and one global step on their results."""
+    :class:`~skcep.engines.cp.partition.EntryPartition` step on every partition and one global step on their results;
+    ``implicit``: the :class:`~skcep.engines.cp.settings.ImplicitSettings` of modes with implicit feedback."""
 
-    def __init__(self, post, parts, likelihood, method, simultaneous=False):
+    def __init__(self, post, parts, likelihood, method, simultaneous=False, implicit=IMPLICIT):
         self.posterior, self.parts, self.likelihood = post, parts, likelihood
         self.probit_cep = likelihood != "gaussian" and method == "cep"
-        self.simultaneous = simultaneous
+        self.simultaneous, self.implicit = simultaneous, implicit
         self.n_skipped = 0
         self._first = True
 
@@ -47,7 +49,7 @@ class _GroupSweeps:
             if term is None:
                 group_update(group, statistics, scale)
             else:
-                implicit_group_update(group, term, statistics, scale)
+                implicit_group_update(group, term, statistics, scale, implicit=self.implicit)
             if i < K:
                 mean, second[i] = _seen_moments(post, i, packing)
                 changes.append((i, (mean, second[i])))

@@ -39,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..gaussian import batched_inverse
+from .settings import IMPLICIT
 
 __all__ = [
     "ImplicitTerm",
@@ -50,9 +51,6 @@ __all__ = [
     "grow_term",
     "kl_to_prior",
 ]
-
-CG_TOL = 1e-8  # relative residual at which the joint solve stops
-CG_MAX_ITER = 10  # at most, per update: each iteration raises the ELBO, and the next sweep goes on
 
 
 @dataclass
@@ -123,7 +121,7 @@ def _times(A, x):
     return np.matmul(A, x[:, :, None])[:, :, 0]
 
 
-def implicit_update(rows, term, message_precision, message_shift, tol=CG_TOL, max_iter=CG_MAX_ITER):
+def implicit_update(rows, term, message_precision, message_shift, *, implicit=IMPLICIT):
     """VMP's coordinate step on q(u) of the mode's ``rows`` (mean, cov, prior_precision,
     prior_shift; updated in place) and q(y) of ``term`` (in place), given the entries' messages
     in ũ_s: ``message_precision`` Λ (d, R, R) and ``message_shift`` h (d, R) (the module
@@ -133,7 +131,9 @@ def implicit_update(rows, term, message_precision, message_shift, tol=CG_TOL, ma
     (Cᵀ K C + E[λ] I) μ = Cᵀ(h − Λ_s (P_s + Λ_s)⁻¹(p_s + h_s)) with K_s = Λ_s − Λ_s (P_s + Λ_s)⁻¹ Λ_s,
     solved by conjugate gradients from the current μ (preconditioned by the Σ_m).
     Every iteration lowers the block's objective with ū at its optimum given μ, so stopping
-    after ``max_iter`` of them never lowers the ELBO.  Returns the number of iterations."""
+    after ``implicit.cg_max_iter`` of them (or at the relative residual ``implicit.cg_tol``;
+    :class:`~skcep.engines.cp.settings.ImplicitSettings`) never lowers the ELBO.  Returns the
+    number of iterations."""
     C, lam = term.weights, term.prior_precision
     Lam, rank = message_precision, rows.mean.shape[1]
     u_cov = batched_inverse(rows.prior_precision + Lam)
@@ -155,7 +155,7 @@ def implicit_update(rows, term, message_precision, message_shift, tol=CG_TOL, ma
     p, rz = z, float(np.vdot(r, z))
     scale = np.sqrt(float(np.vdot(b, b))) or 1.0
     n_iter = 0
-    while n_iter < max_iter and np.sqrt(float(np.vdot(r, r))) > tol * scale:
+    while n_iter < implicit.cg_max_iter and np.sqrt(float(np.vdot(r, r))) > implicit.cg_tol * scale:
         q = apply(p)
         alpha = rz / float(np.vdot(p, q))
         y = y + alpha * p

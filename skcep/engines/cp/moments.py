@@ -6,8 +6,8 @@ them; the predictive mean and variance (:func:`predict_cp`) and the effective ra
 import numpy as np
 
 from ..chunks import chunk_slices, map_chunks
-from .chunks import CHUNK_SIZE
 from .packing import _packing
+from .settings import CHUNKS
 from .statistics import entry_mean, entry_second_moment
 
 
@@ -17,7 +17,7 @@ def _columns(index):
 
 
 def _map_entries(step, columns, n_jobs):
-    parts = map_chunks(lambda sl: step(columns[:, sl]), chunk_slices(columns.shape[1], CHUNK_SIZE), n_jobs)
+    parts = map_chunks(lambda sl: step(columns[:, sl]), chunk_slices(columns.shape[1], CHUNKS.chunk_size), n_jobs)
     return np.concatenate(parts) if parts else np.zeros(0)
 
 

@@ -23,9 +23,10 @@ import numpy as np
 
 from ..chunks import map_chunks
 from ..ordinal import fit_thresholds
-from .chunks import CHUNK_SIZE, mode_chunks
+from .chunks import mode_chunks
 from .elbo import _entry_sums
 from .moments import _cp_mean_of, _cp_second_of, _offset_moments_of, _offset_rows
+from .settings import CHUNKS
 from .sites import (
     _PROBIT,
     _labels,
@@ -97,13 +98,13 @@ class EntryPartition:
         method,
         damping=1.0,
         n_jobs=None,
-        chunk_size=CHUNK_SIZE,
+        chunks=CHUNKS,
         weight=None,
     ):
         self.index, self.y, self.shape, self.offset_modes = index, y, tuple(shape), list(offset_modes)
         self.weight = weight
         self.likelihood, self.method, self.damping = likelihood, method, damping
-        self.n_jobs, self.chunk_size = n_jobs, chunk_size
+        self.n_jobs, self.chunk_settings = n_jobs, chunks
         self.sign = _labels(y, likelihood)
         self.probit_cep = likelihood != "gaussian" and method == "cep"  # rank-one sites (probit, ordinal)
         self._chunks = {}
@@ -165,7 +166,7 @@ class EntryPartition:
             lambda c: gaussian_statistics(
                 c, k, means, second, resid[c.entries], None if weight is None else weight[c.entries]
             ),
-            self.chunks(k, True, self.chunk_size),
+            self.chunks(k, True, self.chunk_settings.chunk_size),
             self.n_jobs,
         )
         return parts, 0
@@ -173,7 +174,7 @@ class EntryPartition:
     def _probit_factor(self, k, cov, sweep):
         mean = self.means[k]
         rank = mean.shape[1]
-        chunks = self.chunks(k, False, _site_chunk_size(rank, self.chunk_size))
+        chunks = self.chunks(k, False, _site_chunk_size(rank, self.chunk_settings))
         sites = self.factor_sites[k] or [
             (np.zeros((c.entries.size, rank)), np.zeros(c.entries.size), np.zeros(c.entries.size)) for c in chunks
         ]

@@ -89,12 +89,10 @@ def _damped_probit_site(t, a, q2, sign, rest, precision, shift, damping, ok, lik
     return damped_update(precision, pi, damping, ok), damped_update(shift, beta, damping, ok)
 
 
-def _site_chunk_size(rank, chunk_size):
-    """Entries per chunk of the probit CEP site step: at most ``chunk_size``, and few enough that
-    a (c, R, R) temporary stays near 1 MB.  The step's work is then cache-sized, and its
-    temporaries stay below the size at which the C allocator hands memory back to the system
-    when a chunk returns (and faults it in again for the next chunk: 40 % of a sweep at R = 8)."""
-    return int(min(chunk_size, max(64, 2**17 // rank**2)))
+def _site_chunk_size(rank, chunks):
+    """Entries per chunk of the probit CEP site step (:class:`~skcep.engines.cp.settings.ChunkSettings`):
+    at most ``chunks.chunk_size``, and few enough that a (c, R, R) temporary stays cache-sized."""
+    return int(min(chunks.chunk_size, max(chunks.min_site_chunk, chunks.site_chunk_elements // rank**2)))
 
 
 def _n_skipped(ok):

@@ -8,6 +8,7 @@ import numpy as np
 from ..ordinal import fit_thresholds
 from .implicit import grow_term
 from .posterior import CPPosterior, GaussianRows
+from .settings import START
 
 
 def _prior_rows(n_rows, rank, variance, mean=None, working_variance=None, prior_mean=0.0):
@@ -179,22 +180,23 @@ def init_posterior(
     return post
 
 
-def starting_noise_precision(y, noise_prior, weight=None):
-    """E[τ] to start a Gaussian fit from: 10 / Var(y), a noise that leaves 90 % of the spread of
-    y to the model (the prior mean a0/b0 of a vague prior would let the random start's large
+def starting_noise_precision(y, noise_prior, weight=None, *, start=START):
+    """E[τ] to start a Gaussian fit from: ``start.variance_ratio`` / Var(y)
+    (:class:`~skcep.engines.cp.settings.StartSettings`), a noise that leaves most of the spread
+    of y to the model (the prior mean a0/b0 of a vague prior would let the random start's large
     residuals shrink every embedding to zero); a0/b0 when y is constant.  With entry
     ``weight``: the weighted variance (that of the entries repeated w times)."""
     if weight is None:
-        return noise_precision_for_variance(float(np.var(y)) if y.size > 1 else 0.0, noise_prior)
+        return noise_precision_for_variance(float(np.var(y)) if y.size > 1 else 0.0, noise_prior, start=start)
     mean = np.average(y, weights=weight)
     variance = float(np.average((y - mean) ** 2, weights=weight)) if weight.sum() > 1 else 0.0
-    return noise_precision_for_variance(variance, noise_prior)
+    return noise_precision_for_variance(variance, noise_prior, start=start)
 
 
-def noise_precision_for_variance(variance, noise_prior):
+def noise_precision_for_variance(variance, noise_prior, *, start=START):
     """:func:`starting_noise_precision` from Var(y) (0 for a constant y), for entries held
     elsewhere (a distributed fit reduces the variance from its chunks)."""
-    return 10.0 / variance if variance > 0 else noise_prior[0] / noise_prior[1]
+    return start.variance_ratio / variance if variance > 0 else noise_prior[0] / noise_prior[1]
 
 
 def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mode_offset_variance=None):

@@ -8,11 +8,14 @@ import numpy as np
 
 from .fit import fit_cp
 from .posterior import put_rows, take_rows
+from .settings import SWEEPS
 from .start import _learned_prior, _random_rows, grow_posterior
 from .updates import component_update, learned_prior_update
 
 
-def streaming_sweeps(index, first, likelihood="gaussian", method="cep", weight=None, learned_priors=False):
+def streaming_sweeps(
+    index, first, likelihood="gaussian", method="cep", weight=None, learned_priors=False, *, sweeps=SWEEPS
+):
     """The sweeps of a batch of ``partial_fit`` with ``n_inner_iter="auto"``: (number, simultaneous).
 
     A later batch gets one sweep.  For probit (and ordinal) CEP it is simultaneous: every site of the batch
@@ -20,28 +23,26 @@ def streaming_sweeps(index, first, likelihood="gaussian", method="cep", weight=N
     density filtering (ADF-CEP; Wang & Zhe §6.3) — and every group updated at once.  A probit
     CEP sweep in turn counts the batch twice: the modes updated last (the small, shared time
     mode) get sites from partners already fitted to those very entries and grow to carry the
-    batch (binary MovieLens, rank 8, batches of 1,000: mean |time embedding| 5.6 against 2.5 in
-    the batch fit, test AUC 0.632; simultaneous: 0.37, 0.705).  Gaussian entries and VMP keep
+    batch (design notes: "Sweeps of a streamed batch").  Gaussian entries and VMP keep
     the sweep in turn: it is VMP's coordinate step (Li et al., Corollary 1), and a simultaneous
     step overshoots when a batch holds many entries per object.  More sweeps of a batch whose
     objects have one or two entries each drive their embeddings to the all-zero fixed point,
     and an object seen once restarts later batches from there.
 
     The first batch has no posterior to start from, only random working means: one sweep in
-    turn, up to 10 if it holds at least two entries per object it touches (its shared modes'
-    sites from random partners would otherwise stay wrong and confident).  With CEP and the
-    embeddings' priors learned (``learned_priors``) the first batch always gets 10: the zero
-    fixed point that more sweeps would drive sparse objects to is gone (Enron, rank 8, batches of
-    1,000: test AUC 0.641 → 0.952; binary MovieLens 0.786 → 0.788); VMP keeps the rule above
-    (Enron 0.228 → 0.925 but binary MovieLens 0.692 → 0.588).  An entry of ``weight`` w counts
-    w times."""
+    turn, up to ``sweeps.first_batch_sweeps`` if it holds at least ``sweeps.first_batch_density``
+    entries per object it touches (its shared modes' sites from random partners would otherwise
+    stay wrong and confident; :class:`~skcep.engines.cp.settings.SweepSettings`).  With CEP and
+    the embeddings' priors learned (``learned_priors``) the first batch always gets
+    ``first_batch_sweeps``: the zero fixed point that more sweeps would drive sparse objects to
+    is gone; VMP keeps the rule above.  An entry of ``weight`` w counts w times."""
     if not first:
         return 1, likelihood != "gaussian" and method == "cep"
     if learned_priors and method == "cep":
-        return 10, False
+        return sweeps.first_batch_sweeps, False
     touched = sum(np.unique(column).size for column in index.T)
     n = index.shape[0] if weight is None else weight.sum()  # an entry of weight w counts w times
-    return (10 if n >= 2 * touched else 1), False
+    return (sweeps.first_batch_sweeps if n >= sweeps.first_batch_density * touched else 1), False
 
 
 def absorb_batch(

@@ -37,6 +37,7 @@ import numpy as np
 
 from .implicit import implicit_update
 from .packing import _packing
+from .settings import IMPLICIT
 from .statistics import RowStatistics
 
 
@@ -65,12 +66,13 @@ def _scaled(statistics, scale):
     return scale * statistics.second, scale * statistics.first
 
 
-def implicit_group_update(group, term, statistics, scale=None):
+def implicit_group_update(group, term, statistics, scale=None, *, implicit=IMPLICIT):
     """The update of a mode with implicit feedback (:func:`~skcep.engines.cp.implicit.implicit_update`):
     q(u_s) and q(y_m) jointly, from the entries' message in ũ_s — precision scale × Σ E[z zᵀ],
-    shift scale × Σ target E[z] (the statistics :func:`group_update` adds to the prior)."""
+    shift scale × Σ target E[z] (the statistics :func:`group_update` adds to the prior);
+    ``implicit``: the solve's :class:`~skcep.engines.cp.settings.ImplicitSettings`."""
     second, first = _scaled(statistics, scale)
-    return implicit_update(group, term, _packing(group.mean.shape[1]).unpack(second), first)
+    return implicit_update(group, term, _packing(group.mean.shape[1]).unpack(second), first, implicit=implicit)
 
 
 def noise_update(noise_prior, n, sum_squared_error):

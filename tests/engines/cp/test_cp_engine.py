@@ -6,6 +6,8 @@ from quadrature over q(τ) and explicit KL formulas, probit tilted moments from 
 fixed points of VMP, and held-out accuracy on synthetic low-rank tensors.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scipy.integrate import quad
@@ -15,6 +17,8 @@ from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
 from skcep.engines.cp import (
+    CHUNKS,
+    SWEEPS,
     SparseChunk,
     absorb_batch,
     elbo,
@@ -27,6 +31,7 @@ from skcep.engines.cp import (
     probit_site_statistics,
     reduce_rows,
     start_sweeps,
+    streaming_sweeps,
 )
 
 A0, B0 = 1e-3, 1e-3
@@ -795,6 +800,29 @@ def test_entry_cep_with_one_block_is_vmp(offsets):
         assert_same_state(a, b, 1e-9, f"sweep {it}")
 
 
+def test_entry_blocks_come_from_the_sweep_settings():
+    """block_size=None sizes the entry schedule's blocks by SweepSettings: one entry_block of
+    all entries is the fit with block_size=n, and the default (max(8, n // 50)) is a different one."""
+    shape, rank = (5, 4, 3), 2
+    index, y, _ = make_tensor(shape, rank, 40, seed=0, noise=0.3)
+    post0 = new_posterior(shape, rank, seed=1, noise_init=10.0, init_scale=1.0)
+    options = dict(method="cep", schedule="entry", max_iter=3, tol=0.0)
+    whole = fit_cp(post0, index, y, block_size=y.size, **options)
+    one_block = fit_cp(post0, index, y, sweeps=replace(SWEEPS, entry_blocks=1), **options)
+    default = fit_cp(post0, index, y, **options)
+    assert_same_state(snapshot(one_block.posterior), snapshot(whole.posterior), 0.0, "one block")
+    assert not np.array_equal(default.posterior.factors[0].mean, whole.posterior.factors[0].mean)
+
+
+def test_first_streamed_batch_sweeps_come_from_the_sweep_settings():
+    index = np.array([[0, 0], [0, 1], [1, 0], [1, 1]])  # 4 entries, 4 objects touched: 1 per object
+    assert streaming_sweeps(index, True) == (1, False)
+    dense = replace(SWEEPS, first_batch_density=1.0, first_batch_sweeps=3)
+    assert streaming_sweeps(index, True, sweeps=dense) == (3, False)
+    assert streaming_sweeps(index, True, method="cep", learned_priors=True, sweeps=dense) == (3, False)
+    assert streaming_sweeps(index, False, sweeps=dense) == (1, False)
+
+
 def test_entry_cep_converges_to_a_vmp_fixed_point():
     index, y, f, post0 = entry_problem()
     entry = fit_cp(
@@ -1218,7 +1246,7 @@ def test_fit_is_bit_identical_for_any_n_jobs(likelihood, method, schedule):
             schedule=schedule,
             max_iter=4,
             tol=0.0,
-            chunk_size=64,
+            chunks=replace(CHUNKS, chunk_size=64),
             n_jobs=n_jobs,
             rng=np.random.default_rng(0),
         )
