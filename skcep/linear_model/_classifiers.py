@@ -363,7 +363,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             if not (stream and auto and n_weights):
                 return fit_from(k, mean0, spread0), None
             # λ follows the stream: ADF at every candidate λ, each with its own evidence
-            candidates = None if prior is None else (prior.get("stream") or [None] * (k + 1))[k]
+            streams = None if prior is None else prior.get("stream")
+            candidates = streams[k] if streams else None
             if candidates is None:
                 earlier = (
                     None if prior is None else (mean0, spread0, prior["prior_variance"][k], prior["log_evidence"][k])
