@@ -2,6 +2,7 @@
 translation to the engine :mod:`skcep.engines.cp`, which does all the numerics."""
 
 import functools
+from dataclasses import replace
 from numbers import Integral, Real
 from textwrap import indent
 
@@ -773,11 +774,9 @@ class BayesianCPTensor(TensorEstimator):
         """Ordinal entries start from ORDINAL_WARM_START sweeps of the Gaussian model of their
         standardized level values z, rescaled to the ordered probit at the midpoints ``cuts``
         (:func:`ordinal_start`)."""
-        floor, post.precision_floor = post.precision_floor, 0.0
         options = dict(self._fit_options(ORDINAL_WARM_START), likelihood="gaussian", method="vmp", schedule="group")
-        warm = fit_cp(post, X, z, rng=rng, weight=weight, **options).posterior
-        warm.precision_floor = floor
-        return ordinal_start(warm, cuts)
+        warm = fit_cp(replace(post, precision_floor=0.0), X, z, rng=rng, weight=weight, **options).posterior
+        return ordinal_start(replace(warm, precision_floor=post.precision_floor), cuts)
 
     def _set_posterior(self, result, shape):
         self._posterior = result.posterior

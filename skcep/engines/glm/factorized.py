@@ -362,7 +362,8 @@ def fit_factorized(
         on the CEP paper's sonar data: 3 warm-up sweeps −7.8, 10 or 50 sweeps −0.60 test
         log-likelihood); starting near EP's fixed point avoids both.
     callback : callable, optional
-        ``callback(sweep, change, None)`` after every sweep of ``method``.
+        ``callback(sweep, change, None)`` after every sweep of ``method``; returning True
+        ends the run there (not converged).
     sample_weight : ndarray (n,), optional
         Non-negative row weights: a row of weight w has the sites of w copies of itself
         (:func:`site_copy`); None is weight 1 for every row.
@@ -527,6 +528,8 @@ def factorized_sweeps(
         verdict = control.finish(it, skipped, mean_old, var_old, *to_moments(prec, shift), callback)
         if verdict == "converged":
             converged = True
+            break
+        if verdict == "stopped":
             break
         if verdict == "reject":
             prec, shift, _ = factorized_global_step(prior_prec, prior_shift, parts.restore())

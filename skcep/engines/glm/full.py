@@ -269,6 +269,8 @@ def full_sweeps(parts, prior_prec, prior_shift, *, likelihood, damping, tol, max
         if verdict == "converged":
             converged = True
             break
+        if verdict == "stopped":
+            break
         if verdict == "reject":
             parts.restore()
             P, b, chol, mean, var, _ = full_global_step(*saved, [])

@@ -321,6 +321,8 @@ def fit_full_dual(
         if verdict == "converged":
             converged = True
             break
+        if verdict == "stopped":
+            break
         if verdict == "reject":
             np.copyto(site_prec, saved[0])
             np.copyto(site_shift, saved[1])

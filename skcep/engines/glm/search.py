@@ -528,10 +528,6 @@ def _warn_rising(result, best, slope, log_lam, settings=SEARCH):
     )
 
 
-class _RunAway(Exception):
-    """A CEP fit started at EP's fixed point left it by more than ``settings.runaway`` sd in a sweep."""
-
-
 def _cep_after_search(fit_at, spread_at, likelihood, own, log_lam, start, max_iter, spent, retries=3, settings=SEARCH):
     """CEP-1 / CEP-2 at the searched θ: from the prior through factorized EP's warm-up sweeps
     (:func:`~skcep.engines.glm.factorized.fit_factorized`), then ``method``'s.  At the large λ
@@ -543,22 +539,21 @@ def _cep_after_search(fit_at, spread_at, likelihood, own, log_lam, start, max_it
     sweeps move it by ~1 sd) and θ is halved towards ``start`` (the user's λ), at most
     ``retries`` times; then ``start`` itself is fitted unguarded.
     Returns ``(posterior, θ, sweeps spent)``."""
-    callback, swept = own["callback"], [0]
+    callback = own["callback"]
 
     def guard(sweep, change, info):
-        swept[0] = sweep
-        if callback is not None:
-            callback(sweep, change, info)
-        if sweep > settings.runaway_grace and change > settings.runaway:
-            raise _RunAway
+        """Ends the run (returns True) at a runaway sweep, or where the caller's callback asks."""
+        asked = callback is not None and callback(sweep, change, info) is True
+        ran_away.append(sweep > settings.runaway_grace and change > settings.runaway)
+        return asked or ran_away[-1]
 
     for _ in range(retries):
-        try:
-            post = fit_at(spread_at(log_lam), likelihood, **{**own, "callback": guard})
+        ran_away = []  # per sweep of this run: whether it moved q by more than settings.runaway
+        post = fit_at(spread_at(log_lam), likelihood, **{**own, "callback": guard})
+        if not (ran_away and ran_away[-1]):
             return post, log_lam, spent
-        except _RunAway:
-            spent += swept[0]
-            log_lam = start + 0.5 * (log_lam - start)
+        spent += len(ran_away)
+        log_lam = start + 0.5 * (log_lam - start)
     return fit_at(spread_at(start), likelihood, **own), start, spent
 
 

@@ -79,12 +79,12 @@ class SweepControl:
 
     def finish(self, sweep, n_skipped, mean_old, var_old, mean, var, callback=None):
         """Count a finished sweep's skipped updates, :meth:`judge` it and report it to
-        ``callback(sweep, change, None)``; returns the verdict."""
+        ``callback(sweep, change, None)``; returns the verdict, "stopped" where the callback
+        returns True and the sweep has not converged (the run ends there, not converged)."""
         self.n_skipped += n_skipped
         verdict = self.judge(mean_old, var_old, mean, var)
-        if callback is not None:
-            callback(sweep, self.trace[-1], None)
-        return verdict
+        stop = callback is not None and callback(sweep, self.trace[-1], None) is True
+        return "stopped" if stop and verdict != "converged" else verdict
 
     def judge(self, mean_old, var_old, mean, var):
         """Record a finished sweep: "converged", "accept" or "reject"."""

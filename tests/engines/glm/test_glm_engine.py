@@ -1109,3 +1109,29 @@ def test_default_compiled_blocks_converge_on_strongly_correlated_features():
     assert not large.converged or large.n_iter > 3 * default.n_iter
     assert default.converged and sequential.converged
     assert np.max(np.abs(default.mean - sequential.mean) / np.sqrt(sequential.var)) < 0.05
+
+
+@pytest.mark.parametrize("engine", ["factorized", "full", "full_dual"])
+def test_a_callback_that_returns_true_ends_the_run_unconverged(engine):
+    """The callback protocol of every GLM sweep loop: returning True after sweep 2 ends the run
+    there (2 sweeps, not converged); returning None lets the same run go on to convergence."""
+    from skcep.engines.glm.full_dual import fit_full_dual
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    y = np.where(X @ np.array([1.0, -0.5, 0.3]) + 0.3 * rng.normal(size=40) > 0, 1.0, -1.0)
+    from skcep.engines.glm.full import fit_full
+
+    def run(cb):
+        if engine == "factorized":
+            return glm_factorized.fit_factorized(
+                X, y, Probit(), np.zeros(3), np.ones(3), method="ep", tol=1e-8, callback=cb
+            )
+        fit_ = fit_full if engine == "full" else fit_full_dual
+        return fit_(X, y, Probit(), np.zeros(3), np.eye(3), tol=1e-8, callback=cb)
+
+    seen = []
+    stopped = run(lambda sweep, change, info: seen.append(sweep) or sweep == 2)
+    assert seen == [1, 2] and stopped.n_iter == 2 and not stopped.converged
+    free = run(lambda sweep, change, info: None)
+    assert free.converged and free.n_iter > 2
