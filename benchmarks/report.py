@@ -11,9 +11,9 @@ come from and a closing ``<!-- /report -->``; everything between the two is rewr
 
     <!-- report
     file: results/classification.md
-    section: probit: ours beside the paper
+    section: probit: ours beside the paper (LP, VB and the rest)
     rows: metric = LL
-    columns: data set; CEP-1 ours / paper; NUTS -> NUTS (gold standard)
+    columns: data set; CEP-1 ours / paper; NUTS -> NUTS (reference)
     -->
 
 One ``key: value`` a line; lists are separated by ``;``.
@@ -272,6 +272,8 @@ def table_block(pairs, base, cache, figures):
             if not parts:
                 raise ReportError(f"{key}: before any section:")
             if key == "nth":
+                if not value.isdigit():
+                    raise ReportError(f"nth: expected a number, got {value!r}")
                 parts[-1][2] = int(value)
             else:
                 parts[-1][3].append((key, value))
@@ -302,10 +304,10 @@ def table_block(pairs, base, cache, figures):
         if [plain(h) for h in other.header] != [plain(h) for h in result.header]:
             raise ReportError(f"stacked tables differ in columns: {result.header} and {other.header}")
         result.rows += other.rows
+    sources = add_paper(result, paper, figures) if paper else []
     text = render_table(result)
-    if paper:
-        sources = add_paper(result, paper, figures)
-        text = render_table(result) + f"\n\nPaper figures ({PAPER_FIGURES.name}): " + "; ".join(sources) + "."
+    if sources:
+        text += f"\n\nPaper figures ({PAPER_FIGURES.name}): " + "; ".join(sources) + "."
     return text
 
 

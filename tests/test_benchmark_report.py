@@ -231,6 +231,8 @@ def test_index_lists_command_title_and_stamp(toy):
         ("file: results/toy.md\nsection: Twice\nnth: 1\npaper: nokey", "paper: no figures with key 'nokey'"),
         ("file: results/toy.md\nquote: nothing like it", "toy.md: no line starting with 'nothing like it'"),
         ("file: results/toy.md\nsection: Twice\nnth: 1\ncolor: red", "unknown key 'color'"),
+        ("file: results/toy.md\nsection: Twice\nnth: two", "nth: expected a number, got 'two'"),
+        ("file: results/toy.md\nsection: Twice\nnth: 3", "toy.md: nth: 3, but 'Twice' has 2 table(s)"),
         (
             "file: results/toy.md\nsection: probit: scores\nsection: Twice\nnth: 1",
             "stacked tables differ in columns",
