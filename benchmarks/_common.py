@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from _stamp import source_hash, stamp
 from sklearn.datasets import load_breast_cancer
 from sklearn.exceptions import ConvergenceWarning
 
@@ -82,19 +83,13 @@ def timed_fit(est, X, y):
     return seconds, n_conv, len(caught) - n_conv
 
 
-def _source_hash():
-    digest = hashlib.sha1()
-    for f in sorted(Path(skcep.__file__).parent.rglob("*.py")):
-        digest.update(f.read_bytes())
-    return digest.hexdigest()[:10]
+_SOURCE_HASH = source_hash(Path(skcep.__file__).parent)  # taken at import, i.e. of the code that was loaded
 
 
-_SOURCE_HASH = _source_hash()  # taken at import, i.e. of the code that was loaded
-
-
-def library_state():
-    """skcep's version and a short hash of its source, to tie results to the code measured."""
-    return f"skcep {skcep.__version__}, source sha1 {_SOURCE_HASH} (skcep/**/*.py at import)"
+def library_state(sha=None):
+    """skcep's version and a short hash of its source, to tie results to the code measured
+    (``sha``: the hash of another copy of the source, e.g. a snapshot's; default the imported one)."""
+    return stamp(skcep.__version__, sha or _SOURCE_HASH)
 
 
 def gauss_kl(m0, S0, m1, S1):
@@ -165,7 +160,8 @@ def snapshot_library(check, prefix):
     even while the library is being edited; ``check`` (Python source) must import it from the
     copy, fit something and print the module's path.  Retried if the copy is mid-edit.
 
-    Returns dict(path, env, sha, time) for :func:`run_worker`.
+    Returns dict(path, env, sha, sha1, time) for :func:`run_worker`; ``sha1`` is the copy's
+    hash as :func:`library_state` computes it (``library_state(snapshot["sha1"])`` stamps it).
     """
     root = Path(__file__).resolve().parent.parent
     for _attempt in range(10):
@@ -179,7 +175,13 @@ def snapshot_library(check, prefix):
             digest = hashlib.sha256()
             for f in sorted((tmp / "skcep").rglob("*.py")):
                 digest.update(f.read_bytes())
-            return dict(path=tmp, env=env, sha=digest.hexdigest()[:12], time=time.strftime("%Y-%m-%d %H:%M"))
+            return dict(
+                path=tmp,
+                env=env,
+                sha=digest.hexdigest()[:12],
+                sha1=source_hash(tmp / "skcep"),
+                time=time.strftime("%Y-%m-%d %H:%M"),
+            )
         shutil.rmtree(tmp, ignore_errors=True)
         time.sleep(20)
     raise RuntimeError(f"skcep does not import or fit:\n{proc.stderr[-3000:]}")

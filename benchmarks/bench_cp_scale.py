@@ -57,7 +57,14 @@ from pathlib import Path  # noqa: E402
 
 import _common  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import machine_lines, maxrss_bytes, reset_peak_rss, snapshot_library, verdict  # noqa: E402
+from _common import (  # noqa: E402
+    library_state,
+    machine_lines,
+    maxrss_bytes,
+    reset_peak_rss,
+    snapshot_library,
+    verdict,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -305,6 +312,8 @@ def main(quick):
         f"`{command}`",
         "",
         "# Scale benchmark: BayesianCPTensor (rank 8, Gaussian) — group CEP and VMP",
+        "",
+        library_state(SNAPSHOT["sha1"]) + " (the copy measured)",
         "",
         *machine_lines(),
         "- engine threads: entry chunks split over `min(4, cpu_count)` Python threads (numpy "

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _stamp import source_hash, stamp
+
 RESULTS = Path(__file__).resolve().parent / "results"
 # the peer reads the same split without importing skcep
 PIMA = Path(__file__).resolve().parents[1] / "skcep" / "data" / "cep_paper" / "pima" / "train-1.csv"
@@ -77,7 +79,15 @@ def run(code, cache_dir):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def library_state():
+    """The source stamp of the skcep a fresh interpreter imports (the one every cell measures)."""
+    with tempfile.TemporaryDirectory() as cache:
+        found = run("import json, skcep; print(json.dumps([skcep.__version__, skcep.__file__]))", cache)
+    return stamp(found[0], source_hash(Path(found[1]).parent))
+
+
 def main():
+    state = library_state()
     rows = []
     for name, fit in FITS.items():
         code = TIMED.format(fit=fit)
@@ -102,6 +112,8 @@ def main():
         f"Command: `OPENBLAS_NUM_THREADS=1 python benchmarks/bench_first_use.py` "
         f"(Python {platform.python_version()}, {platform.machine()}, "
         f"{os.cpu_count()} cores; each cell its own fresh interpreter).",
+        "",
+        state,
         "",
         "| first fit | imports, s | fit, empty cache, s | fit, warm cache, s | imports + fit, warm, s "
         "| fit after `compile_kernels()`, s | fit, warm / peer |",

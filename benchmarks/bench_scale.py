@@ -50,7 +50,14 @@ from pathlib import Path  # noqa: E402
 import _common  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
-from _common import machine_lines, maxrss_bytes, reset_peak_rss, snapshot_library, verdict  # noqa: E402
+from _common import (  # noqa: E402
+    library_state,
+    machine_lines,
+    maxrss_bytes,
+    reset_peak_rss,
+    snapshot_library,
+    verdict,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -589,6 +596,8 @@ def main(quick):
         f"`{command}`",
         "",
         "# Scale benchmark: the classifiers vs LogisticRegression",
+        "",
+        library_state(SNAPSHOT["sha1"]) + " (the copy measured)",
         "",
         *machine_lines(),
         f"- load average (1/5/15 min): {ls[0]:.2f}/{ls[1]:.2f}/{ls[2]:.2f} at start, "
