@@ -160,6 +160,8 @@ def assert_same_posterior(a, b, X):
     for u, v in zip(a.weights_ + a.embeddings_, b.weights_ + b.embeddings_):
         np.testing.assert_array_equal(u, v)
     assert a.n_seen_ == b.n_seen_ and a.shape_ == b.shape_
+    assert a.log_evidence_ == b.log_evidence_ and len(a.log_evidence_trace_) > 1  # the running evidence
+    np.testing.assert_array_equal(a.log_evidence_trace_, b.log_evidence_trace_)
 
 
 @pytest.mark.parametrize("likelihood", ["gaussian", "probit", "ordinal"])

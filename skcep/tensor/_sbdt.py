@@ -3,6 +3,7 @@ indices, holds the posterior and runs the engine's one step, :func:`skcep.engine
 on every batch."""
 
 import copy
+import math
 from dataclasses import dataclass
 from numbers import Integral, Real
 
@@ -18,6 +19,7 @@ from ..engines.sbdt import (
     InMemoryChunks,
     absorb_batch,
     absorb_summary,
+    evidence_per_batch,
     grow_posterior,
     init_posterior,
     initial_thresholds,
@@ -132,7 +134,8 @@ class StreamingDeepTensor(TensorEstimator):
             given: indices beyond it are rejected.
     <N_JOBS>        SBDT's per-entry ADF loop is sequential: it runs in one thread whatever the value,
             which is accepted for a uniform API.
-    <VERBOSE>        Here the objective is the batch's mean log evidence (eqs. 10, 12).
+    <VERBOSE>        Here the objective is the batch's mean log evidence (eqs. 10, 12), as in
+            ``log_evidence_trace_``.
         random_state : int, RandomState instance or None, default=None
             Seeds the initial weight means (the spike-and-slab approximation starts with means drawn
             from a standard normal truncated to [−σ0, σ0], variances σ0², §4.2), the random
@@ -163,6 +166,17 @@ class StreamingDeepTensor(TensorEstimator):
             their variances, describe the standardized targets).
         n_seen_ : int
             Entries processed since the last ``fit`` (or the first ``partial_fit``).
+        log_evidence_ : float
+            The running evidence Σ_i w_i log Z_i of those entries (w_i = 1 without
+            ``sample_weight``), each log Z_i taken under the posterior the entry was absorbed into
+            (eqs. 10, 12; ordinal: at its level's cut points): ADF's estimate of the log marginal
+            likelihood log p(y_1, …, y_n) of the stream, accumulated over ``partial_fit`` calls and
+            started afresh by ``fit``.  In y's units: with ``normalize_y`` it is the standardized
+            targets' value minus Σ_i w_i log ``y_scale_``.
+        log_evidence_trace_ : ndarray of shape (n_batches, 2)
+            One row per batch absorbed since then: the entries seen after the batch (``n_seen_`` at
+            that point) and the batch's mean log evidence Σ_i w_i log Z_i / Σ_i w_i, in y's units.
+            The means times the batches' sizes (total weights) add up to ``log_evidence_``.
         shape_ : tuple of int
             Shape of the fitted tensor.
         implicit_factors_, implicit_factor_variances_ : dict
@@ -361,6 +375,7 @@ class StreamingDeepTensor(TensorEstimator):
             self.shuffle,
             self.classes_.size if self.likelihood == "ordinal" else None,
             type(self).__name__ if self.verbose else None,
+            math.log(self.y_scale_),
         )
 
     @fit_method
@@ -538,6 +553,10 @@ class StreamingDeepTensor(TensorEstimator):
         self.implicit_factors_ = {k: f[0] for k, f in zip(implicit, factors)}
         self.implicit_factor_variances_ = {k: f[1] for k, f in zip(implicit, factors)}
         self.n_seen_ = int(post.n_seen)
+        log_scale = math.log(self.y_scale_)  # the evidence of y, not of the standardized targets
+        self.log_evidence_ = float(post.log_evidence - post.weight_seen * log_scale)
+        seen, mean_log_z = evidence_per_batch(post)
+        self.log_evidence_trace_ = np.column_stack([seen, mean_log_z - log_scale])
 
     def _latent_moments(self, X):
         """Delta-method mean and variance of f at the entries X (unseen indices: the prior)."""
@@ -551,7 +570,8 @@ class _Pass:
     """``fit``'s step on a chunk of checked entries (what a holder of chunks folds; on Dask it
     travels to the workers, so it holds plain settings, not the estimator).  ``n_levels``: the
     ordinal levels (None otherwise); ``name``: the estimator's, for the progress lines of
-    ``verbose`` (None: silent)."""
+    ``verbose`` (None: silent); ``log_scale``: log ``y_scale_``, which turns the mean log evidence
+    of the standardized targets that a progress line shows into that of y."""
 
     likelihood: str
     damping: float
@@ -559,6 +579,7 @@ class _Pass:
     shuffle: bool
     n_levels: int = None
     name: str = None
+    log_scale: float = 0.0
 
     def __call__(self, state, X, y, weight=None):
         """The state (generator, posterior) after the chunk's entries, in batches of
@@ -581,4 +602,4 @@ class _Pass:
         absorb_batch(post, X, y, self.likelihood, self.damping, weight)
         if progress is not None:
             change, mean_log_z = absorb_summary(before, post)
-            progress(post.n_batches, change, mean_log_z)
+            progress(post.n_batches, change, mean_log_z - self.log_scale)

@@ -471,10 +471,12 @@ def test_verbose_prints_one_line_per_batch(capsys):
     assert len(lines) == 1 and lines[0].startswith("[StreamingDeepTensor] batch 5, ")
     est.partial_fit(X[:10], y[:10])
     assert capsys.readouterr().out == ""
-    # the objective printed is the batch's mean log evidence
+    # the objective printed is the batch's mean log evidence, in y's units as log_evidence_trace_
     post = loud._posterior
     value = float(lines[0].split("mean log evidence ")[1].split(",")[0])
     assert value < 0 and np.isfinite(post.log_evidence)
+    assert abs(np.log(loud.y_scale_)) > 1e-3
+    assert value == pytest.approx(loud.log_evidence_trace_[-1, 1], rel=1e-5)
 
 
 def test_n_jobs_is_accepted_and_changes_nothing():

@@ -21,13 +21,14 @@ Modules:
 * :mod:`.moments` — the delta method over many entries (eqs. 8–9), the running evidence log Z;
 * :mod:`.thresholds` — the cut points of ordinal entries: their start and their refit per batch;
 * :mod:`.spike_slab` — the EP step of the spike-and-slab terms (supplement eqs. 5–9);
-* :mod:`.adf` — ADF over a batch's entries (Alg. 1 lines 3–8) and the step ``absorb_batch``;
+* :mod:`.adf` — ADF over a batch's entries (Alg. 1 lines 3–8), the step ``absorb_batch`` and the
+  running evidence batch by batch (``evidence_per_batch``);
 * :mod:`.chunks` — a stream's entries in chunks folded in order: the holder protocol ``EntryChunks``
   and its single-machine ``InMemoryChunks``;
 * ``_kernel`` — the compiled per-entry loop (numba): delta method, evidence, eq. 7, noise.
 """
 
-from .adf import absorb_batch, absorb_summary
+from .adf import absorb_batch, absorb_summary, evidence_per_batch
 from .chunks import EntryChunks, InMemoryChunks
 from .moments import predict_moments
 from .posterior import DeepPosterior, grow_posterior, init_posterior
@@ -41,6 +42,7 @@ __all__ = [
     "initial_thresholds",
     "absorb_batch",
     "absorb_summary",
+    "evidence_per_batch",
     "EntryChunks",
     "InMemoryChunks",
 ]

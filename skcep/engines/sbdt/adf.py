@@ -49,7 +49,7 @@ from .posterior import Workspace
 from .spike_slab import refine_spike_slab
 from .thresholds import update_thresholds
 
-__all__ = ["adf_pass", "absorb_batch", "absorb_summary"]
+__all__ = ["adf_pass", "absorb_batch", "absorb_summary", "evidence_per_batch"]
 
 LIKELIHOODS = {"probit": PROBIT, "gaussian": GAUSSIAN, "ordinal": ORDINAL}  # the compiled loop's codes
 _NO_CUT = np.empty(0)  # the cut points the loop gets for Gaussian and probit entries
@@ -163,6 +163,7 @@ def adf_pass(post, X, y, likelihood, weight=None, return_moments=False):
         log_z = log_evidence(likelihood, y, alphas, betas, noise_variances if gaussian else None, post.thresholds)
         post.log_evidence += float(np.sum(log_z if weight is None else weights * log_z))
     post.n_seen += n if weight is None else int(np.count_nonzero(weights))
+    post.weight_seen += n if weight is None else float(np.sum(weights))
     return (post, moments[0], moments[1]) if return_moments else post
 
 
@@ -171,7 +172,8 @@ def absorb_batch(post, X, y, likelihood, damping, weight=None):
     (:func:`adf_pass`), for ordinal entries the cut points refitted at the moments the entries
     were absorbed with (:func:`~skcep.engines.sbdt.thresholds.update_thresholds`), then the EP
     refinement of the spike-and-slab terms (:func:`~skcep.engines.sbdt.spike_slab.refine_spike_slab`,
-    step ``damping``).  Updates ``post`` in place and returns it.
+    step ``damping``); the running evidence after the batch joins ``post.evidence_trace``.
+    Updates ``post`` in place and returns it.
 
     Parameters
     ----------
@@ -192,14 +194,16 @@ def absorb_batch(post, X, y, likelihood, damping, weight=None):
         update_thresholds(post, y, alpha, beta, weight)
     refine_spike_slab(post, damping)
     post.n_batches += 1
+    row = (post.n_seen, post.weight_seen, post.log_evidence)
+    post.evidence_trace = np.concatenate([post.evidence_trace, [row]])
     return post
 
 
 def absorb_summary(before, after):
     """What one :func:`absorb_batch` did, for progress lines: the largest change of a posterior
     mean (weights, offset, embeddings, implicit vectors) in posterior standard deviations, and the mean log
-    evidence of the batch's entries.  ``before`` is a copy of the posterior taken just before
-    the batch was absorbed (same shape)."""
+    evidence of the batch's entries (per unit weight, as :func:`evidence_per_batch`).  ``before`` is a
+    copy of the posterior taken just before the batch was absorbed (same shape)."""
     P = after.n_weights
     parts = [(before.mean[:P], after.mean[:P], after.var[:P])]
     if after.theta[1, -1] > 0:
@@ -208,6 +212,17 @@ def absorb_summary(before, after):
     if after.implicit is not None:
         parts.append((before.implicit.y[0], after.implicit.y[0], after.implicit.y[1]))
     change = max(float(np.max(np.abs(new - old) / np.sqrt(v), initial=0.0)) for old, new, v in parts)
-    n = after.n_seen - before.n_seen
-    mean_log_z = (after.log_evidence - before.log_evidence) / n if n else float("nan")
+    weight = after.weight_seen - before.weight_seen
+    mean_log_z = (after.log_evidence - before.log_evidence) / weight if weight > 0 else float("nan")
     return change, mean_log_z
+
+
+def evidence_per_batch(post):
+    """The running evidence (eqs. 10, 12) batch by batch, from ``post.evidence_trace``: the
+    entries seen after each batch (n_batches,) and each batch's mean log evidence
+    Σ_{i∈batch} w_i log Z_i / Σ_{i∈batch} w_i, the plain mean of its log Z unweighted (NaN for a
+    batch without entries).  Σ_t (mean_t × the batch's weight) is ``post.log_evidence``."""
+    _, weight, log_z = np.diff(post.evidence_trace, axis=0, prepend=np.zeros((1, 3))).T
+    mean = np.full(weight.shape, np.nan)
+    np.divide(log_z, weight, out=mean, where=weight > 0)
+    return post.evidence_trace[:, 0].astype(np.int64), mean

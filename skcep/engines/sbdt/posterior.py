@@ -25,7 +25,7 @@ so that q's inclusion log-odds are logit(ρ0) + ρ_A.  With implicit terms
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.special import logit
@@ -55,8 +55,11 @@ class DeepPosterior:
     column is the bias), then V_0 scratch slots that the per-entry loop fills with the entry's
     input embeddings, then the global offset b added to the network output (variance 0 when
     there is none: f = f_W(x) + b).  ``emb[k]`` is a (2, d_k, r_k) array: means and variances
-    of the mode-k embeddings.  ``log_evidence`` is the running evidence Σ_i log Z_i of the
-    entries seen (ADF's estimate of log p(y_1, …, y_n)).  ``thresholds`` (K − 1,): the ordinal
+    of the mode-k embeddings.  ``log_evidence`` is the running evidence Σ_i w_i log Z_i of the
+    entries seen (ADF's estimate of log p(y_1, …, y_n); w_i = 1 unweighted), ``weight_seen`` their
+    total weight Σ_i w_i (``n_seen`` unweighted) and ``evidence_trace`` an (n_batches, 3) array,
+    one row per batch absorbed: (``n_seen``, ``weight_seen``, ``log_evidence``) after it
+    (:func:`~skcep.engines.sbdt.adf.evidence_per_batch`).  ``thresholds`` (K − 1,): the ordinal
     cut points θ_0 < … < θ_{K−2} (point estimates; None otherwise or before the first batch),
     ``threshold_weight`` the entries' total weight behind them
     (:func:`~skcep.engines.sbdt.thresholds.update_thresholds`).  ``implicit``: the implicit terms
@@ -81,6 +84,8 @@ class DeepPosterior:
     thresholds: np.ndarray = None
     threshold_weight: float = 0.0
     implicit: ImplicitFeedback = None
+    weight_seen: float = 0.0
+    evidence_trace: np.ndarray = field(default_factory=lambda: np.empty((0, 3)))
 
     @property
     def mean(self):
@@ -154,6 +159,8 @@ class DeepPosterior:
             None if self.thresholds is None else self.thresholds.copy(),
             self.threshold_weight,
             None if self.implicit is None else self.implicit.copy(),
+            self.weight_seen,
+            self.evidence_trace.copy(),
         )
 
 

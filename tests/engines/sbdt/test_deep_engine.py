@@ -27,7 +27,7 @@ from scipy.stats import norm
 from skcep.engines._special import mills_ratio
 from skcep.engines.likelihoods import Gaussian
 from skcep.engines.likelihoods import mills_ratio as library_mills_ratio
-from skcep.engines.sbdt import absorb_batch, absorb_summary, init_posterior, predict_moments
+from skcep.engines.sbdt import absorb_batch, absorb_summary, evidence_per_batch, init_posterior, predict_moments
 from skcep.engines.sbdt._kernel import evidence_derivatives, moment_update, noise_update
 from skcep.engines.sbdt.adf import adf_pass
 from skcep.engines.sbdt.moments import delta_moments, log_evidence
@@ -841,6 +841,32 @@ def test_absorb_summary():
     )
     assert change == pytest.approx(expected, rel=1e-12) and change > 0
     assert mean_log_z == pytest.approx(post.log_evidence / 20, rel=1e-12) and mean_log_z < 0
+
+
+def test_evidence_trace_holds_the_running_evidence_after_every_batch():
+    """``post.evidence_trace`` and :func:`evidence_per_batch` against the running evidence read
+    before and after each batch: a batch's mean is its Σ w log Z over its Σ w (weighted batches
+    included), as :func:`absorb_summary` reports it."""
+    post = small_posterior("tanh", intercept_variance=1.0)
+    rng = np.random.default_rng(6)
+    expected, rows, total_weight = [], [], 0.0
+    for n, weighted in ((20, False), (15, True), (10, False)):
+        X = np.column_stack([rng.integers(0, 6, n), rng.integers(0, 5, n)])
+        weight = rng.uniform(0.2, 3.0, n) if weighted else None
+        batch_weight = n if weight is None else weight.sum()
+        total_weight += batch_weight
+        before = post.copy()
+        absorb_batch(post, X, rng.standard_normal(n), "gaussian", 0.5, weight)
+        expected.append((post.log_evidence - before.log_evidence) / batch_weight)
+        assert absorb_summary(before, post)[1] == pytest.approx(expected[-1], rel=1e-12)
+        assert before.evidence_trace.shape == (len(rows), 3)  # the copy kept its own trace
+        rows.append((post.n_seen, post.weight_seen, post.log_evidence))
+    np.testing.assert_array_equal(post.evidence_trace, rows)
+    assert post.weight_seen == pytest.approx(total_weight, rel=1e-12) and post.weight_seen != 45
+    seen, mean = evidence_per_batch(post)
+    np.testing.assert_array_equal(seen, [20, 35, 45])
+    np.testing.assert_allclose(mean, expected, rtol=1e-12)
+    assert np.all(mean < 0)
 
 
 # --------------------------------------------------------------------------------------------
