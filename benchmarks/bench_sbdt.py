@@ -52,6 +52,7 @@ rank 3 first.  Most of the time goes to the streaming CP runs at rank 8 (each
 run (n in brackets).
 ``--quick``: 10 batches (2,560 training entries), seed 0 only, batch fits of 5 sweeps
 without biases; printed, plots to the temporary directory, nothing written here.
+``bench_sbdt_sweep.py`` runs these streams over ranks and batch sizes (the paper's Fig. 1).
 """
 
 import os
@@ -71,6 +72,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import RESULTS, command, hand_notes, library_state, md_table, pm, verdict, warning_lines  # noqa: E402
 from bench_cp_movielens import baselines, movielens_split, rmse, validation_split  # noqa: E402
+from scipy.stats import norm  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 from skcep import BayesianCPTensor, StreamingDeepTensor  # noqa: E402
@@ -144,19 +146,21 @@ def cp_name(method):
     return f"streaming CP-{method.upper()}"
 
 
-def make_sbdt(likelihood, rank, activation, shape, seed):
+def make_sbdt(likelihood, rank, activation, shape, seed, batch_size=BATCH, **params):
     return StreamingDeepTensor(
         rank=rank,
         hidden_layer_sizes=(50, 50),
         activation=activation,
         likelihood=likelihood,
-        batch_size=BATCH,
+        batch_size=batch_size,
         shape=shape,
         random_state=seed,
+        **params,
     )
 
 
-def make_cp(likelihood, rank, method, shape, seed):
+def make_cp(likelihood, rank, method, shape, seed, batch_size=BATCH, **params):
+    """``batch_size`` is that of the stream (``partial_fit`` takes each batch whole)."""
     return BayesianCPTensor(
         rank=rank,
         likelihood=likelihood,
@@ -165,6 +169,7 @@ def make_cp(likelihood, rank, method, shape, seed):
         prior_variance=1.0,
         warm_up_entries=0,
         random_state=seed,
+        **params,
     )  # one pass, no refits; the fixed prior
 
 
@@ -183,25 +188,44 @@ def test_metric(est, X, y, likelihood):
     return rmse(score, y) if likelihood == "gaussian" else float(roc_auc_score(y, score))
 
 
-def stream(est, d, order, te, likelihood, eval_every):
-    """One pass of ``partial_fit`` over ``order`` in batches of BATCH.
+def test_log_predictive(est, X, y, likelihood):
+    """Mean log predictive density of the test values (Gaussian: N(y; mean, std²) of
+    ``predict(return_std=True)``) or probability of the test labels (probit: ``predict_proba``)."""
+    if likelihood == "gaussian":
+        mean, std = est.predict(X, return_std=True)
+        return float(np.mean(norm.logpdf(y, mean, std)))
+    proba = est.predict_proba(X)[np.arange(y.size), np.asarray(y, dtype=int)]
+    return float(np.mean(np.log(proba)))
+
+
+def late_evidence(est, share=0.1):
+    """SBDT's mean log evidence per entry over the batches that end in the last ``share`` of the
+    stream (``log_evidence_trace_``: entries seen, the batch's mean)."""
+    seen, mean = est.log_evidence_trace_.T
+    size = np.diff(seen, prepend=0)
+    late = seen > (1 - share) * seen[-1]
+    return float(size[late] @ mean[late] / size[late].sum())
+
+
+def stream(est, d, order, te, likelihood, eval_every, batch_size=BATCH):
+    """One pass of ``partial_fit`` over ``order`` in batches of ``batch_size``.
 
     Returns (estimator, wall seconds and CPU seconds inside partial_fit, running curve
     [(entries seen, metric)])."""
     X, y = d.X, d.y
     classes = np.array([0, 1]) if likelihood == "probit" else None
-    n_batches = -(-order.size // BATCH)
+    n_batches = -(-order.size // batch_size)
     fit_s, cpu_s, curve = 0.0, 0.0, []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for b in range(n_batches):
-            idx = order[b * BATCH : (b + 1) * BATCH]
+            idx = order[b * batch_size : (b + 1) * batch_size]
             t0, c0 = time.perf_counter(), time.process_time()
             est.partial_fit(X[idx], y[idx], classes=classes)
             fit_s += time.perf_counter() - t0
             cpu_s += time.process_time() - c0
             if eval_every and ((b + 1) % eval_every == 0 or b + 1 == n_batches):
-                curve.append((min((b + 1) * BATCH, order.size), test_metric(est, X[te], y[te], likelihood)))
+                curve.append((min((b + 1) * batch_size, order.size), test_metric(est, X[te], y[te], likelihood)))
     record_warnings(caught)
     return est, fit_s, cpu_s, curve
 
@@ -210,14 +234,20 @@ def factor_size(est):
     return "/".join(f"{np.abs(f).mean():.2f}" for f in est.factors_)
 
 
-def run_stream(kind, variant, likelihood, rank, seed, data, order, te, eval_every, log):
+def run_stream(
+    kind, variant, likelihood, rank, seed, data, order, te, eval_every, log, batch_size=BATCH, name=None, **params
+):
+    """One streaming pass of SBDT (``kind="sbdt"``, ``variant`` its activation) or streaming CP
+    (``variant`` its method) in batches of ``batch_size``; ``params``: further estimator
+    parameters, ``name`` the row's model name if not the default one.  Returns the row."""
     d = data[likelihood]
-    if kind == "sbdt":
-        est, name = make_sbdt(likelihood, rank, variant, d.shape, seed), sbdt_name(variant)
-    else:
-        est, name = make_cp(likelihood, rank, variant, d.shape, seed), cp_name(variant)
-    est, fit_s, cpu_s, curve = stream(est, d, order, te, likelihood, eval_every)
+    make, default_name = (make_sbdt, sbdt_name) if kind == "sbdt" else (make_cp, cp_name)
+    est = make(likelihood, rank, variant, d.shape, seed, batch_size, **params)
+    name = name or default_name(variant)
+    est, fit_s, cpu_s, curve = stream(est, d, order, te, likelihood, eval_every, batch_size)
     row = dict(
+        batch_size=batch_size,
+        test_lpd=test_log_predictive(est, d.X[te], d.y[te], likelihood),
         kind=kind,
         model=name,
         likelihood=likelihood,
@@ -232,8 +262,11 @@ def run_stream(kind, variant, likelihood, rank, seed, data, order, te, eval_ever
     )
     if kind == "sbdt":
         row["n_seen"] = int(est.n_seen_)
+        row["evidence"] = est.log_evidence_ / est.n_seen_  # the running evidence per entry
+        row["late_evidence"] = late_evidence(est)
+        row["trace"] = est.log_evidence_trace_
         row["tau"] = float(est.noise_precision_) if likelihood == "gaussian" else None
-        if seed == 0 and rank == THROUGHPUT_RANK:
+        if seed == 0 and rank == THROUGHPUT_RANK and batch_size == BATCH and not params:
             row["weights"] = dict(
                 mean=[np.asarray(w) for w in est.weights_],
                 var=[np.asarray(v) for v in est.weight_variances_],
