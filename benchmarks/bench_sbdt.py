@@ -909,6 +909,30 @@ def report(rows, skipped, base, args, elapsed, n_train, n_test, files, load_text
     return "\n".join(out) + "\n"
 
 
+def logger(t_start):
+    """A ``log(msg)`` that prints the minutes since ``t_start`` before each message."""
+
+    def log(msg):
+        print(f"[{(time.perf_counter() - t_start) / 60:5.1f} min] {msg}", flush=True)
+
+    return log
+
+
+def movielens_streams(quick):
+    """The two tensors {likelihood: data}, the training and test entries of ``movielens_split(0)``
+    (with ``quick``, 10 batches of training entries) and the baselines, fitted on all the training
+    entries; the ADF loop compiled (:func:`warm_up`)."""
+    d_real, d_bin = load_movielens(), load_movielens(binary=True)
+    data = {"gaussian": d_real, "probit": d_bin}
+    tr, te = movielens_split(0)
+    fi, va = validation_split(tr)
+    base, _, _ = baselines(d_real, d_bin, tr, te, fi, va)
+    if quick:
+        tr = np.sort(np.random.default_rng(0).choice(tr, 10 * BATCH, replace=False))
+    warm_up(data)
+    return data, tr, te, base
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run (a minute or two), not written")
@@ -918,18 +942,9 @@ def main():
     args = parser.parse_args()
     t_start = time.perf_counter()
     load0 = os.getloadavg()
-
-    def log(msg):
-        print(f"[{(time.perf_counter() - t_start) / 60:5.1f} min] {msg}", flush=True)
-
-    d_real, d_bin = load_movielens(), load_movielens(binary=True)
-    data = {"gaussian": d_real, "probit": d_bin}
-    tr, te = movielens_split(0)
-    fi, va = validation_split(tr)
-    base, _, _ = baselines(d_real, d_bin, tr, te, fi, va)
-    if args.quick:
-        tr = np.sort(np.random.default_rng(0).choice(tr, 10 * BATCH, replace=False))
-    warm_up(data)
+    log = logger(t_start)
+    data, tr, te, base = movielens_streams(args.quick)
+    d_real = data["gaussian"]
     rows, skipped = run(data, tr, te, args, log)
     speed = speed_figures(data, np.random.default_rng(0).permutation(tr), log)
     out_dir = Path(tempfile.gettempdir()) if args.quick else RESULTS

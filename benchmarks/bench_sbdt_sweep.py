@@ -48,7 +48,6 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from _common import RESULTS, command, hand_notes, library_state, machine_lines, md_table, warning_lines  # noqa: E402
-from bench_cp_movielens import baselines, movielens_split, validation_split  # noqa: E402
 from bench_sbdt import (  # noqa: E402
     ACTIVATIONS,
     BATCH,
@@ -56,14 +55,14 @@ from bench_sbdt import (  # noqa: E402
     WARNINGS_SEEN,
     cell,
     cp_name,
+    logger,
+    movielens_streams,
     run_stream,
     sbdt_name,
     select,
-    warm_up,
 )
 
 from skcep import StreamingDeepTensor  # noqa: E402
-from skcep.datasets import load_movielens  # noqa: E402
 
 RANKS = (3, 5, 8, 10)  # the paper's Fig. 1, top row (batch size 256)
 BATCH_SIZES = (64, 128, 256, 512)  # bottom row (rank 8)
@@ -71,7 +70,7 @@ RANK_FIXED, BATCH_FIXED = 8, BATCH
 DAMPING = StreamingDeepTensor().damping  # the estimator's default step, per batch
 CP = "vmp"
 BIASES = {"gaussian": ("user+movie biases (ratings)", "rmse"), "probit": ("user+movie biases (0/1 labels)", "auc")}
-NOTES_SOURCE = "98a6a00058"
+NOTES_SOURCE = "b0b5af20d9"
 NOTES = """
 - **By rank (top row) nothing moves.** At batches of 256, SBDT-ReLU's test RMSE is
   0.8852–0.8871 and its AUC 0.7867–0.7885 at ranks 3, 5, 8 and 10; SBDT-tanh 0.8938–0.8953 and
@@ -100,14 +99,14 @@ NOTES = """
   shows at once: its evidence stays at −1.47 (ratings, the global mean's level) or −0.693 = log ½
   (labels) for the whole pass (`sbdt_sweep_evidence.png`), with no held-out data. The mean over
   the whole pass (−1.37, −0.59) is lower: it includes the early entries.
-- **Speed.** SBDT processes 1.5–4× the entries per CPU second of streaming CP-VMP in the same
-  run (this run: 1.7–3.9× on ratings, 1.5–3.2× on labels; an earlier run of this script, same
-  source, 1.9–4.2× and 1.5–4.0×: the machine is shared). The ratio grows with the rank, as CP's
-  per-call cost grows like rank³ over the objects while SBDT's per-entry cost grows only with the
-  input layer. Smaller batches slow both through the per-call overhead: at rank 8, from batches
-  of 512 to 64, SBDT-ReLU from about 125,000 to 35,000 entries per CPU second, CP from about
+- **Speed.** SBDT processes about 1.5–4× the entries per CPU second of streaming CP-VMP in the
+  same run (the speed table; two earlier runs of this script gave 1.7–4.2× on ratings and
+  1.5–4.0× on labels: the machine is shared). The ratio grows with the rank, as CP's per-call
+  cost grows like rank³ over the objects while SBDT's per-entry cost grows only with the input
+  layer. Smaller batches slow both through the per-call overhead: at rank 8, from batches of 512
+  to 64, SBDT-ReLU falls from about 125,000 to 35,000 entries per CPU second and CP from about
   45,000 to 11,000. The paper's only time (r = 8, batch 128, MovieLens-1M) has SBDT-ReLU 5.9×
-  faster than POST; here, at r = 8 and batch 128, 2.0–2.9×.
+  faster than POST; here, at r = 8 and batch 128, 2–3.5×.
 - **Against `sbdt_movielens.md`.** At batch 256, ranks 3 and 8, these are its streams: its
   tanh and probit runs recur here seed by seed. Its Gaussian ReLU runs (source f147401c74) differ
   in the fourth decimal (seed 0, rank 3: 0.8871 there, 0.8866 here), which the code on main
@@ -265,6 +264,16 @@ def binned(trace, width):
     return ends, means
 
 
+def save(fig, title, path):
+    """Title, lay out, write and close a figure."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_sweeps(rows, base, args, path):
     import matplotlib
 
@@ -299,10 +308,7 @@ def plot_sweeps(rows, base, args, path):
             ax.set_title(f"{'ratings' if likelihood == 'gaussian' else 'rating ≥ 4'}, after one pass")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle("MovieLens-small: SBDT by rank and by batch size (the SBDT paper's Fig. 1)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, "MovieLens-small: SBDT by rank and by batch size (the SBDT paper's Fig. 1)", path)
 
 
 def plot_evidence(rows, args, path):
@@ -328,10 +334,7 @@ def plot_evidence(rows, args, path):
         ax.set_title(f"SBDT-ReLU, rank {RANK_FIXED}, {'ratings' if likelihood == 'gaussian' else 'rating ≥ 4'}, seed 0")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("The running evidence (log_evidence_trace_) of one pass, by batch size")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, "The running evidence (log_evidence_trace_) of one pass, by batch size", path)
 
 
 def report(rows, base, args, elapsed, n_train, n_test, files, load_text):
@@ -436,18 +439,8 @@ def main():
         args.seeds, args.cp_seeds = 1, min(args.cp_seeds, 1)
     t_start = time.perf_counter()
     load0 = os.getloadavg()
-
-    def log(msg):
-        print(f"[{(time.perf_counter() - t_start) / 60:5.1f} min] {msg}", flush=True)
-
-    d_real, d_bin = load_movielens(), load_movielens(binary=True)
-    data = {"gaussian": d_real, "probit": d_bin}
-    tr, te = movielens_split(0)
-    base, _, _ = baselines(d_real, d_bin, tr, te, *validation_split(tr))
-    if args.quick:
-        tr = np.sort(np.random.default_rng(0).choice(tr, 10 * BATCH, replace=False))
-    warm_up(data)
-    rows = run(data, tr, te, args, log)
+    data, tr, te, base = movielens_streams(args.quick)
+    rows = run(data, tr, te, args, logger(t_start))
     out_dir = Path(tempfile.gettempdir()) if args.quick else RESULTS
     files = ["sbdt_sweep.png", "sbdt_sweep_evidence.png"]
     plot_sweeps(rows, base, args, out_dir / files[0])
