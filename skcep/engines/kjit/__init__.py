@@ -16,7 +16,8 @@ by the leave-one-out error of the predicted message.  Nothing here knows about s
 * :mod:`.selection` — the leave-one-out KL error and the search of the widths and σ_y²;
 * :mod:`.first_batch` — the batch fit of a first batch held as :class:`MessageChunks` (rows in
   memory: :class:`MessageRows`): plan, statistics, global step;
-* :mod:`.factors` — the logistic factor, its oracles and the operator-backed EP site;
+* :mod:`.factors` — the logistic factor, its oracles, the operator-backed EP site and the
+  importance-sampling average every factor's sampler uses;
 * :mod:`.compound_gamma` — the compound gamma factor (experiment 4), its oracles and EP for a
   Gaussian precision under it;
 * :mod:`.settings` — the named settings (:class:`SelectionSettings`, :class:`BlockSettings`

@@ -19,13 +19,14 @@ observations under this prior (the paper's experiment), with any ``send`` (the e
 message, or a ``KJITMessageOperator``'s).  Nothing here knows about scikit-learn.
 """
 
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 from numpy.polynomial.legendre import leggauss
 from scipy.special import expit
 
 from ..chunks import chunk_slices
+from .factors import FactorOracles, importance_averages
 from .messages import GammaMessage, check_messages, message_families
 
 __all__ = ["CompoundGammaFactor", "precision_message", "precision_posterior"]
@@ -38,7 +39,7 @@ _GL_NODES, _GL_WEIGHTS = leggauss(16)
 _FAMILIES = message_families(("gamma",))
 
 
-class CompoundGammaFactor:
+class CompoundGammaFactor(FactorOracles):
     r"""The compound gamma factor f(τ) = ∫ Gamma(τ; s₂, r₂) Gamma(r₂; s₁, r₁) dr₂ with incoming
     Gamma(τ; α, β).
 
@@ -52,12 +53,10 @@ class CompoundGammaFactor:
     shape1, rate1, shape2 : float, default=1.0
         s₁, r₁, s₂ > 0: r₂ ∼ Gamma(s₁, r₁), τ ∼ Gamma(s₂, r₂) (the paper's (1, 1, 1), from Heess
         et al. 2013).
-    oracle : {"exact", "importance_sampling"}, default="exact"
-        What calling the instance runs: :meth:`exact` or :meth:`importance_sampling`.
-    n_samples : int, default=500_000
-        Particles of the importance sampler.
-    random_state : int, Generator or None, default=None
-        Seeds the importance sampler (a generator is kept, so repeated calls differ).
+    oracle, n_samples, random_state
+        What calling the instance runs, as for :class:`~skcep.engines.kjit.LogisticFactor`
+        (:class:`~skcep.engines.kjit.factors.FactorOracles`): :meth:`exact` (default) or
+        :meth:`importance_sampling` with ``n_samples`` (default 500,000) particles.
 
     Examples
     --------
@@ -76,20 +75,8 @@ class CompoundGammaFactor:
         for name, value in (("shape1", shape1), ("rate1", rate1), ("shape2", shape2)):
             if isinstance(value, bool) or not isinstance(value, Real) or not (0 < value < np.inf):
                 raise ValueError(f"{name} must be a positive finite number; got {value!r}.")
-        if oracle not in ("exact", "importance_sampling"):
-            raise ValueError(f"oracle must be 'exact' or 'importance_sampling'; got {oracle!r}.")
-        if isinstance(n_samples, bool) or not isinstance(n_samples, Integral) or n_samples < 1:
-            raise ValueError(f"n_samples must be a positive integer; got {n_samples!r}.")
         self.shape1, self.rate1, self.shape2 = float(shape1), float(rate1), float(shape2)
-        self.oracle = oracle
-        self.n_samples = int(n_samples)
-        self.random_state = random_state
-        self._rng = np.random.default_rng(random_state)
-
-    def __call__(self, X):
-        if self.oracle == "exact":
-            return self.exact(X)
-        return self.importance_sampling(X, n_samples=self.n_samples, random_state=self._rng)
+        super().__init__(oracle, n_samples, random_state)
 
     def _check(self, X):
         """X as a float array, or ValueError unless its rows are (α, β), finite, positive, with a
@@ -144,33 +131,19 @@ class CompoundGammaFactor:
         r"""(E[τ], E[log τ]) by importance sampling (Jitkrittum et al. 2015, eq. 2).
 
         The factor is a forward sampler without inputs, so the proposal is the factor itself:
-        τ_k by :meth:`sample`, weights w_k ∝ Gamma(τ_k; α, β) (the incoming message),
-        self-normalised.  The same particles serve every row of one call.
-
-        Parameters
-        ----------
-        X : array-like of shape (n, 2)
-        n_samples : int, default=500_000
-        random_state : int, Generator or None
-
-        Returns
-        -------
-        ndarray of shape (n, 2)
+        ``n_samples`` draws τ_k by :meth:`sample` (seeded by ``random_state``), weights
+        w_k ∝ Gamma(τ_k; α, β) (the incoming message), self-normalised.  The same particles
+        serve every row of one call.  Rows X and the result as in :meth:`exact`.
         """
         X = self._check(X)
         log_tau = np.log(self.sample(n_samples, random_state))
         tau = np.exp(log_tau)
-        stats = np.stack([tau, log_tau])
-        out = np.empty((X.shape[0], 2))
-        step = max(1, 2**21 // log_tau.size)
-        for start in range(0, X.shape[0], step):
-            alpha, beta = (col[:, None] for col in X[start : start + step].T)
-            log_w = (alpha - 1.0) * log_tau - beta * tau
-            log_w -= log_w.max(axis=1, keepdims=True)
-            w = np.exp(log_w)
-            w /= w.sum(axis=1, keepdims=True)
-            out[start : start + step] = w @ stats.T
-        return out
+
+        def log_weights(rows):
+            alpha, beta = (col[:, None] for col in rows.T)
+            return (alpha - 1.0) * log_tau - beta * tau
+
+        return importance_averages(X, log_weights, np.stack([tau, log_tau]))
 
     def outgoing_message(self, X, statistics=None, scaled=False):
         r"""(shape, rate) of the outgoing message m_{f→τ} = proj[q] / m_{τ→f} (eq. 1).
