@@ -16,12 +16,16 @@ by the leave-one-out error of the predicted message.  Nothing here knows about s
 * :mod:`.selection` — the leave-one-out KL error and the search of the widths and σ_y²;
 * :mod:`.first_batch` — the batch fit of a first batch held as :class:`MessageChunks` (rows in
   memory: :class:`MessageRows`): plan, statistics, global step;
-* :mod:`.factors` — the logistic factor, its oracles and the operator-backed EP site;
+* :mod:`.factors` — the logistic factor, its oracles, the operator-backed EP site and the
+  importance-sampling average every factor's sampler uses;
+* :mod:`.compound_gamma` — the compound gamma factor (experiment 4), its oracles and EP for a
+  Gaussian precision under it;
 * :mod:`.settings` — the named settings (:class:`SelectionSettings`, :class:`BlockSettings`
   and their defaults ``SELECTION``, ``BLOCKS``), passed as ``selection=`` and ``blocks=``;
 * ``_kernel`` — the compiled passes of the feature maps and of the predictive variance.
 """
 
+from .compound_gamma import CompoundGammaFactor, precision_message, precision_posterior
 from .factors import LogisticFactor, OperatorSite
 from .features import (
     RandomFeatures,
@@ -126,4 +130,7 @@ __all__ = [
     # factors
     "LogisticFactor",
     "OperatorSite",
+    "CompoundGammaFactor",
+    "precision_message",
+    "precision_posterior",
 ]

@@ -8,8 +8,11 @@ answers the tilted expectations (the numerator of the paper's eq. 1) exactly by
 one-dimensional quadrature, or by the paper's importance sampler (eq. 2);
 :class:`OperatorSite` lets the logistic EP engine (``skcep.engines.glm``) take its tilted
 moments from a message operator (anything with ``send(X) -> Y``, e.g. a
-``KJITMessageOperator``).  Nothing here knows about scikit-learn.
+``KJITMessageOperator``); :func:`importance_averages` is the self-normalised average of eq. 2
+that the importance samplers of every factor share.  Nothing here knows about scikit-learn.
 """
+
+from numbers import Integral
 
 import numpy as np
 from numpy.polynomial.legendre import leggauss
@@ -19,7 +22,7 @@ from ..chunks import chunk_slices
 from ..likelihoods import log_phi_derivatives
 from .messages import check_messages, message_families
 
-__all__ = ["LogisticFactor", "OperatorSite"]
+__all__ = ["FactorOracles", "LogisticFactor", "OperatorSite", "importance_averages"]
 
 _TAIL_T = 30.0  # beyond ±T, log σ(z) and log σ(−z) are linear in z up to e^{−T}
 _SUPPORT_K = 10.0  # half-width of the support in standard deviations beyond the mode bounds
@@ -27,7 +30,28 @@ _GL_NODES, _GL_WEIGHTS = leggauss(8)
 _FAMILIES = message_families(("gaussian", "beta"))
 
 
-class LogisticFactor:
+class FactorOracles:
+    """What calling a factor runs: its ``exact`` oracle or its ``importance_sampling`` with
+    ``n_samples`` particles seeded by ``random_state`` (a generator is kept, so repeated calls
+    differ).  The factors below subclass it."""
+
+    def __init__(self, oracle="exact", n_samples=500_000, random_state=None):
+        if oracle not in ("exact", "importance_sampling"):
+            raise ValueError(f"oracle must be 'exact' or 'importance_sampling'; got {oracle!r}.")
+        if isinstance(n_samples, bool) or not isinstance(n_samples, Integral) or n_samples < 1:
+            raise ValueError(f"n_samples must be a positive integer; got {n_samples!r}.")
+        self.oracle = oracle
+        self.n_samples = int(n_samples)
+        self.random_state = random_state
+        self._rng = np.random.default_rng(random_state)
+
+    def __call__(self, X):
+        if self.oracle == "exact":
+            return self.exact(X)
+        return self.importance_sampling(X, n_samples=self.n_samples, random_state=self._rng)
+
+
+class LogisticFactor(FactorOracles):
     r"""The logistic factor f(p | z) = δ(p − σ(z)) with incoming N(z; μ, σ²) and Beta(p; α, β).
 
     Rows of X are (μ, σ², α, β).  Integrating p out of the factor times the incoming messages
@@ -56,19 +80,6 @@ class LogisticFactor:
     """
 
     statistics = ("E[z]", "E[z^2]", "E[log p]", "E[log(1-p)]")
-
-    def __init__(self, oracle="exact", n_samples=500_000, random_state=None):
-        if oracle not in ("exact", "importance_sampling"):
-            raise ValueError(f"oracle must be 'exact' or 'importance_sampling'; got {oracle!r}.")
-        self.oracle = oracle
-        self.n_samples = n_samples
-        self.random_state = random_state
-        self._rng = np.random.default_rng(random_state)
-
-    def __call__(self, X):
-        if self.oracle == "exact":
-            return self.exact(X)
-        return self.importance_sampling(X, n_samples=self.n_samples, random_state=self._rng)
 
     @staticmethod
     def _check(X):
@@ -130,17 +141,28 @@ class LogisticFactor:
         z = rng.normal(0.0, np.sqrt(200.0), int(n_samples))
         log_p, log_q = log_expit(z), log_expit(-z)
         log_r = -0.5 * z * z / 200.0
-        stats = np.stack([z, z * z, log_p, log_q])
-        out = np.empty((X.shape[0], 4))
-        step = max(1, 2**21 // z.size)
-        for start in range(0, X.shape[0], step):
-            mu, v, a, b = (col[:, None] for col in X[start : start + step].T)
-            log_w = -0.5 * (z - mu) ** 2 / v + (a - 1.0) * log_p + (b - 1.0) * log_q - log_r
-            log_w -= log_w.max(axis=1, keepdims=True)
-            w = np.exp(log_w)
-            w /= w.sum(axis=1, keepdims=True)
-            out[start : start + step] = w @ stats.T
-        return out
+
+        def log_weights(rows):
+            mu, v, a, b = (col[:, None] for col in rows.T)
+            return -0.5 * (z - mu) ** 2 / v + (a - 1.0) * log_p + (b - 1.0) * log_q - log_r
+
+        return importance_averages(X, log_weights, np.stack([z, z * z, log_p, log_q]))
+
+
+def importance_averages(X, log_weights, statistics):
+    """Self-normalised importance-sampling averages (eq. 2) of ``statistics`` (D, S), the
+    statistics of S particles shared by every row of X: Σ_s w_rs u_ds / Σ_s w_rs with
+    log w_r = ``log_weights(rows)`` (rows × S), in blocks of rows whose weights hold at most
+    2²¹ numbers.  Returns (n, D)."""
+    out = np.empty((X.shape[0], statistics.shape[0]))
+    step = max(1, 2**21 // statistics.shape[1])
+    for start in range(0, X.shape[0], step):
+        log_w = log_weights(X[start : start + step])
+        log_w -= log_w.max(axis=1, keepdims=True)
+        w = np.exp(log_w)
+        w /= w.sum(axis=1, keepdims=True)
+        out[start : start + step] = w @ statistics.T
+    return out
 
 
 def _truncated_gaussian(log_scale, m, v, u):
