@@ -99,16 +99,20 @@ def cp_mean(post, index):
     return out.sum(axis=1)
 
 
-def run(method, post0, Xtr, ytr, Xte, yte, max_iter, tol):
-    """fit_cp from post0; held-out RMSE and fit time (callback excluded) after every sweep."""
+def run(method, post0, Xtr, ytr, Xte, yte, max_iter, tol, schedule="group", hold_scales=0, **options):
+    """fit_cp from post0; held-out RMSE and fit time (callback excluded) after every sweep.
+
+    ``schedule`` and ``options`` (``weight``, ``rng``, ``block_size``) go to ``start_sweeps``;
+    ``hold_scales``: the sweeps that keep Student-t noise's q(s) at its start (``fit_cp`` holds
+    ``StudentSettings.hold_sweeps``)."""
     rmse, change, sweep_seconds, sweep_cpu = [], [], [], []
     clock = {"wall": time.perf_counter(), "cpu": time.process_time()}
     previous = [cp_mean(post0, Xtr)]
 
-    sweeps = start_sweeps(post0, Xtr, ytr, likelihood="gaussian", method=method, schedule="group")
+    sweeps = start_sweeps(post0, Xtr, ytr, likelihood="gaussian", method=method, schedule=schedule, **options)
     post, elbo, converged = sweeps.posterior, [], False
     for it in range(1, max_iter + 1):  # fit_cp's loop, with the held-out RMSE after every sweep
-        stats = sweeps.sweep()
+        stats = sweeps.sweep(update_scales=it > hold_scales)
         elbo.append(stats.elbo(ytr, "gaussian"))
         sweep_seconds.append(time.perf_counter() - clock["wall"])
         sweep_cpu.append(time.process_time() - clock["cpu"])
@@ -117,7 +121,7 @@ def run(method, post0, Xtr, ytr, Xte, yte, max_iter, tol):
         change.append(float(np.linalg.norm(fitted - previous[0]) / np.linalg.norm(fitted)))
         previous[0] = fitted
         clock["wall"], clock["cpu"] = time.perf_counter(), time.process_time()
-        if change[-1] < tol:
+        if change[-1] < tol and it > hold_scales:
             converged = True
             break
     res = CPFitResult(post, it, converged, elbo, sweeps.n_skipped)

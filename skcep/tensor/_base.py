@@ -19,7 +19,7 @@ from sklearn.utils.validation import _check_sample_weight
 from .._base import SkcepMixin, predict_method
 from .._dask import computed
 from .._validation import MAX_FIT_VALUE, OBSERVED_ENTRIES, check_finite, check_fit_range, validate_data
-from ..engines.cp import effective_rank
+from ..engines.cp import effective_rank, noise_variance
 from ..engines.likelihoods import Probit
 
 
@@ -401,7 +401,9 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
         X : array-like of shape (n_entries, n_modes)
             Integer entry indices; indices never seen in training are predicted from the prior.
         return_std : bool, default=False
-            Also return the predictive standard deviation (Gaussian: of y, noise included;
+            Also return the predictive standard deviation (Gaussian: of y, noise included —
+            Student-t noise, ``noise_dof_`` = ν: its variance ν/(ν − 2)/``noise_precision_``,
+            infinite for ν ≤ 2;
             probit: of the latent f; ordinal: of the level value under the level probabilities).
             Ordinal entries predict the expected level value Σ_k P(level k)·level_k (the
             RMSE-optimal choice), or the most probable level (``ordinal_prediction="mode"``).  For
@@ -427,7 +429,9 @@ class TensorEstimator(SkcepMixin, BaseEstimator):
             return pred
         mean = self.y_offset_ + self.y_scale_ * mean  # in y's units (normalize_y)
         if return_std:
-            return mean, np.sqrt(self.y_scale_**2 * var + 1.0 / self.noise_precision_)
+            return mean, np.sqrt(
+                self.y_scale_**2 * var + noise_variance(self.noise_precision_, getattr(self, "noise_dof_", None))
+            )
         return mean
 
     @available_if(lambda self: self.likelihood != "gaussian")
@@ -491,6 +495,7 @@ def cp_attributes(result, offset=0.0, scale=1.0):
         biases_var_=[scale**2 * g.cov[:, 0, 0] for g in biases.values()],
         thresholds_=None if post.thresholds is None else np.array(post.thresholds),
         noise_precision_=float(post.noise_precision) / scale**2,
+        noise_dof_=post.noise_dof,
         component_precision_=post.component_precision,
         factor_prior_means_=None
         if post.mode_priors is None

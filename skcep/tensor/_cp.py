@@ -15,6 +15,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method, warn
 from .._dask import fit_without_rows, rows
 from ..engines.cp import (
+    STUDENT,
     elbo,
     fit_cp,
     grow_posterior,
@@ -134,6 +135,14 @@ _DOC = (
         Prior variance of the modulating modes' embeddings.
     noise_prior : tuple (a0, b0), default=(1e-3, 1e-3)
         Gamma prior (shape, rate) of the noise precision τ (Gaussian likelihood).
+    noise_dof : float, "auto" or None, default=None
+        Student-t noise (Gaussian likelihood): entry i has precision τ·s_i with its own scale
+        s_i ~ Gam(ν/2, ν/2), so ``y_i − f_i`` is Student-t with ν degrees of freedom and entries
+        of very different noise (outliers) pull the embeddings less.  q(s_i) is fitted with the
+        rest of q by VMP and group CEP alike (:mod:`skcep.engines.cp.student`).  A number: ν;
+        "auto": ν learned (maximising the ELBO) from ν = 4; None: Gaussian noise.  Known
+        per-entry noise variances σ_i² need no option: ``sample_weight = 1/σ_i²`` (see the user
+        guide, "Heteroscedastic noise").
     normalize_y : bool, default=True
         Gaussian entries: fit the standardized targets ``(y − y_offset_) / y_scale_``, with
         ``y_offset_`` and ``y_scale_`` the (weighted) mean and standard deviation of the
@@ -217,7 +226,9 @@ _DOC = (
         Posterior means and variances of the per-object offsets in y's units (``mode_bias=True``).
     noise_precision_ : float
         E[τ] in y's units, 1 / noise variance of y (1.0 for probit, whose latent noise has unit
-        variance).
+        variance; with ``noise_dof``, the precision scale of the Student-t noise).
+    noise_dof_ : float or None
+        ν of Student-t noise, learned with ``noise_dof="auto"`` (None: Gaussian noise).
     y_offset_, y_scale_ : float
         The standardization of the Gaussian targets (``normalize_y``; else, and for probit, 0
         and 1): the predicted entry is ``intercept_ + Σ_k biases_[k] + y_scale_ · 1ᵀ(∘_k u^k)``
@@ -284,6 +295,7 @@ class BayesianCPTensor(CPStreaming, TensorEstimator):
         "ard",
         "modulating_modes",
         "normalize_y",
+        "noise_dof",
     )
     _dask_fit_weights = True
     _check_index = staticmethod(check_tensor_index)  # run on every chunk of a Dask fit
@@ -301,6 +313,7 @@ class BayesianCPTensor(CPStreaming, TensorEstimator):
         "modulating_modes": [tuple, list],
         "modulation_variance": [Interval(Real, 0, None, closed="neither")],
         "noise_prior": [tuple, list],
+        "noise_dof": [None, Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
         "normalize_y": ["boolean"],
         "fit_intercept": ["boolean"],
         "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
@@ -333,6 +346,7 @@ class BayesianCPTensor(CPStreaming, TensorEstimator):
         modulating_modes=(),
         modulation_variance=0.01,
         noise_prior=(1e-3, 1e-3),
+        noise_dof=None,
         normalize_y=True,
         fit_intercept=True,
         intercept_prior_variance=100.0,
@@ -353,6 +367,7 @@ class BayesianCPTensor(CPStreaming, TensorEstimator):
         self.rank, self.likelihood, self.method, self.schedule = rank, likelihood, method, schedule
         self.ordinal_prediction, self.implicit_modes = ordinal_prediction, implicit_modes
         self.prior_variance, self.ard, self.ard_prior, self.noise_prior = prior_variance, ard, ard_prior, noise_prior
+        self.noise_dof = noise_dof
         self.modulating_modes, self.modulation_variance = modulating_modes, modulation_variance
         self.normalize_y, self.fit_intercept = normalize_y, fit_intercept
         self.intercept_prior_variance = intercept_prior_variance
@@ -365,6 +380,11 @@ class BayesianCPTensor(CPStreaming, TensorEstimator):
     def _check_params(self):
         noise_prior = _check_noise_prior(self.noise_prior)
         _check_noise_prior(self.ard_prior, "ard_prior")
+        if self.noise_dof is not None and self.likelihood != "gaussian":
+            raise ValueError(
+                f"noise_dof sets Student-t noise of Gaussian entries; likelihood={self.likelihood!r} has no "
+                "noise precision to scale. Use noise_dof=None."
+            )
         if self.likelihood == "ordinal" and self.schedule != "group":
             raise ValueError("likelihood='ordinal' takes the group schedule; use schedule='group'.")
         if self._method == "vmp" and self.schedule != "group":
@@ -612,6 +632,8 @@ class BayesianCPTensor(CPStreaming, TensorEstimator):
                 modulation_variance=self.modulation_variance,
                 mode_prior=MODE_PRIOR if self._learns_mode_priors else None,
                 offset_prior=OFFSET_PRIOR if self.bias_prior_variance == "auto" else None,
+                noise_dof=STUDENT.dof_start if self.noise_dof == "auto" else self.noise_dof,
+                noise_dof_learned=self.noise_dof == "auto",
             )
             post.implicit = self._implicit_terms(X, shape)
             if ordinal:

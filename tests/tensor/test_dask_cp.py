@@ -94,6 +94,20 @@ def test_dask_fit_equals_in_memory_fit(on_cluster, likelihood, method, rank, mod
         assert np.all(np.diff(model.elbo_) >= -1e-8 * np.abs(model.elbo_[1:]))  # Li et al., Corollary 1
 
 
+def test_dask_fit_with_student_noise_equals_in_memory_fit(on_cluster):
+    """Student-t noise: every entry's q(s) lives with its chunk on the workers (the partitions'
+    per-entry state), ν is a global step; 35 sweeps, the last 5 after the scales' hold."""
+    X, y = make_entries(3, 600, seed=0)
+    y = y + np.where(np.arange(y.size) % 10 == 0, 2.0, 0.0)  # every tenth entry an outlier
+    params = dict(rank=3, noise_dof="auto", max_iter=35, tol=0.0, random_state=1)
+    ref = fit_in_memory(params, X, y)
+    model = BayesianCPTensor(**params)
+    with pytest.warns(ConvergenceWarning):
+        model.fit(da.from_array(X, chunks=(160, 3)), da.from_array(y, chunks=160))
+    assert_same_fit(model, ref)
+    assert ref.noise_dof_ != 4.0 and model.noise_dof_ == pytest.approx(ref.noise_dof_, rel=1e-6)
+
+
 def test_dask_dataframe_input_and_restarts(on_cluster):
     X, y = make_entries(3, 600, seed=2)
     frame = pd.DataFrame(X, columns=["user", "item", "week"])

@@ -61,6 +61,7 @@ def quiet_fit(est, X, y):
         BayesianCPTensor(likelihood="probit"),
         BayesianCPTensor(likelihood="ordinal"),
         BayesianCPTensor(implicit_modes={0: 1, 1: 0}),
+        BayesianCPTensor(noise_dof="auto"),
     ],
     expected_failed_checks=lambda est: est._expected_failed_checks(),
     xfail_strict=True,
@@ -713,6 +714,7 @@ def test_fit_is_bit_identical_for_any_n_jobs():
         ("method", "vmp"),
         ("fit_intercept", False),
         ("shape", (9, 9, 9)),
+        ("noise_dof", 4.0),
     ],
 )
 def test_partial_fit_refuses_a_changed_structural_parameter(param, value):

@@ -18,6 +18,7 @@ cluster, and global steps on their sums.
 * :mod:`.sites` — the rank-one CEP sites of probit and ordinal entries, the augmented VMP targets;
 * :mod:`.updates` — the global steps: rows reduced, group, noise, ARD and learned-prior updates;
 * :mod:`.moments` — moments of f at the entries, ``predict_cp``, ``effective_rank``;
+* :mod:`.student` — Student-t noise: q(s_i) of every entry's precision scale, ν;
 * :mod:`.elbo` — the ELBO, its KL terms, ``EntrySums``, ``SweepTotals``, ``posterior_sums``;
 * :mod:`.partition` — ``EntryPartition`` (the map steps of a group sweep), the holder protocol
   ``Entries`` and its single-machine ``InMemoryEntries``;
@@ -27,7 +28,7 @@ cluster, and global steps on their sums.
 * :mod:`.stream` — a streamed batch folded in (``absorb_batch``, ``streaming_sweeps``);
 * :mod:`.implicit` — implicit feedback (SVD++) in mean-field form;
 * :mod:`.settings` — the named settings (``ChunkSettings``, ``ImplicitSettings``, ``SweepSettings``,
-  ``StartSettings``) and their default instances.
+  ``StartSettings``, ``StudentSettings``) and their default instances.
 """
 
 from .chunks import ModeChunk, SparseChunk, mode_chunks
@@ -37,7 +38,18 @@ from .implicit import new_term
 from .moments import effective_rank, predict_cp
 from .partition import Entries, EntryPartition, InMemoryEntries
 from .posterior import CPPosterior, GaussianRows, put_rows, take_rows
-from .settings import CHUNKS, IMPLICIT, START, SWEEPS, ChunkSettings, ImplicitSettings, StartSettings, SweepSettings
+from .settings import (
+    CHUNKS,
+    IMPLICIT,
+    START,
+    STUDENT,
+    SWEEPS,
+    ChunkSettings,
+    ImplicitSettings,
+    StartSettings,
+    StudentSettings,
+    SweepSettings,
+)
 from .sites import augmented_target, probit_offset_sites, probit_site, probit_site_statistics, site_likelihood
 from .start import (
     grow_posterior,
@@ -49,6 +61,7 @@ from .start import (
 )
 from .statistics import RowStatistics, entry_mean, entry_second_moment, gaussian_statistics, offset_statistics
 from .stream import absorb_batch, streaming_sweeps
+from .student import ScaleState, dof_update, noise_variance, prior_scales, residual_second, scale_update
 from .updates import (
     component_update,
     group_update,
@@ -109,8 +122,16 @@ __all__ = [
     "ImplicitSettings",
     "SweepSettings",
     "StartSettings",
+    "StudentSettings",
     "CHUNKS",
     "IMPLICIT",
     "SWEEPS",
     "START",
+    "STUDENT",
+    "ScaleState",
+    "scale_update",
+    "prior_scales",
+    "residual_second",
+    "dof_update",
+    "noise_variance",
 ]

@@ -15,8 +15,10 @@ from scipy.special import digamma, gammaln
 from .implicit import kl_to_prior
 from .moments import _cp_mean, _cp_second, _offset_moments_of
 from .posterior import CPPosterior
-from .sites import _labels, site_likelihood
+from .settings import CHUNKS
+from .sites import _labels, _site_chunk_size, site_likelihood
 from .statistics import _weigh
+from .student import residual_second, scale_elbo, scale_update
 
 _LOG_2PI = np.log(2.0 * np.pi)
 
@@ -90,7 +92,10 @@ class EntrySums(NamedTuple):
     ``n`` entries, ``squared_residual`` Σ (y_i − E f_i)², ``cp_second`` Σ E[(1ᵀz_i)²],
     ``cp_mean_square`` Σ (E 1ᵀz_i)², ``offset_variance`` Σ Var(offsets at i), ``log_lik``
     Σ log Φ(s_i E f_i) (probit), ``change_square`` Σ (E f_i − E f_i before the sweep)² and
-    ``mean_square`` Σ (E f_i)²."""
+    ``mean_square`` Σ (E f_i)².  With Student-t noise (:mod:`~skcep.engines.cp.student`) the
+    four sums of E[(y − f)²] weigh entry i by w_i E[s_i], and ``scale_mean`` Σ w E[s],
+    ``scale_log`` Σ w E[log s], ``scale_neg_entropy`` Σ w E[log q(s)] are those of q(s) (0
+    otherwise)."""
 
     n: int
     squared_residual: float
@@ -100,19 +105,36 @@ class EntrySums(NamedTuple):
     log_lik: float
     change_square: float
     mean_square: float
+    scale_mean: float = 0.0
+    scale_log: float = 0.0
+    scale_neg_entropy: float = 0.0
 
 
 def _entry_sums(
-    index, y, cp_mean, cp_second, offsets, offset_modes, previous, likelihood, weight=None, thresholds=None
+    index,
+    y,
+    cp_mean,
+    cp_second,
+    offsets,
+    offset_modes,
+    previous,
+    likelihood,
+    weight=None,
+    thresholds=None,
+    scales=None,
 ):
     """:class:`EntrySums` of the entries ``index`` with values ``y`` and weights ``weight``
     (None: all 1), from E[1ᵀz_i], E[(1ᵀz_i)²] (None: not needed, 0 is summed), the offset
     groups' (mean, cov) and the predictor means of the sweep before (``previous``; None: no
-    change); ordinal entries need the cut points ``thresholds``.  Returns the sums and the
-    means E f_i."""
+    change); ordinal entries need the cut points ``thresholds``, Student-t noise the entries'
+    q(s) (``scales``, a :class:`~skcep.engines.cp.student.ScaleState`).  Returns the sums and
+    the means E f_i."""
     off_mean, off_var = _offset_moments_of(offsets, offset_modes, index)
     mean = cp_mean + off_mean
     resid = y - mean
+    count = weight  # the entries' multiplicity; Student-t noise weighs their squares by E[s] too
+    if scales is not None:
+        weight = _weigh(scales.mean, weight)
     if likelihood == "gaussian":
         log_lik = 0.0
     else:  # log P(y_i | E f_i), the augmented model's bound (probit: log Φ(s_i E f_i))
@@ -124,36 +146,56 @@ def _entry_sums(
         change = np.nan
     else:
         delta = mean - previous
-        change = _weigh(delta, weight).dot(delta)
+        change = _weigh(delta, count).dot(delta)
     sums = EntrySums(
-        y.size if weight is None else weight.sum(),
+        y.size if count is None else count.sum(),
         float(_weigh(resid, weight) @ resid),
         0.0 if cp_second is None else np.sum(_weigh(cp_second, weight)),
         _weigh(cp_mean, weight) @ cp_mean,
         _weigh(off_var, weight).sum(),
         log_lik,
         change,
-        _weigh(mean, weight).dot(mean),
+        _weigh(mean, count).dot(mean),
     )
+    if scales is not None:
+        sums = sums._replace(
+            scale_mean=float(np.sum(weight)),
+            scale_log=float(np.sum(_weigh(scales.log_mean, count))),
+            scale_neg_entropy=float(np.sum(_weigh(scales.neg_entropy, count))),
+        )
     return sums, mean
 
 
-def posterior_sums(post, index, y, likelihood, n_jobs=None, previous=None, weight=None):
+def posterior_sums(post, index, y, likelihood, n_jobs=None, previous=None, weight=None, scales=None):
     """:class:`EntrySums` of the entries (index, y) of weights ``weight`` (None: all 1) under q
     ``post`` (``previous``: the predictor means to measure the change from), and the predictor
-    means E f_i."""
-    return _entry_sums(
+    means E f_i.  With Student-t noise, ``scales`` is the entries' q(s) (None: at its optimum
+    given the rest of q, :func:`~skcep.engines.cp.student.scale_update`), and every entry's
+    E[(y_i − f_i)²] is returned third."""
+    offsets = [(g.mean, g.cov) for g in post.offsets]
+    if post.noise_dof is None:
+        cp_mean, cp_second = _cp_mean(post, index, n_jobs), _cp_second(post, index, n_jobs)
+        scales = e = None
+    else:  # every entry's E[(1ᵀz_i)²] is kept: in cache-sized chunks
+        cp_mean = _cp_mean(post, index, n_jobs)
+        cp_second = _cp_second(post, index, n_jobs, _site_chunk_size(post.rank, CHUNKS))
+        e = residual_second(y, cp_mean, cp_second, *_offset_moments_of(offsets, post.offset_modes, index))
+        if scales is None:
+            scales = scale_update(e, post.noise_precision, post.noise_dof)
+    sums, mean = _entry_sums(
         index,
         y,
-        _cp_mean(post, index, n_jobs),
-        _cp_second(post, index, n_jobs),
-        [(g.mean, g.cov) for g in post.offsets],
+        cp_mean,
+        cp_second,
+        offsets,
         post.offset_modes,
         previous,
         likelihood,
         weight,
         post.thresholds,
+        scales,
     )
+    return (sums, mean) if e is None else (sums, mean, e)
 
 
 @dataclass
@@ -198,13 +240,16 @@ class SweepTotals:
         a0, b0 = post.noise_prior
         e_log_tau = digamma(a) - np.log(b)
         loglik = 0.5 * s.n * (e_log_tau - _LOG_2PI) - 0.5 * (a / b) * self.sum_squared_error()
+        if post.noise_dof is not None:  # Student-t: + ½ Σ w E[log s] and q(s)'s terms
+            loglik += 0.5 * s.scale_log + scale_elbo(s, post.noise_dof)
         return float(loglik - kl - _noise_kl(a, b, a0, b0))
 
 
 def elbo(post, index, y, likelihood, n_jobs=None, weight=None):
     """The evidence lower bound of q (Li et al. §2.1.1).  For probit, the augmented model's
     bound with q(z) at its optimum: Σ log Φ(s_i E[f_i]) − ½ Σ Var f_i − KL (ordinal: log Φ(s_i E f_i)
-    becomes log P(y_i | E f_i), the mass of y_i's interval).  With entry
-    ``weight``, every entry's likelihood term is multiplied by its weight."""
-    sums, _ = posterior_sums(post, index, y, likelihood, n_jobs, weight=weight)
+    becomes log P(y_i | E f_i), the mass of y_i's interval); with Student-t noise, the bound
+    with every q(s_i) at its optimum.  With entry ``weight``, every entry's likelihood term is
+    multiplied by its weight."""
+    sums = posterior_sums(post, index, y, likelihood, n_jobs, weight=weight)[0]
     return SweepTotals.combine([sums], post, likelihood).elbo()

@@ -11,9 +11,10 @@ from ..gaussian import cavity_natural
 from .elbo import SweepTotals, posterior_sums
 from .moments import _cp_mean, _offset_moments, _offset_rows
 from .packing import _packing
-from .settings import SWEEPS
+from .settings import STUDENT, SWEEPS
 from .sites import _cavity_terms, _damped_probit_site, _labels, _n_skipped
 from .statistics import _hadamard, _weigh
+from .student import dof_update, prior_scales, scale_update
 from .updates import component_update, learned_prior_update, noise_update
 
 
@@ -33,8 +34,9 @@ class _Moments:
 def _gaussian_sites(xbar, xx, target, tau):
     """Sites of Gaussian entries (Li et al. Lemma 4, §4.3): precision τ E[x xᵀ] (packed), shift
     τ target E[x]; their sum per row is the statistics of
-    :func:`~skcep.engines.cp.statistics.gaussian_statistics` times τ."""
-    return tau * xx, (tau * target)[:, None] * xbar
+    :func:`~skcep.engines.cp.statistics.gaussian_statistics` times τ.  Student-t noise: ``tau``
+    (c,) holds each entry's E[τ] E[s_i] (:mod:`~skcep.engines.cp.student`)."""
+    return (tau if np.ndim(tau) == 0 else tau[:, None]) * xx, (tau * target)[:, None] * xbar
 
 
 def _sum_by(inverse, values, n_groups):
@@ -54,10 +56,29 @@ class _EntrySweeps:
     from ``rng`` once (the given order when rng is None); block_size = 1 is the paper's
     site-by-site sweep.  The τ sites are refreshed once per sweep, after every block:
     refreshing them block by block lets E[τ] fall while the embeddings are still random, and
-    they collapse."""
+    they collapse.  Student-t noise (:mod:`~skcep.engines.cp.student`): q(s) starts at
+    ``scales`` (None: the prior) and moves once per sweep, before its blocks, from the q the
+    sweep starts from (not in the first sweep); ν (``student``) after q(τ)."""
 
-    def __init__(self, post, index, y, likelihood, damping, block_size, rng, n_jobs, weight=None, sweeps=SWEEPS):
+    def __init__(
+        self,
+        post,
+        index,
+        y,
+        likelihood,
+        damping,
+        block_size,
+        rng,
+        n_jobs,
+        weight=None,
+        sweeps=SWEEPS,
+        scales=None,
+        student=STUDENT,
+    ):
         self.posterior, self.index, self.y, self.weight = post, index, y, weight
+        if post.noise_dof is not None and scales is None:
+            scales = prior_scales(y.size, post.noise_dof)
+        self.scales, self.residual, self.student = scales, None, student
         self.damping, self.n_jobs = damping, n_jobs
         self.gaussian = likelihood == "gaussian"
         self.obs = y if self.gaussian else _labels(y, likelihood)
@@ -104,10 +125,13 @@ class _EntrySweeps:
         self.likelihood = likelihood
         self.previous = _cp_mean(post, index, n_jobs) + _offset_moments(post, index)[0]
 
-    def sweep(self, update_noise=True, update_priors=True):
+    def sweep(self, update_noise=True, update_priors=True, update_scales=True):
+        post, y = self.posterior, self.y
+        update_scales = update_scales and update_noise
+        if self.residual is not None and update_scales:  # Student-t noise: q(s) from the q of now
+            self.scales = scale_update(self.residual, post.noise_precision, post.noise_dof)
         for b0 in range(0, self.order.size, self.block_size):
             self.block(np.sort(self.order[b0 : b0 + self.block_size]))
-        post, y = self.posterior, self.y
         if post.components is not None:  # q = prior × sites: the new prior enters every row's q
             delta = np.diag(component_update(post))
             for k in post.ard_modes:
@@ -125,12 +149,15 @@ class _EntrySweeps:
             for j, d_prec in offsets:
                 self.offset_natural[j][0] = self.offset_natural[j][0] + d_prec
                 post.offsets[j].set_natural(*self.offset_natural[j], slice(None))
-        sums, self.previous = posterior_sums(
-            post, self.index, y, self.likelihood, self.n_jobs, self.previous, self.weight
+        sums, self.previous, *residual = posterior_sums(
+            post, self.index, y, self.likelihood, self.n_jobs, self.previous, self.weight, self.scales
         )
+        self.residual = residual[0] if residual else None
         stats = SweepTotals.combine([sums], post, self.likelihood)
         if post.noise is not None and update_noise:
             post.noise = noise_update(post.noise_prior, sums.n, stats.sum_squared_error())
+            if post.noise_dof_learned and update_scales:
+                post.noise_dof = dof_update(sums, student=self.student)
         return stats
 
     def block(self, B):
@@ -138,7 +165,7 @@ class _EntrySweeps:
         idx, obs = self.index[B], self.obs[B]
         w = None if self.weight is None else self.weight[B]  # q holds w copies of every site
         cols = idx.T
-        tau = post.noise_precision
+        tau = post.noise_precision if self.scales is None else post.noise_precision * self.scales.mean[B]
         off_mean, _ = _offset_moments(post, idx)
         for k, f in enumerate(post.factors):
             xbar = _hadamard(moments.means, cols, skip=k)
@@ -178,7 +205,7 @@ class _EntrySweeps:
             prec, shift = self.offset_natural[j]
             old_prec, old_shift = self.off_prec[j][B], self.off_shift[j][B]
             if self.gaussian:
-                new_prec, new_shift = np.full(B.size, tau), tau * (obs - rest)
+                new_prec, new_shift = np.broadcast_to(tau, (B.size,)), tau * (obs - rest)
             else:
                 q_prec, q_shift = prec[rows_all, 0, 0], shift[rows_all, 0]
                 cav_prec, cav_shift, ok = cavity_natural(q_prec, q_shift, old_prec, old_shift)

@@ -11,7 +11,7 @@ from .entry_schedule import _EntrySweeps
 from .group_schedule import _GroupSweeps
 from .partition import EntryPartition, InMemoryEntries
 from .posterior import CPPosterior
-from .settings import CHUNKS, IMPLICIT, SWEEPS
+from .settings import CHUNKS, IMPLICIT, STUDENT, SWEEPS
 
 
 def start_sweeps(
@@ -32,10 +32,13 @@ def start_sweeps(
     partitions=None,
     weight=None,
     simultaneous=False,
+    scales=None,
+    student=STUDENT,
 ):
     """The sweeps :func:`fit_cp` runs, on a copy of ``post``: an object whose
-    ``sweep(update_noise=True)`` runs one sweep and returns its :class:`~skcep.engines.cp.elbo.SweepTotals`, and
-    whose ``posterior`` is q after the last sweep (updated in place).
+    ``sweep(update_noise=True, update_priors=True, update_scales=True)`` runs one sweep and
+    returns its :class:`~skcep.engines.cp.elbo.SweepTotals`, and whose ``posterior`` is q after
+    the last sweep (updated in place).
 
     ``partitions`` (group schedule only) holds the entries elsewhere, e.g. on Dask workers:
     ``partitions(**options)`` returns an :class:`~skcep.engines.cp.partition.Entries` holder, whose
@@ -45,10 +48,18 @@ def start_sweeps(
     entries are one :class:`~skcep.engines.cp.partition.InMemoryEntries`.
     ``weight`` (n,): the entries' weights (None: all 1; see :mod:`~skcep.engines.cp.statistics`).
     ``simultaneous`` (group schedule): every group of a sweep updated from the q before the
-    sweep (see :func:`~skcep.engines.cp.stream.streaming_sweeps`).  ``chunks``, ``sweeps`` and
-    ``implicit``: the engine's settings (:mod:`~skcep.engines.cp.settings`; see :func:`fit_cp`).
+    sweep (see :func:`~skcep.engines.cp.stream.streaming_sweeps`).  ``chunks``, ``sweeps``,
+    ``implicit`` and ``student``: the engine's settings (:mod:`~skcep.engines.cp.settings`; see
+    :func:`fit_cp`).  ``scales``: with Student-t noise (``post.noise_dof``), the entries' q(s) to
+    start from (in memory; None: the prior).
     """
     post = post.copy()
+    if post.noise_dof is not None and likelihood != "gaussian":
+        raise ValueError(
+            "Student-t noise (noise_dof) is a noise model of Gaussian entries; it takes likelihood='gaussian'."
+        )
+    if scales is not None and partitions is not None:
+        raise ValueError("Partitioned entries start their q(s) at the prior; pass scales=None.")
     if likelihood == "ordinal" and (post.thresholds is None or np.size(post.thresholds) < 1):
         raise ValueError("Ordinal entries need the posterior's cut points (post.thresholds, at least one).")
     if post.implicit and (
@@ -74,7 +85,9 @@ def start_sweeps(
                 "one before: it needs the entries in memory. Use schedule='group' for partitioned "
                 "entries."
             )
-        return _EntrySweeps(post, index, y, likelihood, damping, block_size, rng, n_jobs, weight, sweeps)
+        return _EntrySweeps(
+            post, index, y, likelihood, damping, block_size, rng, n_jobs, weight, sweeps, scales, student
+        )
     options = dict(
         shape=post.shape,
         offset_modes=post.offset_modes,
@@ -84,12 +97,12 @@ def start_sweeps(
         chunks=chunks,
     )
     if partitions is None:
-        parts = InMemoryEntries(EntryPartition(index, y, n_jobs=n_jobs, weight=weight, **options))
+        parts = InMemoryEntries(EntryPartition(index, y, n_jobs=n_jobs, weight=weight, scales=scales, **options))
     else:
         if weight is not None:
             raise ValueError("Partitioned entries carry their own weights; pass weight=None.")
         parts = partitions(**options)
-    return _GroupSweeps(post, parts, likelihood, method, simultaneous, implicit)
+    return _GroupSweeps(post, parts, likelihood, method, simultaneous, implicit, student)
 
 
 def _largest_change(before, groups):
@@ -134,6 +147,8 @@ def fit_cp(
     partitions=None,
     weight=None,
     simultaneous=False,
+    scales=None,
+    student=STUDENT,
 ):
     """Fit q on the entries (index, y), starting from and with the priors of ``post``.
 
@@ -155,7 +170,11 @@ def fit_cp(
     large, and would pin them there.  ``partitions``: the entries held elsewhere,
     ``simultaneous``: Jacobi sweeps
     (see :func:`start_sweeps`).  ``weight`` (n,): entry weights w ≥ 0, each entry's likelihood to
-    the power w (None: all 1).
+    the power w (None: all 1).  Student-t noise (``post.noise_dof``; :mod:`~skcep.engines.cp.student`):
+    q(s) starts at ``scales``, or at the prior Gam(ν/2, ν/2) (E[s] = 1: Gaussian sweeps), where it
+    stays (and ν with it) for the first ``student.hold_sweeps`` sweeps, and for the first
+    ``hold_noise``; a learned ν (``post.noise_dof_learned``) stays within ``student.dof_bounds``
+    (:class:`~skcep.engines.cp.settings.StudentSettings`).
     Returns a :class:`CPFitResult` holding a new posterior (``post`` is not modified).
     """
     schedule_sweeps = start_sweeps(
@@ -175,19 +194,23 @@ def fit_cp(
         simultaneous=simultaneous,
         sweeps=sweeps,
         implicit=implicit,
+        scales=scales,
+        student=student,
     )
     post = schedule_sweeps.posterior
+    hold_scales = student.hold_sweeps if post.noise_dof is not None and scales is None else 0
     trace, converged, n_iter = [], False, 0
     for n_iter in range(1, max_iter + 1):
         update_noise, update_priors = n_iter > hold_noise, n_iter > hold_priors
+        update_scales = n_iter > hold_scales
         before = None if callback is None else [g.mean.copy() for g in post.groups]
-        stats = schedule_sweeps.sweep(update_noise, update_priors)
+        stats = schedule_sweeps.sweep(update_noise, update_priors, update_scales)
         objective = stats.elbo() if track_elbo else None
         if track_elbo:
             trace.append(objective)
         if callback is not None:
             callback(n_iter, _largest_change(before, post.groups), objective)
-        if stats.relative_change() < tol and update_noise and update_priors:
+        if stats.relative_change() < tol and update_noise and update_priors and update_scales:
             converged = True
             break
     return CPFitResult(post, n_iter, converged, trace, schedule_sweeps.n_skipped)

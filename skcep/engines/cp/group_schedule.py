@@ -1,7 +1,8 @@
 """The group schedule: VMP, or CEP with all sites of a group refreshed from the same q and
 merged per row (Li et al. §4.3).
 
-A group sweep updates mode 1, …, mode K, then the offsets, then q(τ).  The update of mode k is
+A group sweep updates mode 1, …, mode K, then the offsets, then q(τ) (Student-t noise: q(s)
+first, ν last; :mod:`~skcep.engines.cp.student`).  The update of mode k is
 a statistics (partition) step run on every chunk of entries (the
 :class:`~skcep.engines.cp.partition.EntryPartition` steps) and one global step on the sum of
 their results (:mod:`~skcep.engines.cp.updates`).
@@ -13,7 +14,8 @@ from .elbo import SweepTotals
 from .implicit import implicit_prior_update
 from .moments import _seen_moments
 from .packing import _packing
-from .settings import IMPLICIT
+from .settings import IMPLICIT, STUDENT
+from .student import dof_update
 from .updates import (
     component_update,
     group_update,
@@ -29,12 +31,13 @@ class _GroupSweeps:
     merged per row (Li et al. §4.3).  ``parts`` holds the entries
     (:class:`~skcep.engines.cp.partition.InMemoryEntries`, or partitions on Dask workers): each group is one
     :class:`~skcep.engines.cp.partition.EntryPartition` step on every partition and one global step on their results;
-    ``implicit``: the :class:`~skcep.engines.cp.settings.ImplicitSettings` of modes with implicit feedback."""
+    ``implicit``: the :class:`~skcep.engines.cp.settings.ImplicitSettings` of modes with implicit feedback,
+    ``student`` the :class:`~skcep.engines.cp.settings.StudentSettings` of a learned ν."""
 
-    def __init__(self, post, parts, likelihood, method, simultaneous=False, implicit=IMPLICIT):
+    def __init__(self, post, parts, likelihood, method, simultaneous=False, implicit=IMPLICIT, student=STUDENT):
         self.posterior, self.parts, self.likelihood = post, parts, likelihood
         self.probit_cep = likelihood != "gaussian" and method == "cep"
-        self.simultaneous, self.implicit = simultaneous, implicit
+        self.simultaneous, self.implicit, self.student = simultaneous, implicit, student
         self.n_skipped = 0
         self._first = True
 
@@ -58,9 +61,10 @@ class _GroupSweeps:
         pending.clear()
         return changes
 
-    def sweep(self, update_noise=True, update_priors=True):
+    def sweep(self, update_noise=True, update_priors=True, update_scales=True):
         """One sweep over every group, then q(τ); returns the sweep's :class:`~skcep.engines.cp.elbo.SweepTotals`
-        (``update_priors``: then the learned priors).
+        (``update_priors``: then the learned priors; ``update_scales``, with ``update_noise``:
+        Student-t noise's q(s) and ν).
 
         In turn, each group updated before the next one's statistics (Gauss–Seidel); with
         ``simultaneous``, every group's statistics from the q before the sweep, then all
@@ -75,7 +79,9 @@ class _GroupSweeps:
             changes = [(k, (means[k], second[k])) for k in range(K)]
             changes += [(K + j, (g.mean, g.cov)) for j, g in enumerate(post.offsets)]
             self._first = False
-        parts.step("begin", changes, post.thresholds)
+        update_scales = update_scales and update_noise
+        noise = None if post.noise_dof is None else (post.noise_precision, post.noise_dof, update_scales)
+        parts.step("begin", changes, post.thresholds, noise)
         changes, G, pending = [], None, []
         for k, f in enumerate(post.factors):
             results = parts.step("factor", changes, k, f.cov if self.probit_cep else None)
@@ -99,6 +105,8 @@ class _GroupSweeps:
         stats = SweepTotals.combine(parts.step("finish", changes, G is None), post, self.likelihood, cp_second)
         if post.noise is not None and update_noise:
             post.noise = noise_update(post.noise_prior, stats.sums.n, stats.sum_squared_error())
+            if post.noise_dof_learned and update_scales:
+                post.noise_dof = dof_update(stats.sums, student=self.student)
         if post.components is not None:
             component_update(post)
         if update_priors:

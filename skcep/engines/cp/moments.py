@@ -16,8 +16,10 @@ def _columns(index):
     return np.ascontiguousarray(index.T)
 
 
-def _map_entries(step, columns, n_jobs):
-    parts = map_chunks(lambda sl: step(columns[:, sl]), chunk_slices(columns.shape[1], CHUNKS.chunk_size), n_jobs)
+def _map_entries(step, columns, n_jobs, size=None):
+    """``step`` on chunks of ``size`` entries (None: ``CHUNKS.chunk_size``), concatenated."""
+    size = CHUNKS.chunk_size if size is None else size
+    parts = map_chunks(lambda sl: step(columns[:, sl]), chunk_slices(columns.shape[1], size), n_jobs)
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
@@ -26,9 +28,14 @@ def _cp_mean_of(means, index, n_jobs=None):
     return _map_entries(lambda cols: entry_mean(cols, means), _columns(index), n_jobs)
 
 
-def _cp_second_of(second, index, n_jobs=None):
-    """E[(1ᵀ z_i)²] for every entry, from the factors' packed second moments."""
-    return _map_entries(lambda cols: entry_second_moment(cols, second), _columns(index), n_jobs)
+def _cp_second_of(second, index, n_jobs=None, size=None):
+    """E[(1ᵀ z_i)²] for every entry, from the factors' packed second moments, in chunks of
+    ``size`` entries (None: ``CHUNKS.chunk_size``; each entry's value does not depend on it).
+    With a ``size``, the moments are first made C-contiguous: rows gathered from a
+    Fortran-ordered (d, P) array cost several times more."""
+    if size is not None:
+        second = [np.ascontiguousarray(s) for s in second]
+    return _map_entries(lambda cols: entry_second_moment(cols, second), _columns(index), n_jobs, size)
 
 
 def _cp_mean(post, index, n_jobs=None):
@@ -36,9 +43,9 @@ def _cp_mean(post, index, n_jobs=None):
     return _cp_mean_of([post.factor_moments(k)[0] for k in range(len(post.factors))], index, n_jobs)
 
 
-def _cp_second(post, index, n_jobs=None):
-    """E[(1ᵀ z_i)²] for every entry."""
-    return _cp_second_of(_packed_second_moments(post, _packing(post.rank)), index, n_jobs)
+def _cp_second(post, index, n_jobs=None, size=None):
+    """E[(1ᵀ z_i)²] for every entry (``size``: as :func:`_cp_second_of`)."""
+    return _cp_second_of(_packed_second_moments(post, _packing(post.rank)), index, n_jobs, size)
 
 
 def _packed_second_moments(post, packing):

@@ -37,6 +37,7 @@ from .sites import (
     site_likelihood,
 )
 from .statistics import _weigh, gaussian_statistics, offset_statistics
+from .student import prior_scales, residual_second, scale_update
 
 
 class _Sweep(NamedTuple):
@@ -70,13 +71,15 @@ class EntryPartition:
     between them).
 
     ``index`` (c, K) and ``y`` (c,) are the partition's entries, ``weight`` (c,) their weights
-    (None: all 1), ``shape`` the whole tensor's and ``offset_modes`` the modes of the offset
-    groups (as in :class:`~skcep.engines.cp.posterior.CPPosterior`).  The
-    partition keeps the moments of q its steps read — every factor's mean and packed second
-    moment, every offset group's (mean, cov) — and every step first applies ``changes``, the
-    ``(group, moments)`` updated since the step before (groups numbered as
-    :attr:`~skcep.engines.cp.posterior.CPPosterior.groups`): the first step of a fit gets every group, later steps
-    only the group the last global step updated, so q crosses to the partition once per sweep.
+    (None: all 1), ``scales`` the entries' q(s) to start from with Student-t noise (a
+    :class:`~skcep.engines.cp.student.ScaleState`; None: the prior), ``shape`` the whole
+    tensor's and ``offset_modes`` the modes of the offset groups (as in
+    :class:`~skcep.engines.cp.posterior.CPPosterior`).  The partition keeps the moments of q
+    its steps read — every factor's mean and packed second moment, every offset group's
+    (mean, cov) — and every step first applies ``changes``, the ``(group, moments)`` updated
+    since the step before (groups numbered as :attr:`~skcep.engines.cp.posterior.CPPosterior.groups`):
+    the first step of a fit gets every group, later steps only the group the last global step
+    updated, so q crosses to the partition once per sweep.
 
     A sweep is :meth:`begin`, :meth:`factor` for every mode, :meth:`offset` for every offset
     group, then :meth:`finish`.  Steps replace attributes (or items of the lists that
@@ -100,9 +103,13 @@ class EntryPartition:
         n_jobs=None,
         chunks=CHUNKS,
         weight=None,
+        scales=None,
     ):
         self.index, self.y, self.shape, self.offset_modes = index, y, tuple(shape), list(offset_modes)
         self.weight = weight
+        self.scales = scales  # q(s) of Student-t noise (None: Gaussian noise, or the prior at the first step)
+        self.residual = None  # E[(y_i − f_i)²] after the last sweep (Student-t noise): where q(s) moves from
+        self.precision_weight = weight  # what the statistics weigh entry i by: w_i, or w_i E[s_i]
         self.likelihood, self.method, self.damping = likelihood, method, damping
         self.n_jobs, self.chunk_settings = n_jobs, chunks
         self.sign = _labels(y, likelihood)
@@ -135,11 +142,21 @@ class EntryPartition:
             else:
                 self.offsets[group - K] = moments
 
-    def begin(self, changes, thresholds=None):
+    def begin(self, changes, thresholds=None, noise=None):
         """Start a sweep: the offsets' part of the predictor at every entry, the targets (probit
         and ordinal VMP: E[z_i] of the augmented model) and, at the first sweep, the predictor
-        means the convergence test starts from; ordinal entries get the sweep's cut points."""
+        means the convergence test starts from; ordinal entries get the sweep's cut points.
+        Student-t noise: ``noise`` = (E[τ], ν, update); q(s) starts at the prior, and after
+        the first sweep, if ``update``, moves to its optimum given the q the sweep starts from
+        (:func:`~skcep.engines.cp.student.scale_update`)."""
         self._apply(changes)
+        if noise is not None:
+            tau, dof, update = noise
+            if self.scales is None:
+                self.scales = prior_scales(self.y.size, dof)
+            elif update and self.residual is not None:
+                self.scales = scale_update(self.residual, tau, dof)
+            self.precision_weight = _weigh(self.scales.mean, self.weight)
         ordinal = self.likelihood == "ordinal"
         lik = site_likelihood("ordinal", thresholds) if ordinal else _PROBIT
         thresholds = thresholds if ordinal else None
@@ -161,7 +178,7 @@ class EntryPartition:
             return self._probit_factor(k, cov, sweep)
         resid = sweep.target - sweep.off_mean
         means, second = self.means, self.second
-        weight = self.weight
+        weight = self.precision_weight
         parts = map_chunks(
             lambda c: gaussian_statistics(
                 c, k, means, second, resid[c.entries], None if weight is None else weight[c.entries]
@@ -221,17 +238,24 @@ class EntryPartition:
             )
             self.offset_sites[j] = sites
             return offset_statistics(rows, *(_weigh(site, self.weight) for site in sites), mean.shape[0]), skipped
-        precision = np.ones(self.y.size) if self.weight is None else self.weight
-        return offset_statistics(rows, precision, _weigh(sweep.target - rest, self.weight), mean.shape[0]), 0
+        weight = self.precision_weight
+        precision = np.ones(self.y.size) if weight is None else weight
+        return offset_statistics(rows, precision, _weigh(sweep.target - rest, weight), mean.shape[0]), 0
 
     def finish(self, changes, with_second):
         """The partition's :class:`~skcep.engines.cp.elbo.EntrySums` after the sweep (Σ E[(1ᵀz_i)²] only if
-        ``with_second``: otherwise the global step has it from the last mode's statistics)."""
+        ``with_second``: otherwise the global step has it from the last mode's statistics;
+        Student-t noise keeps every entry's E[(y_i − f_i)²] for the next sweep's q(s))."""
         self._apply(changes)
         sweep, cp_mean = self.sweep, self.sweep.cp_mean  # from the offset steps, if no factor changed since
         if not self.offset_modes or any(group < len(self.shape) for group, _ in changes):  # a factor changed
             cp_mean = _cp_mean_of(self.means, self.index, self.n_jobs)
-        cp_second = _cp_second_of(self.second, self.index, self.n_jobs) if with_second else None
+        student = self.scales is not None
+        if student:  # every entry's value, in cache-sized chunks
+            size = _site_chunk_size(self.means[0].shape[1], self.chunk_settings)
+            cp_second = _cp_second_of(self.second, self.index, self.n_jobs, size)
+        else:
+            cp_second = _cp_second_of(self.second, self.index, self.n_jobs) if with_second else None
         sums, mean = _entry_sums(
             self.index,
             self.y,
@@ -243,7 +267,11 @@ class EntryPartition:
             self.likelihood,
             self.weight,
             sweep.thresholds,
+            self.scales,
         )
+        if student:
+            off_mean, off_var = _offset_moments_of(self.offsets, self.offset_modes, self.index)
+            self.residual = residual_second(self.y, cp_mean, cp_second, off_mean, off_var)
         self.previous, self.sweep = mean, sweep._replace(cp_mean=cp_mean, mean=mean)
         return sums
 

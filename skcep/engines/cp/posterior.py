@@ -9,7 +9,8 @@ Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.1 eq. 26), for entry i 
 
 with Gaussian priors on every embedding u^k_s ∈ R^R (zero mean, or mean 1 for the modulating
 modes of :func:`~skcep.engines.cp.start.init_posterior`) and on the optional offsets b (global)
-and c^k_s (one per object), and τ ~ Gam(a0, b0).  The posterior is approximated by
+and c^k_s (one per object), and τ ~ Gam(a0, b0) (Student-t noise: precision τ·s_i per entry,
+:mod:`~skcep.engines.cp.student`).  The posterior is approximated by
 q = q(τ) Π q(u^k_s) Π q(b) Π q(c^k_s), each Gaussian with full R×R covariance
 (:class:`CPPosterior`, its groups of rows :class:`GaussianRows`).  A batch of entries touches
 few rows: :func:`take_rows` and :func:`put_rows` cut out and write back the sub-model of those
@@ -124,7 +125,10 @@ class CPPosterior:
     of ordinal entries (a point estimate, refitted after every sweep; None for the other
     likelihoods).  ``implicit``: the :class:`~skcep.engines.cp.implicit.ImplicitTerm` of every mode
     with implicit feedback (at most one per mode): entries see that mode's rows as ũ_s = u_s + z_s
-    (:meth:`factor_moments`).
+    (:meth:`factor_moments`).  ``noise_dof``: ν of Student-t noise of Gaussian entries, each
+    entry's precision τ·s_i with s_i ~ Gam(ν/2, ν/2) (:mod:`~skcep.engines.cp.student`; None:
+    Gaussian noise), refitted after every sweep when ``noise_dof_learned``; q(s_i) is per-entry
+    state and lives with the entries.
     """
 
     factors: list
@@ -143,6 +147,8 @@ class CPPosterior:
     offset_prior_hyper: tuple = None
     thresholds: np.ndarray = None
     implicit: list = field(default_factory=list)
+    noise_dof: float = None
+    noise_dof_learned: bool = False
 
     @property
     def rank(self):
@@ -215,7 +221,8 @@ def take_rows(post, rows):
     (it has no site in the batch, and its KL term to itself as prior is zero), so streaming
     fits the sub-model at a cost that follows the batch, not the tensor.  The sub-model has no
     q(λ) and no learned priors: its rows' priors hold them fixed (they depend on every row;
-    :func:`~skcep.engines.cp.stream.absorb_batch` updates them after the batch).
+    :func:`~skcep.engines.cp.stream.absorb_batch` updates them after the batch); ν of Student-t
+    noise is held there too.
     """
 
     def take(g, r):
@@ -231,6 +238,7 @@ def take_rows(post, rows):
         post.noise,
         post.noise_prior,
         thresholds=post.thresholds,
+        noise_dof=post.noise_dof,
     )
 
 

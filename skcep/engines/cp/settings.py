@@ -3,7 +3,7 @@
 Every field says what its knob does; the measurements behind each default are in
 ``docs/design_notes.md`` (section "Tensors", subsection named in the class's docstring).
 Functions take a settings object as a keyword (``chunks=``, ``implicit=``, ``sweeps=``,
-``start=``) defaulting to the instances below; a test or an experiment passes another
+``start=``, ``student=``) defaulting to the instances below; a test or an experiment passes another
 (``dataclasses.replace(CHUNKS, chunk_size=64)``) instead of patching a module.  The cut points
 of ordinal entries have theirs in :class:`skcep.engines.ordinal.OrdinalSettings`.
 """
@@ -17,7 +17,9 @@ __all__ = [
     "SWEEPS",
     "ChunkSettings",
     "ImplicitSettings",
+    "STUDENT",
     "StartSettings",
+    "StudentSettings",
     "SweepSettings",
 ]
 
@@ -94,7 +96,33 @@ class StartSettings:
     variance_ratio: float = 10.0
 
 
+@dataclass(frozen=True)
+class StudentSettings:
+    """Student-t noise: its degrees of freedom learned (:func:`~skcep.engines.cp.student.dof_update`)
+    and where q(s) starts moving (:func:`~skcep.engines.cp.fit.fit_cp`; design notes: "Student-t
+    noise").
+
+    dof_start
+        ν a fit starts from when it learns ν (``noise_dof="auto"``).
+    dof_bounds
+        ν is kept within these bounds: at the upper one the noise is Gaussian for every
+        practical purpose; at the lower one nearly every entry may be an outlier.
+    dof_xtol
+        Tolerance in log ν of the root search.
+    hold_sweeps
+        A fit from a random start keeps q(s_i) at the prior Gam(ν/2, ν/2) (E[s_i] = 1) for this
+        many sweeps: downweighting the entries by the residuals of a model still far from its
+        fit drives it to poorer optima.
+    """
+
+    dof_start: float = 4.0
+    dof_bounds: tuple = (0.1, 1e4)
+    dof_xtol: float = 1e-10
+    hold_sweeps: int = 30
+
+
 CHUNKS = ChunkSettings()
 IMPLICIT = ImplicitSettings()
 SWEEPS = SweepSettings()
 START = StartSettings()
+STUDENT = StudentSettings()

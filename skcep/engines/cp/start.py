@@ -92,6 +92,8 @@ def init_posterior(
     modulation_variance=None,
     mode_prior=None,
     offset_prior=None,
+    noise_dof=None,
+    noise_dof_learned=False,
 ):
     """Posterior to start from: embeddings N(m, init_scale²·I) with random m ~ N(0, init_scale²)
     drawn from ``rng`` under priors N(0, prior_variance·I).  All-zero means are a fixed point,
@@ -100,8 +102,10 @@ def init_posterior(
 
     ``global_offset`` / ``mode_offsets`` are prior variances (None: no such offset);
     ``noise_prior`` (a0, b0) is None for probit; ``noise_init`` the starting E[τ] (None: the
-    prior mean a0/b0).  ``component_prior`` (a0, b0) turns on automatic relevance determination:
-    q(λ_r) starts at shape a0 + ½ Σ_k d_k with mean 1/prior_variance.  Learned precisions (E[λ_r],
+    prior mean a0/b0); ``noise_dof`` ν of Student-t noise (None: Gaussian noise;
+    :mod:`~skcep.engines.cp.student`), its start when ``noise_dof_learned``.
+    ``component_prior`` (a0, b0) turns on automatic relevance determination: q(λ_r) starts
+    at shape a0 + ½ Σ_k d_k with mean 1/prior_variance.  Learned precisions (E[λ_r],
     E[λ_k]) are kept at least ``precision_floor``.  ``offset_init``: the starting mean of q(b) (its prior mean stays 0).
 
     ``mode_prior`` (a0, b0, v) learns every other mode's prior from the data
@@ -177,6 +181,8 @@ def init_posterior(
         a0, b0 = noise_prior
         tau = a0 / b0 if noise_init is None else noise_init
         post.noise = (float(a0), float(a0) / tau)
+        if noise_dof is not None:
+            post.noise_dof, post.noise_dof_learned = float(noise_dof), bool(noise_dof_learned)
     return post
 
 

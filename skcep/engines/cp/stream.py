@@ -6,10 +6,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from .elbo import posterior_sums
 from .fit import fit_cp
 from .posterior import put_rows, take_rows
 from .settings import SWEEPS
 from .start import _learned_prior, _random_rows, grow_posterior
+from .student import ScaleState, prior_scales, scale_update
 from .updates import component_update, learned_prior_update
 
 
@@ -76,7 +78,10 @@ def absorb_batch(
     (:func:`~skcep.engines.cp.updates.mode_prior_update`).
     ``weight``: the batch's entry weights (None: 1).  Ordinal cut points are refitted on the
     batch (from the current ones) and averaged in by the batch's share of the entries seen: after
-    batches of n_1, n_2, … entries θ is the n-weighted mean of the batches' fits.
+    batches of n_1, n_2, … entries θ is the n-weighted mean of the batches' fits.  Student-t
+    noise: ν is held, and q(s_i) of an entry whose objects have all been seen starts at its
+    optimum under the posterior before the batch (:func:`_batch_scales`), so that even a batch's
+    one sweep weighs its entries; the others start at the prior.
 
     Returns the :class:`~skcep.engines.cp.fit.CPFitResult` with the whole new posterior, and the updated
     ``n_seen``.
@@ -98,7 +103,8 @@ def absorb_batch(
             mean, variance = (0.0, prior_variance) if post.mode_priors is None else _learned_prior(post, k)
             start = _random_rows(unseen.size, rank, variance, init_scale, rng, mean)
             f.mean[unseen], f.cov[unseen] = start.mean, start.cov
-    result = fit_cp(sub, local, y, rng=rng, weight=weight, **fit_options)
+    scales = None if full.noise_dof is None else _batch_scales(sub, local, y, [c[r] for c, r in zip(n_seen, rows)])
+    result = fit_cp(sub, local, y, rng=rng, weight=weight, scales=scales, **fit_options)
     put_rows(full, rows, result.posterior)
     if full.thresholds is not None:
         share = index.shape[0] / (float(n_seen[0].sum()) + index.shape[0])
@@ -108,3 +114,14 @@ def absorb_batch(
     learned_prior_update(full, refresh=True)
     n_seen = [c + np.bincount(index[:, k], minlength=c.size) for k, c in enumerate(n_seen)]
     return replace(result, posterior=full), n_seen
+
+
+def _batch_scales(sub, local, y, seen):
+    """q(s_i) of a batch's entries to start from (Student-t noise): at its optimum given the
+    posterior before the batch, :func:`~skcep.engines.cp.student.scale_update`, where every
+    object of the entry has been seen (``seen[k]``: entries seen per row of mode k of the
+    sub-model); at the prior Gam(ν/2, ν/2) where one is new (its working means are random)."""
+    fresh = np.any([c[local[:, k]] == 0 for k, c in enumerate(seen)], axis=0)
+    e = posterior_sums(sub, local, y, "gaussian")[2]
+    pairs = zip(prior_scales(y.size, sub.noise_dof), scale_update(e, sub.noise_precision, sub.noise_dof))
+    return ScaleState(*(np.where(fresh, at_prior, updated) for at_prior, updated in pairs))
