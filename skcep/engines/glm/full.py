@@ -27,15 +27,15 @@ def _dense_rows(X, rows):
 # The quadrature-rule argument of the compiled full step for the probit, which has none (four
 # empty arrays: one argument type for both likelihoods)
 _NO_RULE = (np.empty(0),) * 4
+_ORDERS = {"ep": 0, "cep1": 1, "cep2": 2}  # the compiled step's site update
 
 
 def full_partition_step(
     X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size, sample_weight=None, method="ep"
 ):
     """Partition step of full-covariance EP (or CEP, ``method``): refine the sites of one
-    partition of the rows (EP on a dense design with the probit or logistic likelihood:
-    compiled, :func:`~skcep.engines.glm._full_kernel.full_dense_step`, the same step to
-    rounding).
+    partition of the rows (a dense design with the probit or logistic likelihood: compiled,
+    :func:`~skcep.engines.glm._full_kernel.full_dense_step`, the same step to rounding).
 
     The partition's row blocks are refined in order against its running posterior
     N(P⁻¹b, P⁻¹) (the global precision P and shift b plus the blocks' changes so far): the
@@ -52,7 +52,7 @@ def full_partition_step(
         The change of the summed natural parameters, Xᵀ diag(Δτ̃) X (d, d) and Xᵀ Δν̃ (d,),
         and the number of skipped site updates; the global step adds them to P and b.
     """
-    if method == "ep" and not sp.issparse(X) and likelihood.name in ("probit", "logistic"):  # one compiled pass
+    if not sp.issparse(X) and likelihood.name in ("probit", "logistic"):  # one compiled pass
         logistic = likelihood.name == "logistic"
         weight = np.empty(0) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=float)
         return full_dense_step(
@@ -67,6 +67,7 @@ def full_partition_step(
             float(step),
             logistic,
             likelihood.quadrature_rule if logistic else _NO_RULE,
+            _ORDERS[method],
         )
     return full_partition_numpy(
         X,

@@ -53,11 +53,61 @@ blends in EP's moments here: this is the paper's CEP.
 
 import numpy as np
 
-__all__ = ["cep_predictor_moments", "conditional_statistics", "expected_conditional_moments"]
+__all__ = [
+    "cep_predictor_moments",
+    "conditional_statistics",
+    "entry_statistics",
+    "expected_conditional_moments",
+    "first_order_terms",
+    "second_order_terms",
+]
+
+# The three elementwise functions below are the equations, once: numpy calls them on a block's
+# (b, d) arrays, the compiled step (:mod:`~skcep.engines.glm._full_kernel`) on one entry.
+
+
+def entry_statistics(x, g, mean, prec, m, s, tau, nu):
+    r"""ρ, ū, c̄, σ_u², σ_cu of entries (module docstring) from x_m, (x Σ)_m, μ_m, P_mm, the
+    row's marginal (m, s) and the site (τ̃, ν̃) removed for its (proper) cavity; elementwise."""
+    rho = x * x / (prec - tau * x * x)
+    s_cav = s / (1.0 - tau * s)
+    u = m - rho * (nu - tau * m)
+    c = m - x * mean
+    t = rho / s_cav
+    var_u = (1.0 - t) * (s * (1.0 - t) + rho)
+    cov_cu = (s - x * g) * (1.0 + tau * rho)
+    return rho, u, c, var_u, cov_cu
+
+
+def first_order_terms(rho, u, c, l1, l2):
+    """(x_m E[w_m], x_m E[w_m a]) = (A − c̄, B + A (A − c̄)) at ū (eq. 10), L_k at (ū, ρ)."""
+    d1 = (u - c) + rho * l1  # A − c̄ = x_m η̄_m + ρ L_1
+    return d1, rho + rho * rho * l2 + d1 * (c + d1)
+
+
+def second_order_terms(rho, u, c, var_u, cov_cu, l1, l2, l3, l4):
+    """:func:`first_order_terms` plus ½ tr(cov · Hessian) (eq. 11): E[A] + ½ σ_u² A'' − c̄ and
+    E[B] + E[A²] − E[c A], with A' = 1 + ρ L_2, A'' = ρ L_3, B'' = ρ² L_4."""
+    d1 = (u - c) + rho * l1
+    a = c + d1
+    a1 = 1.0 + rho * l2
+    a2 = rho * l3
+    e1 = d1 + 0.5 * var_u * a2
+    e2 = (
+        rho
+        + rho * rho * l2
+        + 0.5 * var_u * rho * rho * l4
+        + d1 * a
+        + var_u * (a1 * a1 + a * a2)
+        - cov_cu * a1
+        - 0.5 * c * var_u * a2
+    )
+    return e1, e2
 
 
 def conditional_statistics(x, g, mean, prec_diag, m, s, site_prec, site_shift):
-    r"""Per entry (i, m) of a block: the statistics of CEP's conditional tilted given w\m.
+    r"""Per entry (i, m) of a block: the statistics of CEP's conditional tilted given w\m
+    (:func:`entry_statistics`).
 
     ``x`` (b, d) the rows, ``g`` (b, d) their products x_iᵀΣ, ``mean`` μ and ``prec_diag``
     diag P (d,) of q, ``m`` and ``s`` (b,) the rows' predictor marginals under q, ``site_prec``
@@ -66,48 +116,23 @@ def conditional_statistics(x, g, mean, prec_diag, m, s, site_prec, site_shift):
     variance ρ and mean ū of a given w\m (at w\m = q's mean), c̄, σ_u² and σ_cu under q.
     Rows must have a proper cavity (1/s − τ̃ > 0, which makes every P_mm − τ̃ x_m² positive).
     """
-    tau = site_prec[:, None]
-    s_ = s[:, None]
-    rho = x * x / (prec_diag - tau * x * x)
-    s_cav = s_ / (1.0 - tau * s_)
-    delta = (site_shift - site_prec * m)[:, None]
-    u = m[:, None] - rho * delta
-    c = m[:, None] - x * mean
-    t = rho / s_cav
-    var_u = (1.0 - t) * (s_ * (1.0 - t) + rho)
-    cov_cu = (s_ - x * g) * (1.0 + tau * rho)
-    return rho, u, c, var_u, cov_cu
+    rows = (m[:, None], s[:, None], site_prec[:, None], site_shift[:, None])
+    return entry_statistics(x, g, mean, prec_diag, *rows)
 
 
 def expected_conditional_moments(x, y, lik, rho, u, c, var_u=None, cov_cu=None):
     r"""CEP's (x_m E[w_m], x_m E[w_m a]) for every entry: the conditional moments of the
     conditional tilted of w_m (A − c and B + A² − c A, module docstring) expected under q(w\m)
-    to first order (eq. 10; ``var_u`` None) or second (eq. 11), at the statistics of
-    :func:`conditional_statistics`.  ``y`` (b,) the rows' labels; entries with x_m = 0 give 0.
+    to first order (eq. 10, :func:`first_order_terms`; ``var_u`` None) or second (eq. 11,
+    :func:`second_order_terms`), at the statistics of :func:`conditional_statistics`.  ``y``
+    (b,) the rows' labels; entries with x_m = 0 give 0.
 
     Returns ``(e1, e2)``, each (b, d)."""
-    order = 2 if var_u is None else 4
-    ders = lik.derivatives(u, rho, y[:, None], order=order, value=False)
-    l1, l2 = ders[1], ders[2]
-    d1 = (u - c) + rho * l1  # A − c̄ = x_m η̄_m + ρ L_1
-    a = c + d1
-    b_var = rho + rho * rho * l2
+    ders = lik.derivatives(u, rho, y[:, None], order=2 if var_u is None else 4, value=False)
     if var_u is None:
-        e1 = d1
-        e2 = b_var + d1 * a
+        e1, e2 = first_order_terms(rho, u, c, *ders[1:])
     else:
-        l3, l4 = ders[3], ders[4]
-        a1 = 1.0 + rho * l2
-        a2 = rho * l3
-        e1 = d1 + 0.5 * var_u * a2
-        e2 = (
-            b_var
-            + 0.5 * var_u * rho * rho * l4
-            + d1 * a
-            + var_u * (a1 * a1 + a * a2)
-            - cov_cu * a1
-            - 0.5 * c * var_u * a2
-        )
+        e1, e2 = second_order_terms(rho, u, c, var_u, cov_cu, *ders[1:])
     live = x != 0
     return np.where(live, e1, 0.0), np.where(live, e2, 0.0)
 
