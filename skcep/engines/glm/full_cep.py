@@ -40,9 +40,11 @@ anyway), Σ P\ = I − τ̃ g xᵀ gives
     σ_u² = (1 − t)(s (1 − t) + ρ_m),  t = ρ_m / s\,   σ_cu = (s − x_m g_m)(1 + τ̃ ρ_m),
 
 so a sweep costs EP's O(N M²) plus O(N M) conditional moments.  With τ̃ = 0 (cavity = q)
-σ_u² = s − ρ_m, the law of total variance.  Where q and the cavity are diagonal (η_m constant)
-the expansion is the factorized CEP-2's ½ σ_c² h''(c̄) (:func:`expected_conditional_moments`
-takes the general 2 × 2 form, which the tests compare with both).
+σ_u² = s − ρ_m, the law of total variance.  Where q and the cavity are diagonal (η_m constant,
+u_m = x_m μ\_m + c) the expansion is the factorized CEP-2's ½ σ_c² h''(c̄) (tested).  The same
+three elementwise functions (:func:`entry_statistics`, :func:`first_order_terms`,
+:func:`second_order_terms`) serve numpy here and the compiled step for dense designs
+(:mod:`~skcep.engines.glm._full_kernel`).
 
 The expansion is applied to the sufficient statistics, then Var[a] = E[a²] − E[a]² (as the
 factorized CEP-2, :mod:`~skcep.engines.glm.factorized`); where that variance is not positive
