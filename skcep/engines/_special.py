@@ -277,37 +277,22 @@ def _mills_ratio_bulk(u):
     return _SQRT_2_OVER_PI * (gauss if positive else 1.0) / (2.0 - gauss * e if positive else e)
 
 
-@njit(cache=True, inline="always")
-def log_phi_derivatives4(u):
-    """The first four derivatives (g1, g2, g3, g4) of log Φ at u, finite for every u: the
-    closed forms in r = φ(u)/Φ(u) and δ = u + r, and below −15 the asymptotic series (the
-    compiled twin of :func:`skcep.engines.likelihoods.log_phi_derivatives`)."""
+@njit(cache=True)
+def probit_log_z_derivatives(m, s, y):
+    """(L_1, L_2) = ∂/∂m, ∂²/∂m² of log Φ(y m / √(1 + s)), finite for every m (the compiled
+    twin of :meth:`skcep.engines.likelihoods.Probit.derivatives`, same tail series)."""
+    k = 1.0 / math.sqrt(1.0 + s)
+    yk = y * k
+    u = yk * m
     if u < _TAIL:
         inv = 1.0 / u
         i2 = inv * inv
         g1 = -u + inv * (-1.0 + i2 * (2.0 + i2 * (-10.0 + i2 * (74.0 + i2 * (-706.0 + i2 * 8162.0)))))
         g2 = -1.0 + i2 * (1.0 + i2 * (-6.0 + i2 * (50.0 + i2 * (-518.0 + i2 * (6354.0 - i2 * 89782.0)))))
-        g3 = inv * i2 * (-2.0 + i2 * (24.0 + i2 * (-300.0 + i2 * (4144.0 + i2 * (-63540.0 + i2 * 1077384.0)))))
-        g4 = i2 * i2 * (6.0 + i2 * (-120.0 + i2 * (2100.0 + i2 * (-37296.0 + i2 * (698940.0 - i2 * 14005992.0)))))
     else:
         r = mills_ratio(u)
-        d = u + r
-        a = d * (d + r) - 1.0
         g1 = r
-        g2 = -r * d
-        g3 = r * a
-        g4 = -r * d * a + r * (2.0 * d + r - 3.0 * r * d * d - r * r * d)
-    return g1, g2, g3, g4
-
-
-@njit(cache=True)
-def probit_log_z_derivatives(m, s, y):
-    """(L_1, L_2) = ∂/∂m, ∂²/∂m² of log Φ(y m / √(1 + s)), finite for every m (the compiled
-    twin of :meth:`skcep.engines.likelihoods.Probit.derivatives`, same tail series:
-    :func:`log_phi_derivatives4`)."""
-    k = 1.0 / math.sqrt(1.0 + s)
-    yk = y * k
-    g1, g2, _, _ = log_phi_derivatives4(yk * m)
+        g2 = -r * (u + r)
     return g1 * yk, g2 * k * k
 
 

@@ -20,21 +20,48 @@ import math
 
 from numba import njit
 
-from ._special import LOGISTIC_LOWER_TAIL, LOGISTIC_S_SWITCH, _log_expit, _log_phi_and_ratio, log_phi_derivatives4
+from ._special import (
+    LOGISTIC_LOWER_TAIL,
+    LOGISTIC_S_SWITCH,
+    _log_expit,
+    _log_phi_and_ratio,
+    mills_ratio,
+    probit_log_z_derivatives,
+)
 
 __all__ = ["logistic_derivatives4", "probit_derivatives4"]
+
+_TAIL = -15.0  # as skcep.engines.likelihoods
+
+
+@njit(cache=True)
+def _log_phi_third_fourth(u):
+    """The third and fourth derivatives of log Φ at u: δ = u + r, r = φ(u)/Φ(u),
+    g3 = r(δ(δ + r) − 1), g4 = −r δ (δ² + r δ − 1) + r (2δ + r − 3 r δ² − r² δ), and below
+    u = −15 their asymptotic series (``likelihoods._SERIES``)."""
+    if u < _TAIL:
+        inv = 1.0 / u
+        i2 = inv * inv
+        return (
+            inv * i2 * (-2.0 + i2 * (24.0 + i2 * (-300.0 + i2 * (4144.0 + i2 * (-63540.0 + i2 * 1077384.0))))),
+            i2 * i2 * (6.0 + i2 * (-120.0 + i2 * (2100.0 + i2 * (-37296.0 + i2 * (698940.0 - i2 * 14005992.0))))),
+        )
+    r = mills_ratio(u)
+    d = u + r
+    a = d * (d + r) - 1.0
+    return r * a, -r * d * a + r * (2.0 * d + r - 3.0 * r * d * d - r * r * d)
 
 
 @njit(cache=True)
 def probit_derivatives4(m, s, y):
-    """(L_1, L_2, L_3, L_4) of log Φ(y m / √(1 + s)) in m, finite for every m
-    (:func:`~skcep.engines._special.log_phi_derivatives4`; L_1, L_2 as
-    :func:`~skcep.engines._special.probit_log_z_derivatives`)."""
-    k = 1.0 / math.sqrt(1.0 + s)
-    yk = y * k
-    g1, g2, g3, g4 = log_phi_derivatives4(yk * m)
-    yk2 = yk * yk
-    return g1 * yk, g2 * k * k, g3 * yk2 * yk, g4 * yk2 * yk2
+    """(L_1, L_2, L_3, L_4) of log Φ(y m / √(1 + s)) in m, finite for every m: L_1, L_2 are
+    :func:`~skcep.engines._special.probit_log_z_derivatives`'s (EP's), L_3 and L_4 from
+    :func:`_log_phi_third_fourth`."""
+    l1, l2 = probit_log_z_derivatives(m, s, y)
+    yk = y / math.sqrt(1.0 + s)
+    g3, g4 = _log_phi_third_fourth(yk * m)
+    yk3 = yk * yk * yk
+    return l1, l2, g3 * yk3, g4 * yk3 * yk
 
 
 @njit(cache=True)
