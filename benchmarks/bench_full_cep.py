@@ -54,7 +54,7 @@ METHODS = {
 }
 TIMINGS = 3  # each fit timed as the fastest of this many runs
 
-NOTES_SOURCE = "2804126256"
+NOTES_SOURCE = "00c19d3065"
 NOTES = """
 - **Where full CEP-2 matches full EP.** On australian, breast, crabs and pima, both links, its
   mean KL(NUTS ‖ q) is within 0.02 nats of full EP's (largest gap: probit australian 0.103
