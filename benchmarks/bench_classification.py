@@ -346,52 +346,60 @@ def cep_before_after(res, link, datasets):
     return out + [md_table(header, rows), ""]
 
 
-def run(datasets, splits):
-    """Metrics per (link, data set, method): lists over splits (ll, auc, gap, s, it, conv, …)."""
-    res = {}
+def split_problems(datasets, splits):
+    """(name, k, link, X, y, X_test, y_test, nuts) for every data set, split and link: the split's
+    data (:func:`load_split`) and its NUTS reference, whose test labels are checked; a line is
+    printed after each split."""
     for name in datasets:
         for k in splits:
             X, y, Xt, yt = load_split(name, k)
             for link in LINKS:
                 nuts = load_nuts(f"{name}_{link}_{k}")
                 assert np.array_equal(nuts["y_test"], yt), f"{name} split {k}: test labels differ"
-                models = {m: ESTIMATORS[link](**kw, prior_variance=1.0) for m, kw in SKCEP.items()}
-                models.update({m: ESTIMATORS[link](**kw) for m, kw in AUTO.items()})
-                models["sklearn-LR"] = LogisticRegression(C=1.0, max_iter=1000)
-                for m, kw in BASELINES.items():
-                    kw = dict(kw, random_state=k) if kw["algorithm"] == "is-ep" else kw
-                    models[m] = BaselineClassifier(link=link, **kw)
-                for m, est in models.items():
-                    seconds, n_warn, n_other = timed_fit(est, X, y)
-                    if m in SKCEP or m in AUTO:  # skcep's fits: the fastest of TIMINGS runs
-                        seconds = min([seconds] + [timed_fit(est, X, y)[0] for _ in range(TIMINGS - 1)])
-                    logp = est.predict_log_proba(Xt)
-                    ll = logp[np.arange(len(yt)), yt].mean()
-                    conv = bool(np.all(getattr(est, "converged_", n_warn == 0)))
-                    row = dict(
-                        ll=ll,
-                        auc=roc_auc_score(yt, logp[:, 1]),
-                        gap=ll - nuts["test_ll"],
-                        acc=np.mean(np.argmax(logp, axis=1) == yt),
-                        s=seconds,
-                        it=np.max(est.n_iter_),
-                        conv=conv,
-                        warn=n_warn,
-                        other=n_other,
-                        lam=getattr(est, "prior_variance_", [np.nan])[0],
-                    )
-                    if m in SKCEP:  # the same prior as NUTS: the posteriors compare
-                        row["kl"] = kl_from_nuts(nuts, est)
-                    if m in AUTO:  # the cost of one fit at the λ "auto" chose
-                        at = clone(est).set_params(prior_variance=float(row["lam"]))
-                        row["s_at"] = min(timed_fit(at, X, y)[0] for _ in range(TIMINGS))
-                    r = res.setdefault((link, name, m), {})
-                    for key, v in row.items():
-                        r.setdefault(key, []).append(v)
-                r = res.setdefault((link, name, "NUTS"), {})
-                r.setdefault("ll", []).append(float(nuts["test_ll"]))
-                r.setdefault("auc", []).append(float(nuts["test_auc"]))
+                yield name, k, link, X, y, Xt, yt, nuts
             print(f"{name} split {k} done", flush=True)
+
+
+def run(datasets, splits):
+    """Metrics per (link, data set, method): lists over splits (ll, auc, gap, s, it, conv, …)."""
+    res = {}
+    for name, k, link, X, y, Xt, yt, nuts in split_problems(datasets, splits):
+        models = {m: ESTIMATORS[link](**kw, prior_variance=1.0) for m, kw in SKCEP.items()}
+        models.update({m: ESTIMATORS[link](**kw) for m, kw in AUTO.items()})
+        models["sklearn-LR"] = LogisticRegression(C=1.0, max_iter=1000)
+        for m, kw in BASELINES.items():
+            kw = dict(kw, random_state=k) if kw["algorithm"] == "is-ep" else kw
+            models[m] = BaselineClassifier(link=link, **kw)
+        for m, est in models.items():
+            seconds, n_warn, n_other = timed_fit(est, X, y)
+            if m in SKCEP or m in AUTO:  # skcep's fits: the fastest of TIMINGS runs
+                seconds = min([seconds] + [timed_fit(est, X, y)[0] for _ in range(TIMINGS - 1)])
+            logp = est.predict_log_proba(Xt)
+            ll = logp[np.arange(len(yt)), yt].mean()
+            conv = bool(np.all(getattr(est, "converged_", n_warn == 0)))
+            row = dict(
+                ll=ll,
+                auc=roc_auc_score(yt, logp[:, 1]),
+                gap=ll - nuts["test_ll"],
+                acc=np.mean(np.argmax(logp, axis=1) == yt),
+                s=seconds,
+                it=np.max(est.n_iter_),
+                conv=conv,
+                warn=n_warn,
+                other=n_other,
+                lam=getattr(est, "prior_variance_", [np.nan])[0],
+            )
+            if m in SKCEP:  # the same prior as NUTS: the posteriors compare
+                row["kl"] = kl_from_nuts(nuts, est)
+            if m in AUTO:  # the cost of one fit at the λ "auto" chose
+                at = clone(est).set_params(prior_variance=float(row["lam"]))
+                row["s_at"] = min(timed_fit(at, X, y)[0] for _ in range(TIMINGS))
+            r = res.setdefault((link, name, m), {})
+            for key, v in row.items():
+                r.setdefault(key, []).append(v)
+        r = res.setdefault((link, name, "NUTS"), {})
+        r.setdefault("ll", []).append(float(nuts["test_ll"]))
+        r.setdefault("auc", []).append(float(nuts["test_auc"]))
     return res
 
 

@@ -2,8 +2,8 @@
 
 Four engines run compiled loops (numba, ``cache=True``): the dense probit and logistic EP /
 CEP-1 step, the tilted derivatives of the logistic and the factorized evidence
-(:mod:`skcep.engines.glm._kernel`, :mod:`skcep.engines._special`), full-covariance EP's step
-(:mod:`skcep.engines.glm._full_kernel`), SBDT's per-entry ADF
+(:mod:`skcep.engines.glm._kernel`, :mod:`skcep.engines._special`), full-covariance EP's and
+CEP's step (:mod:`skcep.engines.glm._full_kernel`), SBDT's per-entry ADF
 (:mod:`skcep.engines.sbdt._kernel`) and the random features of the KJIT operator
 (:mod:`skcep.engines.kjit._kernel`).  numba compiles a kernel the first time it is called and
 writes the machine code to its on-disk cache (``__pycache__`` beside the installed package, or

@@ -27,6 +27,7 @@ CONFIGS = [
     {"method": "cep2"},
     {"method": "ep"},
     {"method": "ep", "covariance": "full"},
+    {"method": "cep2", "covariance": "full"},
 ]
 ESTIMATORS = [cls(**cfg) for cls in CLASSES for cfg in CONFIGS]
 FITTED_ATTRS = (
@@ -236,21 +237,23 @@ def _assert_unfitted(est, X):
         assert not hasattr(est, attr), attr
 
 
+@ignore_convergence
 @pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("method", ["cep1", "cep2"])
 @pytest.mark.parametrize("how", ["fit", "partial_fit"])
-def test_full_covariance_requires_ep(cls, method, how):
+def test_full_covariance_runs_cep(cls, method, how):
+    """``covariance="full"`` with ``method="cep1"`` / ``"cep2"`` is CEP on the full-covariance
+    sites (it was refused before): one covariance per one-vs-rest model, named in ``method_``
+    and ``covariance_``."""
     X, y = _small_multiclass()
-    est = cls(method=method, covariance="full")
-    with pytest.raises(ValueError) as excinfo:
-        if how == "fit":
-            est.fit(X, y)
-        else:
-            est.partial_fit(X, y, classes=np.unique(y))
-    message = str(excinfo.value)
-    assert "covariance='full'" in message and f"method={method!r}" in message, message
-    assert "'ep'" in message, message  # says what to use instead
-    _assert_unfitted(est, X)
+    est = cls(method=method, covariance="full", max_iter=30, prior_variance=1.0)
+    if how == "fit":
+        est.fit(X, y)
+    else:
+        est.partial_fit(X, y, classes=np.unique(y))
+    assert (est.method_, est.covariance_) == (method, "full")
+    assert est.coef_cov_.shape == (3, 4, 4)
+    np.testing.assert_allclose(np.diagonal(est.coef_cov_, axis1=1, axis2=2), est.coef_var_, rtol=1e-12)
 
 
 def test_convergence_warning_class_is_sklearns():

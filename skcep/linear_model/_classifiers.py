@@ -69,9 +69,10 @@ def choose_inference(method, covariance, dim):
     | auto | diagonal | cep1, diagonal | cep1, diagonal |
 
     A method named by the user keeps the factorized posterior it has always fitted (only
-    ``covariance="full"`` asks for EP's full form).  The factorized default is CEP-1: its
-    conditional moments are closer to the exact posterior's than factorized EP's on the CEP
-    paper's sets (benchmarks/results/classification.md).
+    ``covariance="full"`` asks for the full form: EP's, or CEP's with ``"cep1"`` / ``"cep2"``).
+    The factorized default is CEP-1: its conditional moments are closer to the exact
+    posterior's than factorized EP's on the CEP paper's sets
+    (benchmarks/results/classification.md).
     """
     if covariance == "auto":
         covariance = "full" if method == "auto" and dim <= FULL_AUTO_FEATURES else "diagonal"
@@ -283,10 +284,10 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
     def _check_options(self, n_features):
         method, covariance = self._inference(n_features)
         if covariance == "full":
-            if method != "ep":
-                hint = " (method='kjit' needs covariance='diagonal')" if method == "kjit" else ""
+            if method == "kjit":
                 raise ValueError(
-                    f"covariance='full' is weight-space EP and needs method='ep'; got method={method!r}{hint}."
+                    "covariance='full' runs EP, CEP-1 or CEP-2 on one site per sample; "
+                    "method='kjit' needs covariance='diagonal'."
                 )
             dim = n_features + int(self.fit_intercept)
             if 8 * dim * dim > _MAX_FULL_BYTES:
@@ -336,8 +337,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             [self.intercept_prior_variance] * self.fit_intercept,
         ]
         full = covariance == "full"
-        if not full:
-            options["method"] = "ep" if method == "kjit" else method
+        options["method"] = "ep" if method == "kjit" else method
         tune = n_weights if auto and not stream and n_weights else None
 
         def fit_from(k, mean0, spread0):

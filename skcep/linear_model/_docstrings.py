@@ -76,12 +76,14 @@ _PARAMS_DOC = (
     ----------
 {method}    covariance : {"auto", "diagonal", "full"}, default="auto"
         "diagonal": fully factorized posterior, sites per non-zero feature (O(nnz) memory).
-        "full": weight-space EP with a full covariance and one rank-one site per sample
-        (``method="ep"`` only) — the accurate choice for correlated features and moderate
-        ``n_features`` (O(n_features²) memory).  "auto": "full" for ``method="auto"`` up to 512
-        weights (intercept included; :data:`skcep.linear_model.FULL_AUTO_FEATURES`),
-        where it is both the cheaper fit and within a fraction of a nat of the exact posterior,
-        else (and for a method named explicitly) "diagonal"; the choice is in ``covariance_``.
+        "full": a full covariance with one rank-one site per sample, refined by EP (the
+        accurate choice for correlated features and moderate ``n_features``; O(n_features²)
+        memory) or, with ``method="cep1"`` / ``"cep2"``, by CEP's expected conditional moments
+        of each weight given the others (``docs/classifiers.md``; not with ``"kjit"``).
+        "auto": "full" for ``method="auto"`` up to 512 weights (intercept included;
+        :data:`skcep.linear_model.FULL_AUTO_FEATURES`), where it is both the cheaper fit and
+        within a fraction of a nat of the exact posterior, else (and for a method named
+        explicitly) "diagonal"; the choice is in ``covariance_``.
     prior_variance : "auto" or float, default="auto"
         Variance λ of the Gaussian prior N(0, λ) on every weight.  "auto": type-II maximum
         likelihood of the EP evidence of each one-vs-rest model (λ in [1e-6, 1e6]): a search

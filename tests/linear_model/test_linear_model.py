@@ -24,7 +24,7 @@ from skcep import CEPLogisticClassifier, CEPProbitClassifier
 from skcep.datasets import load_crabs, load_pima, make_cep_classification
 
 CLASSES = [CEPProbitClassifier, CEPLogisticClassifier]
-CONFIGS = [("cep1", "diagonal"), ("cep2", "diagonal"), ("ep", "diagonal"), ("ep", "full")]
+CONFIGS = [("cep1", "diagonal"), ("cep2", "diagonal"), ("ep", "diagonal"), ("ep", "full"), ("cep2", "full")]
 ALL = [
     pytest.param(cls, method, cov, id=f"{cls.__name__[3:-10]}-{method}-{cov}")
     for cls in CLASSES

@@ -10,12 +10,13 @@ Modules, bottom up:
 ``posterior``   :class:`GLMPosterior`, the sites of weighted rows, the linear predictor's moments
 ``design``      a dense or CSR design cut into row blocks; rows per block
 ``_kernel``     the compiled factorized step (dense, probit / logistic, EP / CEP-1)
-``_full_kernel`` the compiled full-covariance step
+``full_cep``    CEP-1 / CEP-2's site moments for the full covariance (the paper's O(N M²) form)
+``_full_kernel`` the compiled full-covariance step (EP and CEP)
 ``settings``    the named settings (frozen dataclasses) and their defaults
 ``sweeps``      :class:`SweepControl`: damping, relaxation and roll-back between sweeps
 ``partitions``  :class:`Partitions`, the holder of rows the sweeps run over; :class:`InMemoryPartitions`
 ``factorized``  factorized EP / CEP-1 / CEP-2: partition and global steps, the loop of sweeps
-``full``        full-covariance EP in weight space
+``full``        full-covariance EP in weight space, and CEP on its sites
 ``full_dual``   full-covariance EP in predictor space (d > n)
 ``evidence``    the EP evidence log Z, its gradient in λ, fixed-site evidence, re-priored sites
 ``search``      the λ search and the fit's entry point :func:`fit_glm`

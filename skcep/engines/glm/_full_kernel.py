@@ -1,4 +1,4 @@
-r"""The compiled partition step of full-covariance EP for a dense design:
+r"""The compiled partition step of full-covariance EP (and CEP) for a dense design:
 :func:`skcep.engines.glm.full_partition_step` as one compiled function.
 
 Why compiled: on small data the numpy step spends most of its time in the Python overhead of
@@ -28,14 +28,28 @@ One difference in the linear algebra, rounding only: numpy forms Σ = P⁻¹ wit
 and takes x_iᵀΣb, x_iᵀΣx_i from xb Σ; here, with P = L Lᵀ, the rows are whitened,
 Z = xb L⁻ᵀ (one GEMM), and m_i = z_i · (L⁻¹b), s_i = ‖z_i‖² (so s_i ≥ 0, and exactly 0 for an
 all-zero row, as in numpy).
+
+CEP-1 / CEP-2 (``order`` 1 / 2, :mod:`skcep.engines.glm.full_cep`) take each row's tilted
+moments from :func:`_row_cep_moments` instead: one more GEMM a block for the rows' x Σ = Z Mᵀ,
+then O(d) per row with the likelihood's L_1 … L_4 an entry
+(:mod:`skcep.engines._special_order4`, log-space quadrature for the logistic).  Measured (one
+thread, a shared 2-core machine at load ~10): 20,000 × 50, a CEP-2 sweep 0.10 s probit and
+0.42 s logistic against EP's 0.03 s (the numpy step: 0.58 and 2.1 s).
 """
 
 import numpy as np
 from numba import njit
 
 from .._special import logistic_derivatives_array, probit_log_z_derivatives
+from .._special_order4 import logistic_derivatives4, probit_derivatives4
+from .full_cep import entry_statistics, first_order_terms, second_order_terms
 
 __all__ = ["full_dense_step"]
+
+# CEP's equations, one source for numpy and the compiled step (skcep.engines.glm.full_cep)
+_entry_statistics = njit(cache=True, inline="always")(entry_statistics)
+_first_order_terms = njit(cache=True, inline="always")(first_order_terms)
+_second_order_terms = njit(cache=True, inline="always")(second_order_terms)
 
 
 @njit(cache=True)
@@ -92,6 +106,13 @@ def _row_site_change(mean_c, var_c, cav_prec, cav_shift, proper, l1, l2, site_pr
     """
     new_mean = mean_c + var_c * l1
     new_var = var_c + var_c * var_c * l2
+    return _row_site_from_moments(new_mean, new_var, cav_prec, cav_shift, proper, site_prec, site_shift, w, step)
+
+
+@njit(cache=True, inline="always")
+def _row_site_from_moments(new_mean, new_var, cav_prec, cav_shift, proper, site_prec, site_shift, w, step):
+    """The damped site change of :func:`_row_site_change` from the tilted moments of a,
+    (E[a], Var[a]) = (``new_mean``, ``new_var``): EP's, or CEP's (:func:`_row_cep_moments`)."""
     if not (proper and np.isfinite(new_mean) and np.isfinite(new_var) and new_var > 0.0):
         return 0.0, 0.0, False
     new_prec = 1.0 / new_var - cav_prec
@@ -110,7 +131,38 @@ def _row_site_change(mean_c, var_c, cav_prec, cav_shift, proper, l1, l2, site_pr
 
 
 @njit(cache=True)
-def full_dense_step(X, y, weight, site_prec, site_shift, P, b, block_size, step, logistic, rule):
+def _row_cep_moments(x, g, mean, P, m, s, tau, nu, y, order, logistic, rule, e1, e2):
+    """CEP's (E[a], Var[a]) of one row: the loop over its entries of
+    :func:`skcep.engines.glm.full_cep.cep_predictor_moments` (the same ``entry_statistics``,
+    ``first_order_terms`` / ``second_order_terms``, compiled; Var[a] summed term by term),
+    with the likelihood's L_1 … L_4 from :mod:`skcep.engines._special_order4`.  ``x`` the row,
+    ``g`` = x Σ, ``mean`` μ and ``P`` of q, (m, s) the row's marginal, (τ, ν) the copy's site
+    removed for the (proper) cavity; ``e1``, ``e2`` scratch of length d."""
+    t, log_w, eps, log_w_eps = rule
+    mean_a = 0.0
+    for k in range(x.size):
+        e1[k] = 0.0
+        e2[k] = 0.0
+        if x[k] == 0.0:
+            continue
+        rho, u, c, var_u, cov_cu = _entry_statistics(x[k], g[k], mean[k], P[k, k], m, s, tau, nu)
+        if logistic:
+            l1, l2, l3, l4 = logistic_derivatives4(u, rho, y, t, log_w, eps, log_w_eps)
+        else:
+            l1, l2, l3, l4 = probit_derivatives4(u, rho, y)
+        if order == 1:
+            e1[k], e2[k] = _first_order_terms(rho, u, c, l1, l2)
+        else:
+            e1[k], e2[k] = _second_order_terms(rho, u, c, var_u, cov_cu, l1, l2, l3, l4)
+        mean_a += e1[k]
+    var_a = 0.0
+    for k in range(x.size):
+        var_a += e2[k] - e1[k] * mean_a
+    return mean_a, var_a
+
+
+@njit(cache=True)
+def full_dense_step(X, y, weight, site_prec, site_shift, P, b, block_size, step, logistic, rule, order=0):
     """Partition step of full-covariance EP on a dense partition: the compiled twin of
     :func:`skcep.engines.glm.full_partition_step`, equal to it to rounding.
 
@@ -129,6 +181,9 @@ def full_dense_step(X, y, weight, site_prec, site_shift, P, b, block_size, step,
     rule : (t, log_w, eps, log_w_eps), the quadrature rules of
         :class:`skcep.engines.likelihoods.Logistic` (``Logistic.quadrature_rule``); for the
         probit four empty arrays.
+    order : 0 for EP; 1 or 2 for CEP-1 / CEP-2, whose tilted moments of a are
+        :func:`_row_cep_moments` (each row's product x Σ = z Mᵀ from one more GEMM per block,
+        and q's mean M (L⁻¹ b)).
 
     Returns
     -------
@@ -161,6 +216,10 @@ def full_dense_step(X, y, weight, site_prec, site_shift, P, b, block_size, step,
     cav_shift = np.empty(size)
     proper = np.empty(size, dtype=np.bool_)
     blank = np.empty(size, dtype=np.bool_)
+    m_b = np.empty(size)  # the rows' marginals (CEP)
+    s_b = np.empty(size)
+    e1 = np.empty(d)  # CEP's terms of a row
+    e2 = np.empty(d)
     y_b = np.empty(size)
     l1 = np.empty(size)  # ... the derivatives of log Z there, ...
     l2 = np.empty(size)
@@ -187,11 +246,16 @@ def full_dense_step(X, y, weight, site_prec, site_shift, P, b, block_size, step,
             blank[r] = s <= 0.0
             if blank[r]:  # an all-zero row: any finite cavity, its site is set to 0 below
                 m, s = 0.0, 1.0
+            m_b[r] = m
+            s_b[r] = s
             w = weight[i] if weighted else 1.0
             (mean_c[r], var_c[r], cav_prec[r], cav_shift[r], proper[r]) = _row_cavity(
                 m, s, site_prec[i], site_shift[i], w if w > 0.0 else 1.0
             )
-        if logistic:
+        if order > 0:
+            G = np.dot(Z, M.T)  # the rows' x Σ
+            mean = np.dot(M, c)
+        elif logistic:
             _, l1_b, l2_b = logistic_derivatives_array(
                 mean_c[:rows], var_c[:rows], y_b[:rows], t, log_w, eps, log_w_eps
             )
@@ -205,6 +269,19 @@ def full_dense_step(X, y, weight, site_prec, site_shift, P, b, block_size, step,
             if blank[r]:
                 dp = (0.0 - site_prec[i]) * step
                 ds = (0.0 - site_shift[i]) * step
+            elif order > 0:
+                w = weight[i] if weighted else 1.0
+                copies = w if w > 0.0 else 1.0
+                new_mean, new_var = np.nan, np.nan
+                if proper[r]:
+                    new_mean, new_var = _row_cep_moments(
+                        xb[r], G[r], mean, P_run, m_b[r], s_b[r], site_prec[i] / copies, site_shift[i] / copies,
+                        y_b[r], order, logistic, rule, e1, e2,
+                    )  # fmt: skip
+                dp, ds, ok = _row_site_from_moments(
+                    new_mean, new_var, cav_prec[r], cav_shift[r], proper[r], site_prec[i], site_shift[i], w, step
+                )
+                n_skipped += 0 if ok else 1
             else:
                 dp, ds, ok = _row_site_change(
                     mean_c[r],

@@ -290,8 +290,8 @@ def fit_glm(
             if resume:
                 kw["resume"] = warm.run
         fit = fit_factorized
-        if full:  # n < d: the same EP in the predictor space (full_dual)
-            fit = fit_full_dual if dual_applies(X, kw.get("init_sites")) else fit_full
+        if full:  # EP on n < d rows: the same EP in the predictor space (full_dual)
+            fit = fit_full_dual if "method" not in kw and dual_applies(X, kw.get("init_sites")) else fit_full
         post = fit(X, y, lik, prior_mean, spread, sample_weight=sample_weight, **kw)
         return replace(
             post, log_evidence=evidence_of(X, y, post, prior_mean, spread, evidence_likelihood, sample_weight)
@@ -320,7 +320,7 @@ def fit_with_evidence(
     *,
     full,
     tune_weights=None,
-    method="cep1",
+    method=None,
     tol=1e-4,
     max_iter=100,
     callback=None,
@@ -342,6 +342,9 @@ def fit_with_evidence(
     in ``prior_spread``, on the evidence of EP — weight-space EP for the full covariance, else
     factorized EP with ``evidence_likelihood`` whatever ``method`` is (CEP has no evidence of
     its own, and the EP formula at CEP's sites is not smooth in λ where CEP breaks down).
+    ``method`` (None: "ep" for the full covariance, "cep1" for the factorized q) is what is
+    fitted at the prior or at the λ chosen; full CEP, as the factorized, takes the λ of EP's
+    evidence (:func:`_cep_after_search`).
     ``search`` (:class:`~skcep.engines.glm.settings.SearchSettings`): the search's fits stop at
     ``rough_tol_factor`` × ``tol``, those it refines at ``refine_tol_factor`` × ``tol`` (their
     evidence is then within a few thousandths of a nat of the fixed point's), all at most
@@ -369,7 +372,10 @@ def fit_with_evidence(
     def fit(spread, lik, warm=None, **kw):
         return fit_at(spread, lik, warm if warm is not None and warm.sites is not None else None, **{**options, **kw})
 
-    own = dict(tol=tol, max_iter=max_iter, callback=callback, **({} if full else dict(method=method)))
+    method = method or ("ep" if full else "cep1")
+    own = dict(tol=tol, max_iter=max_iter, callback=callback)
+    if not (full and method == "ep"):  # full EP's fits take no method (the predictor-space form)
+        own["method"] = method
     if not tune_weights:
         return fit(prior_spread, likelihood, **own)
     trials = dict(tol=search.rough_tol_factor * tol, max_iter=max_iter, callback=callback)
@@ -464,12 +470,12 @@ def fit_with_evidence(
         section(
             f"λ search: λ = {np.exp(log_lam):.4g} chosen (log evidence "
             f"{chosen.log_evidence:.6g}, {len(fitted)} trials), fitting "
-            f"{'EP' if full or method == 'ep' else method.upper()} there"
+            f"{'EP' if method == 'ep' else method.upper()} there"
         )
-    if (full or method == "ep") and likelihood is evidence_likelihood and _settled(chosen, tol):
+    if method == "ep" and likelihood is evidence_likelihood and _settled(chosen, tol):
         spent -= chosen.n_iter  # the search's fit is already within ``tol``: it is the fit
         post = chosen
-    elif full:  # the search's fit continued to ``tol``
+    elif full and method == "ep":  # the search's fit continued to ``tol``
         post = fit(spread_at(log_lam), likelihood, chosen, **own)
     elif method == "ep" and likelihood is evidence_likelihood:  # its sweeps resumed, counted once
         spent -= chosen.n_iter
@@ -529,8 +535,9 @@ def _warn_rising(result, best, slope, log_lam, settings=SEARCH):
 
 
 def _cep_after_search(fit_at, spread_at, likelihood, own, log_lam, start, max_iter, spent, retries=3, settings=SEARCH):
-    """CEP-1 / CEP-2 at the searched θ: from the prior through factorized EP's warm-up sweeps
-    (:func:`~skcep.engines.glm.factorized.fit_factorized`), then ``method``'s.  At the large λ
+    """CEP-1 / CEP-2 at the searched θ: from the prior through EP's warm-up sweeps
+    (:func:`~skcep.engines.glm.factorized.fit_factorized`, or
+    :func:`~skcep.engines.glm.full.fit_full` for the full covariance), then ``method``'s.  At the large λ
     that the evidence asks for on separable data CEP can have no stable fixed point near EP's
     and run away from it (design notes, "The λ search"; the expansion-range guard of
     :class:`~skcep.engines.glm.settings.CEPSettings` keeps CEP-1 near EP there, and this guard

@@ -242,3 +242,41 @@ def test_fit_full_through_compiled_step(lik, monkeypatch):
     assert_allclose(got.cov, ref.cov, rtol=1e-9, atol=1e-12)
     assert_allclose(got.sites[0], ref.sites[0], rtol=1e-9, atol=1e-12)
     assert_allclose(got.sites[1], ref.sites[1], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("lik", ["probit", "logistic"])
+@pytest.mark.parametrize("method", ["cep1", "cep2"])
+@pytest.mark.parametrize("weights", ["none", "zero"])
+def test_cep_steps_equal_numpy_reference(lik, method, weights):
+    """CEP's site update in the compiled step (``order`` 1 / 2: :func:`_row_cep_moments`
+    with the order-4 derivatives of :mod:`skcep.engines._special_order4`) against the numpy
+    step's (:mod:`skcep.engines.glm.full_cep`): three steps from EP's sites after four sweeps
+    (where a fit's CEP sweeps start), blocks of 7 rows.  Equal to 1e-8: the two evaluate the
+    derivatives by different formulas (erfcx / erfc quotients, the logistic's bulk and
+    log-space sums), and the difference E[a²] − E[a]² amplifies their rounding."""
+    X, y, weight, P, b = problem(weights=weights)
+    likelihood = LIKELIHOODS[lik]
+    ep = run_steps(compiled, X, y, weight, P, b, likelihood=likelihood, step=1.0, block_size=7, n_steps=4)
+    P = P + sum(out[0] for out in ep[2])
+    b = b + sum(out[1] for out in ep[2])
+    kw = dict(likelihood=likelihood, step=1.0, block_size=7, n_steps=3, sites=ep[:2])
+
+    def numpy_step(*args, **options):
+        return glm_full.full_partition_numpy(*args, **options, method=method)
+
+    def compiled_step(X, y, site_prec, site_shift, P, b, *, likelihood, step, block_size, sample_weight=None):
+        return glm_full.full_partition_step(
+            X, y, site_prec, site_shift, P, b, likelihood=likelihood, step=step, block_size=block_size,
+            sample_weight=sample_weight, method=method,
+        )  # fmt: skip
+
+    ref = run_steps(numpy_step, X, y, weight, P, b, **kw)
+    got = run_steps(compiled_step, X, y, weight, P, b, **kw)
+    (rp, rs, rout), (gp, gs, gout) = ref, got
+    assert np.abs(rp - ep[0]).max() > 1e-3  # CEP moves EP's sites
+    assert_allclose(gp, rp, rtol=1e-8, atol=1e-8 * np.abs(rp).max())
+    assert_allclose(gs, rs, rtol=1e-8, atol=1e-8 * np.abs(rs).max())
+    for (rdP, rdb, rk, P_, b_), (gdP, gdb, gk, _, _) in zip(rout, gout):
+        assert gk == rk
+        assert_allclose(gdP, rdP, rtol=0, atol=1e-8 * np.abs(P_).max())
+        assert_allclose(gdb, rdb, rtol=0, atol=1e-8 * max(np.abs(b_).max(), 1.0))
