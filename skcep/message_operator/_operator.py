@@ -17,6 +17,7 @@ from .._base import COMMON_CONSTRAINTS, N_JOBS_DOC, VERBOSE_DOC, SkcepMixin, fit
 from .._dask import fit_without_rows
 from .._validation import MESSAGE_ROWS, check_fit_range, validate_data
 from ..engines.kjit import (
+    KERNELS,
     LogisticFactor,
     MessageRows,
     OperatorSite,
@@ -98,6 +99,14 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         D_in, random features of the mean embeddings (Algorithm 1, steps 1–3).
     n_outer_features : int, default=500
         D_out, random features of the kernel on embeddings (steps 4–6); cost grows as D_out².
+    kernel : str, default="gaussian"
+        The kernel on tuples of messages: "gaussian", the paper's Gaussian kernel on the joint
+        mean embedding (eq. 7), or one of the alternatives of supplement C
+        (:mod:`skcep.engines.kjit.kernels`): "gaussian_sum" (on each message's embedding,
+        summed), "expected_product", "expected_product_sum", "expected_product_tensor" (linear
+        in the embeddings: no γ², ``n_inner_features`` unused) or "mean_variance" (on the
+        messages' means and variances).  The regression has about ``n_outer_features``
+        features for every kernel; the frequency attributes' shapes are the kernel's.
     noise_variance : float, "loo" or "evidence", default="loo"
         σ_y², the oracle's noise variance (eq. 10).  "loo": smallest leave-one-out error of the
         predicted message (≤ 1,000 rows of the first batch): mean log KL of the Gaussian whose
@@ -168,6 +177,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         "message_families": [tuple, list],
         "n_inner_features": [Interval(Integral, 1, None, closed="left")],
         "n_outer_features": [Interval(Integral, 1, None, closed="left")],
+        "kernel": [StrOptions(set(KERNELS))],
         "noise_variance": [StrOptions({"loo", "evidence", "auto"}), _POSITIVE],
         "prior_variance": [_POSITIVE],
         "inner_widths": [StrOptions({"auto", "median"}), "array-like"],
@@ -178,13 +188,14 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
         "random_state": ["random_state"],
         **COMMON_CONSTRAINTS,
     }
-    _structural_params = ("message_families", "n_inner_features", "n_outer_features")
+    _structural_params = ("message_families", "n_inner_features", "n_outer_features", "kernel")
 
     def __init__(
         self,
         message_families=("gaussian", "beta"),
         n_inner_features=300,
         n_outer_features=500,
+        kernel="gaussian",
         noise_variance="loo",
         prior_variance=1.0,
         inner_widths="auto",
@@ -198,6 +209,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
     ):
         self.message_families, self.uncertainty_threshold = message_families, uncertainty_threshold
         self.n_inner_features, self.n_outer_features = n_inner_features, n_outer_features
+        self.kernel = kernel
         self.noise_variance, self.prior_variance = noise_variance, prior_variance
         self.inner_widths, self.outer_width, self.oracle = inner_widths, outer_width, oracle
         self.n_initial, self.n_jobs, self.verbose, self.random_state = (n_initial, n_jobs, verbose, random_state)
@@ -302,6 +314,7 @@ class KJITMessageOperator(SkcepMixin, RegressorMixin, BaseEstimator):
             outer_width=self.outer_width,
             noise_variance={"auto": "evidence"}.get(self.noise_variance, self.noise_variance),
             prior_variance=float(self.prior_variance),
+            kernel=self.kernel,
         )
         f = self._feature_map = fitted.features
         self._families_, self._y_1d, self.n_outputs_ = list(f.families), y_1d, fitted.intercept.size

@@ -11,7 +11,10 @@ variance tells the operator when to ask the factor's oracle; the widths and σ_y
 by the leave-one-out error of the predicted message.  Nothing here knows about scikit-learn.
 
 * :mod:`.messages` — the message families (Gaussian, Gamma, Beta) and the checks of rows;
-* :mod:`.features` — inner and outer random features, the median heuristic, the feature map;
+* :mod:`.kernels` — the kernels on tuples of messages (the paper's and the supplement's
+  alternatives) and their exact evaluation;
+* :mod:`.features` — inner and outer random features of each kernel, the median heuristic,
+  the feature map;
 * :mod:`.regression` — Bayesian linear regression: statistics, posterior, updates, evidence;
 * :mod:`.selection` — the leave-one-out KL error and the search of the widths and σ_y²;
 * :mod:`.first_batch` — the batch fit of a first batch held as :class:`MessageChunks` (rows in
@@ -49,6 +52,7 @@ from .first_batch import (
     plan_first_batch,
 )
 from .first_batch import _statistics as _statistics  # the partition step the Dask fit runs on its chunks
+from .kernels import KERNELS, exact_kernel, expected_product_kernel, mean_variance_coordinates
 from .messages import (
     MESSAGE_FAMILIES,
     BetaMessage,
@@ -93,6 +97,11 @@ __all__ = [
     "check_messages",
     "check_outputs",
     "message_variances",
+    # kernels
+    "KERNELS",
+    "exact_kernel",
+    "expected_product_kernel",
+    "mean_variance_coordinates",
     # features
     "median_inner_widths",
     "positive_widths",

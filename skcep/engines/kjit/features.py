@@ -19,6 +19,14 @@ supplement A for the widths σ_l² and γ² (:func:`median_inner_widths`, :func:
 as the starting point (other widths rescale the same draws); the fitted map is a
 :class:`RandomFeatures`, and every row's features depend on that row only.
 
+The same two stages give the other kernels on tuples that the supplement compares (B.2–B.5,
+its section C; ``kernel=`` of :func:`draw_features`, the kernels themselves in
+:mod:`skcep.engines.kjit.kernels`): frequencies ω that are zero outside message l's column
+embed each message alone (block l of the inner features), an identity or a Kronecker product
+of the blocks replaces the outer Gaussian stage for the expected product kernels, and the
+mean-variance kernel feeds the messages' means and variances to the outer stage instead of
+an embedding.
+
 The cosines and exponentials are evaluated in single precision after a double-precision
 argument reduction (:func:`_cos`, :func:`_exp`), and the elementwise passes over the
 (rows × features) arrays are the compiled kernels of :mod:`skcep.engines.kjit._kernel`, in
@@ -31,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._kernel import clipped_single, reduced_phase, scaled_product
+from .kernels import KERNELS, LINEAR_KERNELS, PER_MESSAGE_KERNELS, mean_variance_coordinates
 from .messages import message_variances
 from .settings import BLOCKS, SELECTION
 
@@ -40,6 +49,7 @@ __all__ = [
     "median_outer_width",
     "inner_features",
     "outer_features",
+    "tensor_features",
     "RandomFeatures",
     "draw_features",
     "subsample_rows",
@@ -176,11 +186,16 @@ def median_outer_width(phi, max_rows=None, random_state=None):
 
 
 class RandomFeatures(NamedTuple):
-    """The parameters of the two-stage feature map (Algorithm 1); calling it gives ψ̂(X).
+    """The parameters of the two-stage feature map (Algorithm 1) of ``kernel`` (one of
+    :data:`KERNELS`); calling it gives ψ̂(X).
 
-    ``inner_frequencies`` ω (D_in, c), ``inner_offsets`` b (D_in,), ``outer_frequencies``
-    ν (D_in, D_out) and ``outer_offsets`` c (D_out,); ``inner_widths`` σ_l² (c,) and
-    ``outer_width`` γ² are the widths they were drawn for.
+    ``inner_frequencies`` ω (D_φ, c), ``inner_offsets`` b (D_φ,), ``outer_frequencies``
+    ν (:attr:`n_embedding`, D_ψ) and ``outer_offsets`` c (D_ψ,); ``inner_widths`` σ_l² (c,)
+    and ``outer_width`` γ² are the widths they were drawn for.  For the kernel "gaussian" (eq.
+    7) ω is dense and ψ̂ the outer stage's; for the per-message kernels ω is zero outside
+    message l's column in block l of its rows (equal blocks, in message order); the expected
+    product kernels have no outer stage (ν and c empty), and "mean_variance" no inner one (ω
+    and b empty).
     """
 
     families: tuple
@@ -190,23 +205,60 @@ class RandomFeatures(NamedTuple):
     outer_width: float
     outer_frequencies: np.ndarray
     outer_offsets: np.ndarray
+    kernel: str = "gaussian"
+
+    @property
+    def n_embedding(self):
+        """Columns of :meth:`inner`: D_φ, or 2c means and variances for "mean_variance"."""
+        return 2 * len(self.families) if self.kernel == "mean_variance" else self.inner_offsets.size
+
+    @property
+    def n_features(self):
+        """Columns of ψ̂, the regression's features."""
+        if self.kernel == "expected_product_tensor":
+            c = len(self.families)
+            return (self.inner_offsets.size // c) ** c
+        return self.inner_offsets.size if self.kernel in LINEAR_KERNELS else self.outer_offsets.size
+
+    @property
+    def has_outer_width(self):
+        """Whether γ² enters the kernel (not for the expected product kernels)."""
+        return self.kernel not in LINEAR_KERNELS
 
     def inner(self, X, out=None, work=None, *, blocks=BLOCKS):
-        """φ̂ of every row of X, (n, D_in) (steps 1–3)."""
-        return inner_features(X, self.families, self.inner_frequencies, self.inner_offsets, out, work, blocks=blocks)
+        """The embedding of every row of X, (n, :attr:`n_embedding`) (steps 1–3): φ̂, each
+        message's block scaled to its own kernel for the per-message kernels; the messages'
+        (m_l/σ_l, v_l/σ_l²) for "mean_variance"."""
+        if self.kernel == "mean_variance":
+            return mean_variance_coordinates(X, self.families, self.inner_widths, out)
+        phi = inner_features(X, self.families, self.inner_frequencies, self.inner_offsets, out, work, blocks=blocks)
+        if self.kernel in PER_MESSAGE_KERNELS:  # block l of D_φ/c features: √(2/D_b) E cos, its kernel k_l
+            phi *= np.sqrt(len(self.families))
+        return phi
 
     def outer(self, phi, out=None, work=None):
-        """ψ̂ from inner features, (n, D_out) (steps 4–6)."""
-        return outer_features(phi, self.outer_frequencies, self.outer_offsets, out, work)
+        """ψ̂ from the embeddings, (n, :attr:`n_features`) (steps 4–6, or the kernel's)."""
+        if self.kernel == "expected_product_tensor":
+            return tensor_features(phi, len(self.families), out)
+        if self.kernel in LINEAR_KERNELS:  # ψ̂ = φ̂
+            if out is None:
+                return phi.copy()
+            np.copyto(out, phi)
+            return out
+        psi = outer_features(phi, self.outer_frequencies, self.outer_offsets, out, work)
+        if self.kernel == "gaussian_sum":  # block l of D_ψ/c features: its own Gaussian kernel
+            psi *= np.sqrt(len(self.families))
+        return psi
 
     def __call__(self, X, work=None, *, blocks=BLOCKS):
-        """ψ̂(X), (n, D_out).  With a :class:`_Workspace`, φ̂ and ψ̂ are its buffers "phi" and
-        "psi" (valid until its next use); ``blocks`` sizes the inner features' blocks."""
+        """ψ̂(X), (n, :attr:`n_features`).  With a :class:`_Workspace`, φ̂ and ψ̂ are its
+        buffers "phi" and "psi" (valid until its next use); ``blocks`` sizes the inner
+        features' blocks."""
         if work is None:
             return self.outer(self.inner(X, blocks=blocks))
-        n, d_in, d_out = X.shape[0], self.inner_offsets.size, self.outer_offsets.size
-        phi = self.inner(X, work.array("phi", (n, d_in)), work, blocks=blocks)
-        return self.outer(phi, work.array("psi", (n, d_out)), work)
+        n = X.shape[0]
+        phi = self.inner(X, work.array("phi", (n, self.n_embedding)), work, blocks=blocks)
+        return self.outer(phi, work.array("psi", (n, self.n_features)), work)
 
     def with_outer_width(self, outer_width):
         """The same draws with ν rescaled from γ² = ``self.outer_width`` to ``outer_width``."""
@@ -220,24 +272,85 @@ class RandomFeatures(NamedTuple):
         return self._replace(inner_widths=widths, inner_frequencies=frequencies)
 
 
-def draw_features(X, families, n_inner, n_outer, rng, inner_widths=None):
-    """Widths σ_l² and the random frequencies and phases of Algorithm 1, drawn from ``rng``.
+def tensor_features(phi, c, out=None):
+    """The Kronecker products ⊗_l φ̂⁽ˡ⁾ of the c equal blocks of every row of ``phi`` (n, c·D_b):
+    (n, D_b^c), so that ψ̂(R)ᵀψ̂(S) = Π_l φ̂⁽ˡ⁾(r)ᵀφ̂⁽ˡ⁾(s) (supplement B.4); into ``out`` if given."""
+    n = phi.shape[0]
+    parts = phi.reshape(n, c, -1)
+    psi = parts[:, 0, :]
+    for l in range(1, c):
+        psi = (psi[:, :, None] * parts[:, l, None, :]).reshape(n, -1)
+    if out is None:
+        return np.array(psi, copy=True) if c == 1 else psi
+    np.copyto(out, psi)
+    return out
+
+
+def draw_features(X, families, n_inner, n_outer, rng, inner_widths=None, kernel="gaussian"):
+    """Widths σ_l² and the random frequencies and phases of Algorithm 1 for ``kernel`` (one of
+    :data:`KERNELS`), drawn from ``rng``.
 
     ``inner_widths`` None takes σ_l² by the median heuristic on the batch X (supplement A,
     step 1).  The outer frequencies are drawn for γ² = 1 (ν ∼ N(0, I)); rescale them with
-    :meth:`RandomFeatures.with_outer_width`.  ``rng`` is a ``numpy.random.RandomState``; the
-    draws are, in order, ω (D_in × c standard normals, divided by σ_l), b, ν, c.
+    :meth:`RandomFeatures.with_outer_width`.  ``rng`` is a ``numpy.random.RandomState``; for
+    "gaussian" the draws are, in order, ω (D_in × c standard normals, divided by σ_l), b, ν, c.
+    The regression always has about ``n_outer`` features: "gaussian" and "gaussian_sum" embed
+    with ``n_inner`` (⌊n_inner/c⌋ per message for the sum), the expected product kernels with
+    ``n_outer`` (⌊n_outer/c⌋ per message for the sum, ⌊n_outer^(1/c)⌋ per message and their
+    products for the tensor kernel), "mean_variance" with the 2c means and variances.
     """
     families = tuple(families)
     c = len(families)
+    if kernel not in KERNELS:
+        raise ValueError(f"Unknown kernel {kernel!r}; choose from {', '.join(map(repr, KERNELS))}.")
     if inner_widths is None:
         widths = median_inner_widths(families, X)
     else:
         widths = np.asarray(inner_widths, dtype=float).ravel()
         if widths.shape != (c,) or not np.all(np.isfinite(widths) & (widths > 0)):
             raise ValueError(f"inner_widths must hold {c} positive numbers, one per message; got {inner_widths!r}.")
-    inner_std = rng.standard_normal((n_inner, c))
-    inner_offsets = rng.uniform(0.0, 2.0 * np.pi, n_inner)
-    outer_std = rng.standard_normal((n_inner, n_outer))
-    outer_offsets = rng.uniform(0.0, 2.0 * np.pi, n_outer)
-    return RandomFeatures(families, widths, inner_std / np.sqrt(widths), inner_offsets, 1.0, outer_std, outer_offsets)
+    inner_std = _inner_draws(rng, kernel, c, n_inner, n_outer)
+    inner_offsets = rng.uniform(0.0, 2.0 * np.pi, inner_std.shape[0])
+    outer_std = _outer_draws(rng, kernel, c, inner_std.shape[0], n_outer)
+    outer_offsets = rng.uniform(0.0, 2.0 * np.pi, outer_std.shape[1])
+    frequencies = inner_std / np.sqrt(widths)
+    return RandomFeatures(families, widths, frequencies, inner_offsets, 1.0, outer_std, outer_offsets, kernel)
+
+
+def _inner_draws(rng, kernel, c, n_inner, n_outer):
+    """Standard normal ω of ``kernel`` (before the division by σ_l): dense (n_inner, c) for
+    "gaussian", (n_outer, c) for "expected_product", one block of rows per message for the
+    per-message kernels (:func:`_blocks`), none (0, c) for "mean_variance"."""
+    if kernel in ("gaussian", "expected_product"):
+        return rng.standard_normal((n_inner if kernel == "gaussian" else n_outer, c))
+    if kernel == "mean_variance":
+        return np.empty((0, c))
+    if kernel == "expected_product_tensor":  # ⌊n_outer^(1/c)⌋ per message
+        d = int(round(n_outer ** (1.0 / c))) + 1
+        while d > 0 and d**c > n_outer:
+            d -= 1
+    else:
+        d = (n_inner if kernel == "gaussian_sum" else n_outer) // c
+    return _blocks(rng, kernel, c, d, 1)
+
+
+def _outer_draws(rng, kernel, c, n_embedding, n_outer):
+    """Standard normal ν of ``kernel``: (D_φ, n_outer) dense for "gaussian", block diagonal
+    (D_φ, c·⌊n_outer/c⌋) for "gaussian_sum", (2c, n_outer) for "mean_variance", none (D_φ, 0)
+    for the expected product kernels."""
+    if kernel in LINEAR_KERNELS:
+        return np.empty((n_embedding, 0))
+    if kernel == "gaussian_sum":
+        return _blocks(rng, kernel, c, n_embedding // c, n_outer // c)
+    return rng.standard_normal((2 * c if kernel == "mean_variance" else n_embedding, n_outer))
+
+
+def _blocks(rng, kernel, c, rows, columns):
+    """Standard normals in the c diagonal blocks (``rows`` × ``columns`` each, block l for
+    message l) of a (c·rows, c·columns) array, zeros elsewhere."""
+    if rows < 1 or columns < 1:
+        raise ValueError(f"The kernel {kernel!r} needs at least one feature per message and stage ({c} messages).")
+    out = np.zeros((c * rows, c * columns))
+    for l in range(c):
+        out[l * rows : (l + 1) * rows, l * columns : (l + 1) * columns] = rng.standard_normal((rows, columns))
+    return out

@@ -117,7 +117,7 @@ def plan_first_batch(
         )
         return Plan([chosen], noise, _is(noise_variance, "loo"), error)
     median = median_outer_width(features.inner(X), selection.rows, random_state=seed)
-    grid = selection.outer_width_grid if _is(outer_width, "auto") else (1.0,)
+    grid = selection.outer_width_grid if _is(outer_width, "auto") and features.has_outer_width else (1.0,)
     return Plan([features.with_outer_width(median * g) for g in grid], noise_variance, False, None)
 
 
@@ -201,13 +201,14 @@ def fit_message_chunks(
     noise_variance="loo",
     prior_variance=1.0,
     *,
+    kernel="gaussian",
     selection=SELECTION,
 ):
     """The batch fit: features, widths, σ_y² and the posterior of one batch of rows held as
     :class:`MessageChunks` (checked messages and outputs).
 
-    Draws the features (:func:`~skcep.engines.kjit.features.draw_features`; σ_l² given, or
-    the median heuristic on all rows for "median" and "auto") and a seed for the subsample,
+    Draws the features of ``kernel`` (:func:`~skcep.engines.kjit.features.draw_features`; σ_l²
+    given, or the median heuristic on all rows for "median" and "auto") and a seed for the subsample,
     chooses the widths and σ_y² (:func:`plan_first_batch`: leave-one-out, the evidence or as
     given; ``inner_widths`` an array or "auto"/"median", ``outer_width`` a number or
     "auto"/"median", ``noise_variance`` a number, "loo" or "evidence"), centres the outputs
@@ -219,7 +220,7 @@ def fit_message_chunks(
     widths = inner_widths
     if isinstance(inner_widths, str):
         widths = positive_widths(chunks.mean_message_variances(families))
-    features = draw_features(None, families, n_inner, n_outer, rng, widths)
+    features = draw_features(None, families, n_inner, n_outer, rng, widths, kernel)
     plan = plan_first_batch(
         features,
         rng.randint(2**31),
@@ -249,6 +250,7 @@ def fit_first_batch(
     prior_variance=1.0,
     n_jobs=None,
     *,
+    kernel="gaussian",
     selection=SELECTION,
     blocks=BLOCKS,
 ):
@@ -264,6 +266,7 @@ def fit_first_batch(
         outer_width,
         noise_variance,
         prior_variance,
+        kernel=kernel,
         selection=selection,
     )
 

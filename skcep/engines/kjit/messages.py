@@ -10,10 +10,11 @@ The messages are independent, so with the characteristic functions φ_l(t) = E e
 closed form for Gaussian and Gamma messages and Gauss–Jacobi quadrature for Beta messages
 (:class:`GaussianMessage`, :class:`GammaMessage`, :class:`BetaMessage`).  Each family adds
 (log |φ_l|, arg φ_l) at the frequencies to running sums (``add_log_characteristic``, by the
-compiled passes of :mod:`skcep.engines.kjit._kernel`) and gives the variance of a message,
-from which the median heuristic takes the inner widths σ_l².  :func:`message_families` maps
-family names to these classes; :func:`check_messages` and :func:`check_outputs` check the
-messages and the outputs an operator is given.
+compiled passes of :mod:`skcep.engines.kjit._kernel`) and gives the mean and variance of a
+message: the median heuristic takes the inner widths σ_l² from the variances, and the
+mean-variance kernel (:mod:`skcep.engines.kjit.kernels`) compares messages by both.
+:func:`message_families` maps family names to these classes; :func:`check_messages` and
+:func:`check_outputs` check the messages and the outputs an operator is given.
 """
 
 from functools import lru_cache
@@ -31,6 +32,7 @@ __all__ = [
     "message_families",
     "check_messages",
     "check_outputs",
+    "message_means",
     "message_variances",
 ]
 
@@ -43,6 +45,10 @@ class GaussianMessage:
     name = "gaussian"
     parameter_names = ("mean", "variance")
     positive = (False, True)
+
+    @staticmethod
+    def mean(mean, variance):
+        return mean
 
     @staticmethod
     def variance(mean, variance):
@@ -65,6 +71,10 @@ class GammaMessage:
     name = "gamma"
     parameter_names = ("shape", "rate")
     positive = (True, True)
+
+    @staticmethod
+    def mean(shape, rate):
+        return shape / rate
 
     @staticmethod
     def variance(shape, rate):
@@ -128,6 +138,10 @@ class BetaMessage:
     parameter_names = ("alpha", "beta")
     positive = (True, True)
     max_nodes = 400
+
+    @staticmethod
+    def mean(alpha, beta):
+        return alpha / (alpha + beta)
 
     @staticmethod
     def variance(alpha, beta):
@@ -272,6 +286,11 @@ def check_outputs(Y, n_rows, n_outputs=None, what="Y"):
     if n_outputs is not None and Y.shape[1] != n_outputs:
         raise ValueError(f"{what} has {Y.shape[1]} outputs, but the operator was fitted with {n_outputs}.")
     return Y
+
+
+def message_means(families, X):
+    """Mean of every message of every row, shape (n, c)."""
+    return np.column_stack([fam.mean(X[:, 2 * l], X[:, 2 * l + 1]) for l, fam in enumerate(families)])
 
 
 def message_variances(families, X):

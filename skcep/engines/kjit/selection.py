@@ -170,8 +170,8 @@ def select_by_loo(
     "auto"), each with γ² by the median heuristic on its embeddings (or ``outer_width`` if a
     number), then, for the best of them, γ² × ``selection.outer_width_grid`` (if
     ``outer_width`` is "auto"); each candidate with its best σ_y² (``noise_variance`` "loo")
-    or the given one.  The draws of ``features`` are kept, rescaled.  Returns ``(features,
-    noise_variance, error)``.
+    or the given one; no γ² search for a kernel without γ² (``features.has_outer_width``).  The
+    draws of ``features`` are kept, rescaled.  Returns ``(features, noise_variance, error)``.
     """
 
     def score(candidate, phi):
@@ -190,7 +190,7 @@ def select_by_loo(
             gamma2 = float(outer_width)
         trial = score(candidate.with_outer_width(gamma2), phi)
         best = trial if best is None or trial[0] < best[0] else best
-    if _is(outer_width, "auto"):
+    if _is(outer_width, "auto") and features.has_outer_width:
         _, _, chosen, phi = best
         for scale in selection.outer_width_grid:
             if scale != 1.0:
