@@ -73,7 +73,7 @@ DESCRIPTION = {
 }
 FAMILIES = message_families(("gaussian", "beta"))
 PROTOCOL = [p.strip() for p in __doc__.split("::\n\n", 1)[1].split("\n\n")[1:3]]  # the docstring's two paragraphs
-NOTES_SOURCE = "25115c17a1"
+NOTES_SOURCE = "309b687343"
 NOTES = """
 - **Ranking.** The supplement's order of the random-feature kernels holds: the Gaussian kernel on
   the joint embedding first, the mean-variance kernel second, then the expected product kernel on

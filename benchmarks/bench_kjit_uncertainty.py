@@ -46,7 +46,7 @@ from skcep.message_operator import KJITMessageOperator, LogisticFactor  # noqa: 
 SLOPE = 0.25  # test set 1: log σ² rises by this per unit of μ
 MU = np.linspace(-20.0, 20.0, 201)  # the test sets' means
 BETA = (1.0, 2.0)  # m_{p→f} of every test message (the paper's Beta(p; 1, 2))
-NOTES_SOURCE = "25115c17a1"
+NOTES_SOURCE = "309b687343"
 NOTES = """
 - **What the figure shows.** (a) The training messages m_{z→f}: means over ±15, log variances
   mostly within ±1; those sent with the test's Beta(1, 2) (label 0, dark) lie mostly at μ < 5,

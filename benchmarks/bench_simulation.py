@@ -72,7 +72,7 @@ LOGISTIC_ONLY = {"kjit": dict(method="kjit", random_state=0)}
 KJIT_REPEATS = 1
 #: The CEP paper's KJIT on simulation1/2 (papers/000 §6.1): KL to NUTS and run time in seconds.
 PAPER_KJIT = {1: (14.7, 9595.4), 2: (1.4e13, 10150.3)}
-KJIT_NOTES_SOURCE = "25115c17a1"
+KJIT_NOTES_SOURCE = "309b687343"
 KJIT_NOTES = """
 **Reading.** KJIT-EP fails here as the paper's KJIT did, less badly: KL 6.8 on simulation1
 (paper 14.7) and 3.6e4 on simulation2 (paper 1.4e13), against EP's 0.45 and 10.8, at hundreds
