@@ -22,6 +22,11 @@ predictive (``results/nuts``).  Test log-likelihood = mean_i log p(y_i | x_i) fr
 KL(NUTS ‖ q) between NUTS's posterior moments and each skcep posterior at λ = 1.
 Warnings are counted (ConvergenceWarnings and others separately) and listed at the end.
 ``--quick``: crabs, split 1 only, printed but not written.
+
+``--pure-cep`` (writes ``benchmarks/results/classification_pure_cep.md``): the same protocol on the
+paper's six sets for factorized EP, the library's guarded CEP-1 / CEP-2 and CEP-1 / CEP-2 as the
+paper defines them (``cep_variant="paper"``), beside the published figures, and the paper's
+claims about CEP against EP checked on both.
 """
 
 import os
@@ -39,19 +44,24 @@ from _common import (  # noqa: E402
     RESULTS,
     WARNINGS_SEEN,
     command,
+    hand_notes,
     library_state,
     load_nuts,
     load_split,
+    machine_lines,
     md_table,
     pm,
     timed_fit,
     verdict,
+    warning_lines,
+    write_report,
 )
 from baselines import BaselineClassifier  # noqa: E402
 from sklearn.base import clone  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
+from skcep import compile_kernels  # noqa: E402
 from skcep.datasets import CEP_PAPER_DATASETS  # noqa: E402
 
 DATASETS = CEP_PAPER_DATASETS + ("wdbc",)
@@ -360,19 +370,27 @@ def split_problems(datasets, splits):
             print(f"{name} split {k} done", flush=True)
 
 
-def run(datasets, splits):
-    """Metrics per (link, data set, method): lists over splits (ll, auc, gap, s, it, conv, …)."""
+def all_models(link, k):
+    """The estimators compared on split ``k`` with the likelihood ``link``: skcep's at λ = 1
+    and "auto", scikit-learn's MAP and the paper's other baselines."""
+    models = {m: ESTIMATORS[link](**kw, prior_variance=1.0) for m, kw in SKCEP.items()}
+    models.update({m: ESTIMATORS[link](**kw) for m, kw in AUTO.items()})
+    models["sklearn-LR"] = LogisticRegression(C=1.0, max_iter=1000)
+    for m, kw in BASELINES.items():
+        kw = dict(kw, random_state=k) if kw["algorithm"] == "is-ep" else kw
+        models[m] = BaselineClassifier(link=link, **kw)
+    return models
+
+
+def run(datasets, splits, make_models=all_models, retime_below=np.inf):
+    """Metrics per (link, data set, method): lists over splits (ll, auc, gap, s, it, conv, …)
+    of the estimators ``make_models(link, split)``; skcep's fits are timed as the fastest of
+    TIMINGS runs where the first took less than ``retime_below`` seconds."""
     res = {}
     for name, k, link, X, y, Xt, yt, nuts in split_problems(datasets, splits):
-        models = {m: ESTIMATORS[link](**kw, prior_variance=1.0) for m, kw in SKCEP.items()}
-        models.update({m: ESTIMATORS[link](**kw) for m, kw in AUTO.items()})
-        models["sklearn-LR"] = LogisticRegression(C=1.0, max_iter=1000)
-        for m, kw in BASELINES.items():
-            kw = dict(kw, random_state=k) if kw["algorithm"] == "is-ep" else kw
-            models[m] = BaselineClassifier(link=link, **kw)
-        for m, est in models.items():
+        for m, est in make_models(link, k).items():
             seconds, n_warn, n_other = timed_fit(est, X, y)
-            if m in SKCEP or m in AUTO:  # skcep's fits: the fastest of TIMINGS runs
+            if isinstance(est, tuple(ESTIMATORS.values())) and seconds < retime_below:
                 seconds = min([seconds] + [timed_fit(est, X, y)[0] for _ in range(TIMINGS - 1)])
             logp = est.predict_log_proba(Xt)
             ll = logp[np.arange(len(yt)), yt].mean()
@@ -662,12 +680,194 @@ def report(res, datasets, splits, elapsed):
     return "\n".join(out) + "\n"
 
 
+# ``--pure-cep``: CEP-1 / CEP-2 as the paper defines them (``cep_variant="paper"``: from the
+# prior, a row's sites one after another, CEP's own Taylor-expanded moments at every site) beside
+# the library's guarded CEP and factorized EP, at λ = 1, on the paper's six sets.
+PURE = {
+    "ep": dict(method="ep"),
+    "cep1": dict(method="cep1"),
+    "cep2": dict(method="cep2"),
+    "cep1-paper": dict(method="cep1", cep_variant="paper"),
+    "cep2-paper": dict(method="cep2", cep_variant="paper"),
+}
+PURE_RETIME_BELOW = 1.0  # seconds: slower fits are timed once (the paper's CEP-2 runs for minutes)
+CLOSE_NATS = 0.01  # "close to EP": within this many nats of its mean test log-likelihood
+
+
+def pure_cep_models(link, k):
+    return {m: ESTIMATORS[link](**kw, prior_variance=1.0) for m, kw in PURE.items()}
+
+
+def _claims(res, link, datasets):
+    """The paper's two claims about Table 1 (§6.1) checked on this run's means: per data set,
+    paper CEP-k − EP and paper CEP-2 − paper CEP-1; and the same on the published figures."""
+    mean = {(n, m): np.mean(res[link, n, m]["ll"]) for n in datasets for m in PURE}
+    published = {n: dict(zip(PAPER_COLS[link], PAPER_LL[link][n])) for n in datasets if n in PAPER_LL[link]}
+    pub = {(n, c): float(v.split(" ")[0]) for n, cols in published.items() for c, v in cols.items()}
+    rows, counts = [], {k: 0 for k in ("cep1", "cep2", "cep2>cep1", "pub1", "pub2", "pub2>pub1")}
+    for n in datasets:
+        d1, d2 = mean[n, "cep1-paper"] - mean[n, "ep"], mean[n, "cep2-paper"] - mean[n, "ep"]
+        d21 = mean[n, "cep2-paper"] - mean[n, "cep1-paper"]
+        counts["cep1"] += d1 >= -CLOSE_NATS
+        counts["cep2"] += d2 >= -CLOSE_NATS
+        counts["cep2>cep1"] += d21 > 0
+        row = [n, f"{d1:+.3f}", f"{d2:+.3f}", f"{d21:+.3f}"]
+        if n in published:
+            p1, p2 = pub[n, "CEP-1"] - pub[n, "EP"], pub[n, "CEP-2"] - pub[n, "EP"]
+            counts["pub1"] += p1 >= -CLOSE_NATS
+            counts["pub2"] += p2 >= -CLOSE_NATS
+            counts["pub2>pub1"] += pub[n, "CEP-2"] > pub[n, "CEP-1"]
+            row += [f"{p1:+.3f}", f"{p2:+.3f}", f"{pub[n, 'CEP-2'] - pub[n, 'CEP-1']:+.3f}"]
+        rows.append(row)
+    return rows, counts
+
+
+def pure_cep_report(res, datasets, splits, elapsed):
+    """The lines of ``results/classification_pure_cep.md``: EP, the guarded and the paper's
+    CEP-1 / CEP-2, the published figures, the claims checked."""
+    n = len(datasets)
+    out = [
+        f"`{command()}`",
+        "",
+        "# CEP-1 and CEP-2 as the paper defines them against EP (papers/000 §6.1, Table 1)",
+        "",
+        f"Library measured: {library_state()}.",
+        "",
+        *machine_lines(),
+        "",
+        f"The paper's protocol: the authors' {len(splits)} 50/50 split(s) of its six sets, prior w ~ N(0, 1) "
+        "(`prior_variance=1.0`), intercept ~ N(0, 100), test log-likelihood = mean_i log p(y_i | x_i) "
+        "from `predict_log_proba`, mean ± sample sd over splits. Estimators otherwise at their "
+        "defaults (tol 1e-3, max_iter 300, damping \"auto\"): `ep` = factorized EP; `cep1`, `cep2` = "
+        "the library's guarded CEP (`cep_variant=\"guarded\"`, the default: up to 10 factorized-EP "
+        "warm-up sweeps, not counted in the sweeps below but timed; EP's moments blended into sites "
+        "beyond CEP's expansion range; damping probe); `cep1-paper`, `cep2-paper` = "
+        "`cep_variant=\"paper\"`: from the prior, a row's sites one after another (Algorithm 1), "
+        "CEP's Taylor-expanded conditional moments (eqs. 10-11) at every site, no EP update, the "
+        "sweeps' damping and roll-back as for every method. `NUTS` = the posterior predictive of "
+        "the NUTS reference (`results/nuts`); `published …` = papers/000 Table 1 (the authors' "
+        "MATLAB; on pima and crabs every published column is 0.03-0.07 nats below our NUTS, see "
+        "`classification.md`).",
+        "",
+    ]
+    for link in LINKS:
+        cols = tuple(PURE) + ("NUTS",)
+        pcols = ("CEP-1", "CEP-2", "EP")
+        rows = []
+        for name in datasets:
+            published = dict(zip(PAPER_COLS[link], PAPER_LL[link].get(name, ())))
+            rows.append([name] + [pm(res[link, name, m]["ll"]) for m in cols] + [published.get(c, "–") for c in pcols])
+        out += [
+            f"## {link}: test log-likelihood",
+            "",
+            md_table(("data set",) + cols + tuple(f"published {c}" for c in pcols), rows),
+            "",
+            f"## {link}: sweeps, convergence and fit time",
+            "",
+            "Sweeps: mean n_iter over splits (guarded CEP: after its EP warm-up); converged: share of "
+            f"splits; time / EP: mean over splits of the fit's seconds over EP's (skcep's fits under "
+            f"{PURE_RETIME_BELOW:g} s timed as the fastest of {TIMINGS} runs, longer ones once; one "
+            "BLAS thread).",
+            "",
+        ]
+        rows = []
+        for name in datasets:
+            ep_s = np.asarray(res[link, name, "ep"]["s"])
+            row = [name]
+            for m in PURE:
+                r = res[link, name, m]
+                ratio = np.mean(np.asarray(r["s"]) / ep_s)
+                row.append(f"{np.mean(r['it']):.0f} / {np.mean(r['conv']):.1f} / {ratio:.3g}")
+            rows.append(row)
+        out += [md_table(("data set",) + tuple(f"{m}: sweeps / conv. / time ÷ EP" for m in PURE), rows), ""]
+        claim_rows, counts = _claims(res, link, datasets)
+        out += [
+            f"## {link}: the paper's claims, checked",
+            "",
+            "The paper (§6.1): \"CEP-1 and CEP-2 nearly always obtain average test log-likelihoods (a bit) "
+            "larger than or close to that of EP ... In most cases, CEP-2 is slightly better than CEP-1.\" "
+            f"Differences of means in nats, this run (paper variants against our EP) and the published "
+            f"table; \"close\" = at most {CLOSE_NATS} nats below.",
+            "",
+            md_table(
+                (
+                    "data set",
+                    "cep1-paper − ep",
+                    "cep2-paper − ep",
+                    "cep2-paper − cep1-paper",
+                    "published CEP-1 − EP",
+                    "published CEP-2 − EP",
+                    "published CEP-2 − CEP-1",
+                ),
+                claim_rows,
+            ),
+            "",
+            f"- This run: the paper's CEP-1 is above EP or within {CLOSE_NATS} nats of it on "
+            f"{counts['cep1']} of {n} sets, its CEP-2 on {counts['cep2']} of {n}; CEP-2 beats CEP-1 on "
+            f"{counts['cep2>cep1']} of {n}.",
+            f"- Published: CEP-1 on {counts['pub1']} of {n}, CEP-2 on {counts['pub2']} of {n}; CEP-2 beats "
+            f"CEP-1 on {counts['pub2>pub1']} of {n}.",
+            "",
+        ]
+    out += ["## Reading", "", *hand_notes(PURE_NOTES, PURE_NOTES_SOURCE)]
+    out += ["## Warnings raised during fits (count, message)", "", *warning_lines(WARNINGS_SEEN)]
+    return out + ["", f"Total run time {elapsed / 60:.1f} min."]
+
+
+PURE_NOTES_SOURCE = "d8b914425c"
+PURE_NOTES = """
+**Where the claims hold.** On australian, breast, crabs and pima the paper's CEP-1 and CEP-2 are
+within 0.02 nats of factorized EP for both links (and of the guarded CEP): there CEP's expansion
+in c is in range (median σ_c² k² over sites at the fixed points 0.03-1.2, see the diagnosis in
+`classification.md`), and "larger than or close to EP" holds.
+
+**Where they do not.** On ionos and sonar (34 and 60 features for 176 and 104 training rows,
+median σ_c² k² 1.0-3.0) the paper's CEP trails EP: probit CEP-1 by 0.010 (ionos) and 0.175
+(sonar) nats, CEP-2 by 0.053 and 0.634; logistic CEP-1 by 0.008 and 0.016, CEP-2 by 0.019 and
+0.066. On probit sonar one split's CEP-1 fixed point (split 3) lies 0.64 nats below NUTS, and two
+of CEP-2's five fits stop unconverged at 300 sweeps. CEP-2 beats CEP-1 on one (probit) and two
+(logistic) of six sets, not "in most cases": where the expansion is out of range its second-order
+term moves the moments further off. The guarded CEP, which takes EP's moments at those sites,
+is within 0.005 nats of EP on both sets. So, on this data, the paper's claims hold where CEP's
+expansion is in range and fail on the two sets with the most features per training row.
+
+**The published table.** There CEP is above or close to EP on every set, and the published EP
+is 0.02-0.03 nats below the published CEP on four probit sets (breast, crabs, ionos, sonar); here,
+on those four, EP is at or above the paper's CEP on crabs, ionos and sonar and below it on breast
+(by 0.015 and 0.004 nats for CEP-1 and CEP-2). On pima
+and crabs every published figure is 0.03-0.07 nats below our NUTS reference (`classification.md`),
+so differences of a few hundredths in the published table need not reflect the inference method.
+
+**Speed.** The paper reports CEP-1 and CEP-2 about as fast as EP (probit) and faster (logistic).
+Here the paper's CEP-1 starts from the prior (more sweeps than the guarded CEP after its warm-up)
+and refines a row's sites one after another, a scalar loop where EP's is vectorised: up to about
+twenty times EP's fit time (probit). The paper's CEP-2 runs on the numpy path with a Python loop
+over a row's entries and takes 10² to 10⁴ times EP's time: there skcep trails the paper's claim
+by orders of magnitude (its guarded CEP-2, vectorised over a block's entries, is faster but
+still slower than EP). Why the library's defaults are the guarded CEP: `docs/design_notes.md`,
+"The paper's CEP".
+"""
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="crabs, split 1 only (smoke test)")
+    parser.add_argument(
+        "--pure-cep",
+        action="store_true",
+        help="EP, the guarded and the paper's CEP-1/CEP-2 only (writes classification_pure_cep.md)",
+    )
     args = parser.parse_args()
     datasets, splits = (("crabs",), (1,)) if args.quick else (DATASETS, SPLITS)
     t0 = time.perf_counter()
+    if args.pure_cep:
+        compile_kernels()  # before the clock: a first fit's compile time is not a fit's
+        datasets = tuple(d for d in datasets if d in CEP_PAPER_DATASETS)
+        res = run(datasets, splits, make_models=pure_cep_models, retime_below=PURE_RETIME_BELOW)
+        write_report(
+            pure_cep_report(res, datasets, splits, time.perf_counter() - t0), "classification_pure_cep.md", args.quick
+        )
+        return
     res = run(datasets, splits)
     text = report(res, datasets, splits, time.perf_counter() - t0)
     if not args.quick:  # a smoke test must not overwrite the results

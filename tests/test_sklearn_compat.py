@@ -28,6 +28,7 @@ CONFIGS = [
     {"method": "ep"},
     {"method": "ep", "covariance": "full"},
     {"method": "cep2", "covariance": "full"},
+    {"method": "cep1", "cep_variant": "paper"},  # CEP-2's too, checked by hand (minutes: its numpy loop)
 ]
 ESTIMATORS = [cls(**cfg) for cls in CLASSES for cfg in CONFIGS]
 FITTED_ATTRS = (
@@ -45,7 +46,7 @@ ignore_convergence = pytest.mark.filterwarnings("ignore::sklearn.exceptions.Conv
 
 def _id(est):
     params = est.get_params()
-    return f"{type(est).__name__}-{params['method']}-{params['covariance']}"
+    return f"{type(est).__name__}-{params['method']}-{params['covariance']}-{params['cep_variant']}"
 
 
 def _small_multiclass(seed=0, n=90, d=4):

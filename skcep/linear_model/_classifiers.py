@@ -23,7 +23,7 @@ from .._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method, 
 from .._dask import computed, fit_without_rows
 from .._validation import FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span, validate_data
 from ..engines.chunks import map_chunks
-from ..engines.glm import fit_glm, predictor_moments, stream_batch, stream_candidates
+from ..engines.glm import CEP, PAPER_CEP, fit_glm, predictor_moments, stream_batch, stream_candidates
 from ..engines.kjit import LogisticFactor, OperatorSite
 from ..engines.likelihoods import Logistic, Probit
 from ..message_operator._operator import KJITMessageOperator
@@ -57,6 +57,10 @@ def _row_scales(A):
 #: is the cheaper fit up to d ≈ 500, and its covariance is then 2 MiB against 800 MB of sites.
 FULL_AUTO_FEATURES = 512
 
+#: The engine's CEP settings of each ``cep_variant``: the library's guarded CEP (EP warm-up,
+#: EP's moments blended in beyond CEP's expansion range, damping probe) and the paper's.
+CEP_VARIANTS = {"guarded": CEP, "paper": PAPER_CEP}
+
 
 def choose_inference(method, covariance, dim):
     """``method`` and ``covariance`` with ``"auto"`` resolved for ``dim`` weights.
@@ -87,6 +91,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
     _parameter_constraints = {
         "method": [StrOptions({"auto", "cep1", "cep2", "ep"})],
         "covariance": [StrOptions({"auto", "diagonal", "full"})],
+        "cep_variant": [StrOptions(set(CEP_VARIANTS))],
         "prior_variance": [StrOptions({"auto"}), Interval(Real, 0, None, closed="neither")],
         "fit_intercept": ["boolean"],
         "intercept_prior_variance": [Interval(Real, 0, None, closed="neither")],
@@ -110,6 +115,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         *,
         method="auto",
         covariance="auto",
+        cep_variant="guarded",
         prior_variance="auto",
         fit_intercept=True,
         intercept_prior_variance=100.0,
@@ -123,6 +129,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
     ):
         self.method = method
         self.covariance = covariance
+        self.cep_variant = cep_variant
         self.prior_variance = prior_variance
         self.fit_intercept = fit_intercept
         self.intercept_prior_variance = intercept_prior_variance
@@ -283,7 +290,22 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
 
     def _check_options(self, n_features):
         method, covariance = self._inference(n_features)
+        if self.cep_variant != "guarded" and method not in ("cep1", "cep2"):
+            got = f"method={self.method!r}"
+            if self.method == "auto":
+                got += f", which fits {method!r} with covariance={covariance!r} here"
+            raise ValueError(
+                f"cep_variant={self.cep_variant!r} chooses how CEP-1/CEP-2 run and needs "
+                f"method='cep1' or 'cep2'; got {got}. Set method='cep1' or 'cep2', or leave "
+                "cep_variant='guarded'."
+            )
         if covariance == "full":
+            if self.cep_variant != "guarded":
+                raise ValueError(
+                    f"cep_variant={self.cep_variant!r} runs the factorized CEP-1/CEP-2 as the paper "
+                    "defines them; covariance='full' has its own CEP (no blend of EP's moments). Use "
+                    "covariance='diagonal' with cep_variant='paper', or leave cep_variant='guarded'."
+                )
             if method == "kjit":
                 raise ValueError(
                     "covariance='full' runs EP, CEP-1 or CEP-2 on one site per sample; "
@@ -338,6 +360,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         ]
         full = covariance == "full"
         options["method"] = "ep" if method == "kjit" else method
+        if method in ("cep1", "cep2") and not full:
+            options["cep"] = CEP_VARIANTS[self.cep_variant]
         tune = n_weights if auto and not stream and n_weights else None
 
         def fit_from(k, mean0, spread0):
@@ -555,6 +579,7 @@ class CEPLogisticClassifier(_CEPClassifierBase):
         *,
         method="auto",
         covariance="auto",
+        cep_variant="guarded",
         prior_variance="auto",
         fit_intercept=True,
         intercept_prior_variance=100.0,
@@ -572,6 +597,7 @@ class CEPLogisticClassifier(_CEPClassifierBase):
         super().__init__(
             method=method,
             covariance=covariance,
+            cep_variant=cep_variant,
             prior_variance=prior_variance,
             fit_intercept=fit_intercept,
             intercept_prior_variance=intercept_prior_variance,

@@ -84,6 +84,19 @@ _PARAMS_DOC = (
         :data:`skcep.linear_model.FULL_AUTO_FEATURES`), where it is both the cheaper fit and
         within a fraction of a nat of the exact posterior, else (and for a method named
         explicitly) "diagonal"; the choice is in ``covariance_``.
+    cep_variant : {"guarded", "paper"}, default="guarded"
+        How CEP-1 and CEP-2 run (``method="cep1"`` or ``"cep2"`` with the diagonal
+        covariance; "paper" with any other method or with ``covariance="full"`` raises a
+        ValueError).  "guarded": from up to 10 factorized-EP sweeps, each sample's sites
+        refined from the same posterior, EP's exact tilted moments blended into
+        the sites where CEP's expansion in c leaves its range, and an undamped first sweep
+        kept only if it moves the posterior by less than 2 sd.  "paper": as Wang & Zhe define
+        them (Algorithm 1, eqs. 10–11): from the prior, a sample's sites one after another,
+        each from the posterior its predecessors left, CEP's Taylor-expanded moments at every
+        site and no EP update.  The guards keep CEP near EP where CEP's expansion breaks down:
+        on the CEP paper's sonar data (probit, λ = 1) the paper's CEP-1 / CEP-2 trail EP's test
+        log-likelihood by 0.18 / 0.63 nats where the guarded ones match it
+        (``benchmarks/results/classification_pure_cep.md``; user guide, "The paper's CEP").
     prior_variance : "auto" or float, default="auto"
         Variance λ of the Gaussian prior N(0, λ) on every weight.  "auto": type-II maximum
         likelihood of the EP evidence of each one-vs-rest model (λ in [1e-6, 1e6]): a search
@@ -120,15 +133,15 @@ _PARAMS_DOC = (
     damping : "auto" or float in (0, 1], default="auto"
         Each site update moves the site's natural parameters by ``damping`` × (proposed −
         current); 1 is undamped EP.  This is the initial value: it is halved automatically when
-        sweeps oscillate or diverge and grows back when they settle.  "auto" is 1.0 for EP; for
-        CEP a first undamped sweep from EP's fixed point, kept if it moves the posterior by
-        less than 2 sd (at most 0.8 on the CEP paper's data sets), else undone (e.g. extreme
-        sample or class weights) and CEP runs at 0.5.
+        sweeps oscillate or diverge and grows back when they settle.  "auto" is 1.0 for EP and
+        for ``cep_variant="paper"``; for guarded CEP a first undamped sweep from EP's fixed
+        point, kept if it moves the posterior by less than 2 sd (at most 0.8 on the CEP paper's
+        data sets), else undone (e.g. extreme sample or class weights) and CEP runs at 0.5.
     block_size : int, default=None
-        Samples whose sites are refined together before the posterior is refreshed; 1 is the
-        sequential schedule of Algorithm 1 of the CEP paper.  None: 8 samples where the sweep
-        runs compiled (dense data, probit, EP and CEP-1), else about 2 % of the samples (at
-        least 8, and blocks of at most ~32,000 stored entries).
+        Samples whose sites are refined together before the posterior is refreshed; 1 with
+        ``cep_variant="paper"`` is the sequential schedule of Algorithm 1 of the CEP paper.
+        None: 8 samples where the sweep runs compiled (dense data, probit, EP and CEP-1), else
+        about 2 % of the samples (at least 8, and blocks of at most ~32,000 stored entries).
     class_weight : dict, "balanced" or None, default=None
         Weights of the classes, multiplied into ``sample_weight``, as in
         :class:`~sklearn.linear_model.LogisticRegression`: a dict {class: weight}, or

@@ -33,7 +33,17 @@ from .full import fit_full_partitions, full_partition_step
 from .partitions import Partitions
 from .posterior import GLMPosterior, predictor_moments
 from .search import EvidenceRisingWarning, fit_glm, fit_with_evidence, maximize_evidence
-from .settings import CEP, SEARCH, STREAM, SWEEPS, CEPSettings, SearchSettings, StreamSettings, SweepSettings
+from .settings import (
+    CEP,
+    PAPER_CEP,
+    SEARCH,
+    STREAM,
+    SWEEPS,
+    CEPSettings,
+    SearchSettings,
+    StreamSettings,
+    SweepSettings,
+)
 from .stream import stream_batch, stream_candidates
 
 __all__ = [
@@ -42,6 +52,7 @@ __all__ = [
     "Design",
     "EvidenceRisingWarning",
     "GLMPosterior",
+    "PAPER_CEP",
     "Partitions",
     "SEARCH",
     "STREAM",

@@ -233,9 +233,11 @@ def _row_update(
     d_shift,
     total_prec,
     total_shift,
+    lo,
+    hi,
 ):
-    """Row i's damped new sites from its entries' tilted derivatives (L_1, L_2), one
-    vectorised loop.
+    """Row i's damped new sites of entries ``lo`` … ``hi`` − 1 from their tilted derivatives
+    (L_1, L_2), one vectorised loop.
 
     Entry j's site from the tilted at the cavity N(mean_c, v): with b = x² max(−L_2, 0) and
     κ = 1 − v b, t*_p = b/κ and t*_h = (x L_1 + mean_c b)/κ; the stored total T moves by
@@ -245,7 +247,7 @@ def _row_update(
     ``total_prec`` / ``total_shift``.  Returns the number of skipped entries.
     """
     skipped = 0
-    for j in range(X.shape[1]):
+    for j in range(lo, hi):
         x = X[i, j]
         x2b = x * x * max(-l2[j], 0.0)
         keep = 1.0 - var_c[j] * x2b
@@ -267,6 +269,75 @@ def _row_update(
     return skipped
 
 
+@njit(cache=True, inline="always")
+def _row_sequential_update(
+    X,
+    i,
+    y,
+    x_mean,
+    mean,
+    prec,
+    shift,
+    var_c,
+    mean_c,
+    proper,
+    old_prec,
+    old_shift,
+    w,
+    step,
+    l1,
+    l2,
+    rule,
+    bulk,
+    out_prec,
+    out_shift,
+    d_prec,
+    d_shift,
+    total_prec,
+    total_shift,
+):
+    """CEP-1 on row i's entries one after another (Wang & Zhe's Algorithm 1, one message at a
+    time): entry j's conditional tilted takes c̄ from q as the damped updates of the row's
+    entries before it left it, x̄ moving by x_l (μ'_l − μ_l) after entry l (the rule of
+    :func:`skcep.engines.glm.factorized.refine_sites_in_sequence`); each entry's site by
+    :func:`_row_update` of that entry alone.  One scalar likelihood call an entry
+    (:func:`probit_log_z_derivatives`, :func:`_logistic_derivatives`).  Returns the number
+    of skipped entries."""
+    skipped = 0
+    for j in range(X.shape[1]):
+        x = X[i, j]
+        m = x * mean_c[j] + (x_mean - x * mean[j])
+        s = x * x * var_c[j]
+        if rule is None:
+            l1[j], l2[j] = probit_log_z_derivatives(m, s, y)
+        else:
+            _, l1[j], l2[j] = _logistic_derivatives(m, s, y, False, rule, bulk)
+        skipped += _row_update(
+            X,
+            i,
+            l1,
+            l2,
+            var_c,
+            mean_c,
+            proper,
+            old_prec,
+            old_shift,
+            w,
+            step,
+            out_prec,
+            out_shift,
+            d_prec,
+            d_shift,
+            total_prec,
+            total_shift,
+            j,
+            j + 1,
+        )
+        new_prec = prec[j] + (out_prec[i, j] - old_prec[j])
+        x_mean += x * ((shift[j] + (out_shift[i, j] - old_shift[j])) / new_prec - mean[j])
+    return skipped
+
+
 @njit(cache=True, fastmath=_REDUCE, error_model="numpy")
 def factorized_dense_step(
     X,
@@ -278,6 +349,7 @@ def factorized_dense_step(
     shift,
     block_size,
     cep,
+    sequential,
     step,
     total_prec,
     total_shift,
@@ -291,7 +363,9 @@ def factorized_dense_step(
 
     ``cep`` False: factorized EP (one cavity linear predictor per row); True: CEP-1 (one
     conditional tilted per entry at c̄, blended towards EP's where σ_c² k² > ``spread_lo``,
-    :func:`_row_ep_share`).  ``step`` is the damping.  The column sums of the new
+    :func:`_row_ep_share`; with ``sequential`` the row's entries one after another, each c̄
+    from the row's earlier updates, :func:`_row_sequential_update`, and no blend).
+    ``step`` is the damping.  The column sums of the new
     sites are added to ``total_prec`` / ``total_shift``.  The new sites are written to
     ``out_prec`` / ``out_shift``: the site arrays themselves (in place), or a second pair of
     buffers, which leaves the old sites as they were, so a rejected sweep (the roll-back of
@@ -363,6 +437,34 @@ def factorized_dense_step(
                 old_prec,
                 old_shift,
             )
+            if cep and sequential:
+                n_skipped += _row_sequential_update(
+                    X,
+                    i,
+                    y[i],
+                    x_mean,
+                    mean,
+                    prec,
+                    shift,
+                    var_c,
+                    mean_c,
+                    proper,
+                    old_prec,
+                    old_shift,
+                    w_new,
+                    step,
+                    l1,
+                    l2,
+                    rule,
+                    bulk,
+                    out_prec,
+                    out_shift,
+                    d_prec,
+                    d_shift,
+                    total_prec,
+                    total_shift,
+                )
+                continue
             if cep:
                 if rule is None:
                     _row_conditional_derivatives(X, i, y[i], x_mean, mean, var_c, mean_c, l1, l2)
@@ -397,6 +499,8 @@ def factorized_dense_step(
                 d_shift,
                 total_prec,
                 total_shift,
+                0,
+                d,
             )
         for j in range(d):
             prec[j] += d_prec[j]

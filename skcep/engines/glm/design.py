@@ -1,6 +1,8 @@
 """A dense or CSR design cut into row blocks (:class:`Design`), and the rows per block of the
 factorized and the full-covariance sweeps."""
 
+from functools import cached_property
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -39,7 +41,20 @@ class _DenseBlock:
         self.x = X[rows]
         self.x2 = self.x * self.x
         self.sites = rows
+        self.n_rows = self.x.shape[0]
         self.x2_row_max = float(self.x2.sum(axis=1).max(initial=0.0))  # max_i Σ_m x_im²
+
+    @cached_property
+    def entries(self):
+        """(x, x², row, column) of the block's entries, flat in row order (its sites raveled)."""
+        n, d = self.x.shape
+        return self.x.ravel(), self.x2.ravel(), np.repeat(np.arange(n), d), np.tile(np.arange(d), n)
+
+    @cached_property
+    def positions(self):
+        """Flat indices of every row's k-th entry, k = 0, 1, …: a row's entries in order."""
+        n, d = self.x.shape
+        return [np.arange(k, n * d, d) for k in range(d)]
 
     def at_cols(self, v):
         return v
@@ -66,6 +81,19 @@ class _SparseBlock:
         self.rows = np.repeat(np.arange(self.n_rows, dtype=np.intp), counts)
         self.n_cols = X.shape[1]
         self.x2_row_max = float(self.row_sum(self.x2).max(initial=0.0))  # max_i Σ_m x_im²
+
+    @cached_property
+    def entries(self):
+        """(x, x², row, column) of the block's entries, as stored."""
+        return self.x, self.x2, self.rows, self.cols
+
+    @cached_property
+    def positions(self):
+        """Flat indices of every row's k-th stored entry, k = 0, 1, …: a row's entries in order."""
+        first = np.searchsorted(self.rows, np.arange(self.n_rows))
+        within = np.arange(self.x.size) - first[self.rows]
+        order = np.argsort(within, kind="stable")
+        return np.split(order, np.cumsum(np.bincount(within))[:-1])
 
     def at_cols(self, v):
         return v[self.cols]

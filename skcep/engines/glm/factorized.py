@@ -5,9 +5,11 @@ Two posterior families:
 * **factorized** — q(w) = Π_m N(w_m | μ_m, v_m) with one Gaussian site per non-zero x_im
   (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.2 and supplement
   §8.2–8.3).  ``method`` picks how a site is refined: ``"ep"`` (factorized EP, Graepel et al.
-  2010), ``"cep1"`` (eq. 10) or ``"cep2"`` (eq. 11); CEP's sites near and beyond the range of
-  its expansion in c (:attr:`CEPSettings.spread_band <skcep.engines.glm.settings.CEPSettings>`)
-  blend in EP's exact tilted moments.
+  2010), ``"cep1"`` (eq. 10) or ``"cep2"`` (eq. 11); by default CEP starts from EP's
+  warm-up sweeps and its sites near and beyond the range of its expansion in c
+  (:attr:`CEPSettings.spread_band <skcep.engines.glm.settings.CEPSettings>`) blend in EP's
+  exact tilted moments (:data:`~skcep.engines.glm.settings.PAPER_CEP`: neither, the paper's
+  CEP).
 * **full** — q(w) = N(μ, Σ) with one site per row on its linear predictor (weight-space EP).
 
 **Map/reduce steps.**  Every sweep is a partition step on each partition of the rows against
@@ -30,8 +32,10 @@ over :class:`InMemoryPartitions` (one partition, all rows); a distributed fit ru
 loop over partitions kept on Dask workers.
 
 **Schedule.**  Within a partition, rows are taken in blocks; the sites of one block are refined
-together from the same q (vectorised), then q is refreshed before the next block.  A block of
-one row is the paper's sequential Algorithm 1, a single block is a fully parallel sweep.
+together from the same q (vectorised), then q is refreshed before the next block; with
+``CEPSettings.sequential_entries`` CEP refines a row's sites one after another
+(:func:`refine_sites_in_sequence`), and a block of one row is then the paper's sequential
+Algorithm 1.  A single block is a fully parallel sweep.
 Parallel sweeps oscillate on strongly correlated features; blocks of a few rows each converge
 like the sequential schedule at a fraction of its cost.  On top, the damping step is halved
 whenever a sweep moves the posterior more than the one before it (adaptive damping).
@@ -52,6 +56,7 @@ import scipy.sparse as sp
 
 from ..gaussian import cavity_natural, damped, site_from_marginal, to_moments
 from ._kernel import ep_share, factorized_dense_step
+from .conditional import cep2_moments, conditional_gradients, sites_from_gradients
 from .design import Design, default_block_size, site_shape
 from .partitions import InMemoryPartitions
 from .posterior import GLMPosterior, site_copy, site_total
@@ -95,8 +100,9 @@ def tilted_gradients(block, y, lik, method, mean, mean_c, var_c, order=2):
         s_a = block.row_sum(block.x2 * var_c)
         ders = lik.derivatives(m_a, s_a, y, order=order, value=False)
         return [block.at_rows(d) for d in ders[1:]]
-    m = block.x * mean_c + _outer_mean(block, mean)
-    return lik.derivatives(m, block.x2 * var_c, block.at_rows(y), order=order, value=False)[1:]
+    return conditional_gradients(
+        block.x, block.x2, block.at_rows(y), lik, _outer_mean(block, mean), mean_c, var_c, order
+    )
 
 
 def _ep_share(block, var, var_c, band):
@@ -125,43 +131,6 @@ def _blend(cep, ep, share):
     return (1.0 - share) * cep + share * ep
 
 
-def _cep2_marginals(block, y, lik, mean, var, mean_c, var_c):
-    r"""CEP-2 (Wang & Zhe, UAI 2020, eq. 11) on the sufficient statistics (w, w²):
-    E[h] ≈ h(c̄) + ½ σ_c² h''(c̄), with h1(c) = μ\ + v\ x L1 and h2(c) = h1² + v\ + (v\ x)² L2
-    at m = x μ\ + c, s = x² v\, and σ_c² = Σ_{l≠m} x_l² v_l under q.
-
-    Sites in or beyond CEP's spread band are blended with EP's by :func:`refine_sites`; where
-    the expansion yields a variance outside (0, v\] those sites keep the first-order (CEP-1)
-    moments.
-    """
-    l1, l2, l3, l4 = tilted_gradients(block, y, lik, "cep", mean, mean_c, var_c, order=4)
-    gain = var_c * block.x
-    h1 = mean_c + gain * l1
-    cond_var = var_c + gain**2 * l2
-    x2v = block.x2 * block.at_cols(var)
-    half_var_c = 0.5 * (block.at_rows(block.row_sum(x2v)) - x2v)
-    d1 = gain * l2  # h1'
-    d2 = gain * l3  # h1''
-    e_h1 = h1 + half_var_c * d2
-    e_h2 = h1 * h1 + cond_var + half_var_c * (2.0 * d1 * d1 + 2.0 * h1 * d2 + gain**2 * l4)
-    e_var = e_h2 - e_h1 * e_h1
-    fine = (e_var > 0) & (e_var <= var_c) & np.isfinite(e_h1)
-    return np.where(fine, e_h1, h1), np.where(fine, e_var, cond_var)
-
-
-def _sites_from_gradients(block, l1, l2, mean_c, var_c, ok):
-    r"""New site (τ, ν) from the tilted gradients, fused: with β = −L_2 and g = v\ x² β,
-    τ = x² β / (1 − g) and ν = (x L_1 + μ\ x² β) / (1 − g) (= tilted / cavity)."""
-    # Exact moment matching of a log-concave likelihood has β ≥ 0 (never widens the cavity);
-    # quadrature error can give a slightly negative β, which would make a negative site.
-    x2b = block.x2 * np.maximum(-l2, 0.0)
-    keep = 1.0 - var_c * x2b  # = tilted variance / cavity variance, in (0, 1]
-    if ok is not True or not keep.min(initial=np.inf) > 0:
-        ok = ok & (keep > 0)
-        keep = np.where(ok, keep, 1.0)
-    return x2b / keep, (block.x * l1 + mean_c * x2b) / keep, ok
-
-
 def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, sample_weight=None, band=CEP.spread_band):
     """Proposed new natural parameters of every site of one block, refined from the same q.
 
@@ -187,7 +156,10 @@ def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, samp
     if share is not None:  # factorized EP's tilted (the exact expectation over c)
         l1_ep, l2_ep = tilted_gradients(block, y, lik, "ep", mean, mean_c, var_c)
     if method == "cep2":
-        new_mean, new_var = _cep2_marginals(block, y, lik, mean, 1.0 / prec, mean_c, var_c)
+        x2v = block.x2 * block.at_cols(1.0 / prec)  # σ_c² = Σ_{l≠m} x_l² v_l under q
+        var_outer = block.at_rows(block.row_sum(x2v)) - x2v
+        args = (block.x, block.x2, block.at_rows(y), lik, _outer_mean(block, mean), var_outer, mean_c, var_c)
+        new_mean, new_var = cep2_moments(*args)
         if share is not None:
             gain = var_c * block.x
             new_mean = _blend(new_mean, mean_c + gain * l1_ep, share)
@@ -196,7 +168,53 @@ def refine_sites(block, y, lik, method, prec, shift, site_prec, site_shift, samp
     l1, l2 = tilted_gradients(block, y, lik, method, mean, mean_c, var_c)
     if share is not None:  # blending L_1, L_2 blends the tilted mean and variance (linear in them)
         l1, l2 = _blend(l1, l1_ep, share), _blend(l2, l2_ep, share)
-    return _sites_from_gradients(block, l1, l2, mean_c, var_c, ok)
+    return sites_from_gradients(block.x, block.x2, l1, l2, mean_c, var_c, ok)
+
+
+def refine_sites_in_sequence(block, y, lik, method, prec, shift, site_prec, site_shift, step, sample_weight=None):
+    r"""Proposed new sites of one block for CEP-1 / CEP-2 with each row's sites refined one
+    after another (Wang & Zhe, UAI 2020, Algorithm 1: one message at a time, q refreshed after
+    each); the block's rows are refined from the same q, as in :func:`refine_sites`.
+
+    The site of a row's k-th entry takes c̄ (and, CEP-2, σ_c²) from q as the damped (``step``)
+    updates of the row's earlier entries left it; its cavity is the block's (a row visits its
+    column once).  CEP's own moments only (no blend of EP's).  Arguments and result as
+    :func:`refine_sites`: the proposals, which the caller damps by ``step`` as assumed here.
+    """
+    x, x2, rows, cols = block.entries
+    shape = site_prec.shape
+    t_prec, t_shift = site_prec.ravel(), site_shift.ravel()
+    weight = None if sample_weight is None else sample_weight[rows]
+    own_prec, own_shift = (
+        (t_prec, t_shift) if weight is None else (site_copy(t_prec, weight), site_copy(t_shift, weight))
+    )
+    cav_prec, cav_shift, ok = cavity_natural(prec[cols], shift[cols], own_prec, own_shift)
+    var_c = 1.0 / cav_prec
+    mean_c = cav_shift * var_c
+    ok = np.broadcast_to(ok, x.shape)
+    labels = y[rows]
+    mean, var = shift / prec, 1.0 / prec
+    row_mean = np.bincount(rows, weights=x * mean[cols], minlength=block.n_rows)  # Σ_l x_l μ_l, row's view
+    row_var = np.bincount(rows, weights=x2 * var[cols], minlength=block.n_rows)  # Σ_l x_l² v_l
+    new_prec, new_shift, new_ok = np.empty_like(t_prec), np.empty_like(t_shift), np.empty(x.shape, dtype=bool)
+    for k in block.positions:
+        r, c, xk, x2k = rows[k], cols[k], x[k], x2[k]
+        c_bar = row_mean[r] - xk * mean[c]
+        if method == "cep2":
+            var_outer = row_var[r] - x2k * var[c]
+            moments = cep2_moments(xk, x2k, labels[k], lik, c_bar, var_outer, mean_c[k], var_c[k])
+            p, h, fine = site_from_marginal(*moments, cav_prec[k], cav_shift[k], ok[k])
+        else:
+            l1, l2 = conditional_gradients(xk, x2k, labels[k], lik, c_bar, mean_c[k], var_c[k])
+            p, h, fine = sites_from_gradients(xk, x2k, l1, l2, mean_c[k], var_c[k], ok[k])
+        if weight is not None:
+            p, h = site_total(p, weight[k]), site_total(h, weight[k])
+        new_prec[k], new_shift[k], new_ok[k] = p, h, fine
+        q_prec = prec[c] + damped(t_prec[k], p, step, fine)  # the entry's column after its update
+        q_mean = (shift[c] + damped(t_shift[k], h, step, fine)) / q_prec
+        row_mean[r] += xk * (q_mean - mean[c])
+        row_var[r] += x2k * (1.0 / q_prec - var[c])
+    return new_prec.reshape(shape), new_shift.reshape(shape), new_ok.reshape(shape)
 
 
 def factorized_partition_step(
@@ -213,6 +231,7 @@ def factorized_partition_step(
     out=None,
     sample_weight=None,
     band=CEP.spread_band,
+    sequential=False,
 ):
     """Partition step of factorized EP / CEP: refine the sites of one partition of the rows.
 
@@ -223,7 +242,8 @@ def factorized_partition_step(
     arrays of their shape), the new sites are written there and the old ones are left as they
     were (the roll-back copy without a copy).  ``sample_weight`` (n,) or None: the rows'
     weights, each row's sites those of its repeated copies (:func:`site_copy`).  ``band``:
-    CEP's expansion range (:class:`~skcep.engines.glm.settings.CEPSettings`).  A dense
+    CEP's expansion range, ``sequential``: CEP refines a row's sites one after another
+    (:func:`refine_sites_in_sequence`; :class:`~skcep.engines.glm.settings.CEPSettings`).  A dense
     design with the probit or logistic likelihood runs EP and CEP-1 compiled, in one pass
     (:func:`~skcep.engines.glm._kernel.factorized_dense_step`).
 
@@ -249,6 +269,7 @@ def factorized_partition_step(
             shift,
             design.compiled_block_size,
             method == "cep1",
+            bool(sequential),
             float(step),
             *totals,
             out_prec,
@@ -265,18 +286,13 @@ def factorized_partition_step(
     n_skipped = 0
     for rows, block in design.blocks:
         sl = block.sites
-        new_prec, new_shift, ok = refine_sites(
-            block,
-            y[rows],
-            likelihood,
-            method,
-            prec,
-            shift,
-            site_prec[sl],
-            site_shift[sl],
-            None if sample_weight is None else sample_weight[rows],
-            band=band,
-        )
+        weight = None if sample_weight is None else sample_weight[rows]
+        sites = (site_prec[sl], site_shift[sl])
+        if sequential and method != "ep":
+            refined = refine_sites_in_sequence(block, y[rows], likelihood, method, prec, shift, *sites, step, weight)
+        else:
+            refined = refine_sites(block, y[rows], likelihood, method, prec, shift, *sites, weight, band=band)
+        new_prec, new_shift, ok = refined
         d_prec = damped(site_prec[sl], new_prec, step, ok)
         d_shift = damped(site_shift[sl], new_shift, step, ok)
         site_prec[sl] += d_prec
@@ -316,7 +332,7 @@ def fit_factorized(
     tol=1e-4,
     block_size=None,
     init_sites=None,
-    warmup_sweeps=10,
+    warmup_sweeps=None,
     callback=None,
     sample_weight=None,
     resume=None,
@@ -339,13 +355,15 @@ def fit_factorized(
         Factorized Gaussian prior — for streaming, the current posterior (ADF).
     method : {"cep1", "cep2", "ep"}
         CEP's sites near and beyond the range of its expansion in c (σ_c² k² in or above
-        ``cep.spread_band``) blend in EP's moments (:func:`refine_sites`).
+        ``cep.spread_band``) blend in EP's moments (:func:`refine_sites`; none with
+        :data:`~skcep.engines.glm.settings.PAPER_CEP`).
     damping : float in (0, 1], optional
         Initial fraction of each proposed site change that is applied (1 = undamped);
         adapted when sweeps diverge or oscillate (:class:`SweepControl`); EP's (the
         warm-up's too) follows an aligned slow mode up to 1 (``sweeps.in_memory_relax``).
         Default: 1 for EP; for CEP 1 on a probe sweep, kept if it moves q by less than
-        ``cep.probe_sd`` (2) posterior sd, else ``cep.damping`` (½).
+        ``cep.probe_sd`` (2) posterior sd, else ``cep.damping`` (½); 1 without a probe
+        (``cep.probe_sd`` None).
     max_iter, tol : sweep limit and convergence threshold on the largest change of a sweep
         (posterior means in posterior sd, variances relative).
     block_size : int, optional
@@ -354,13 +372,10 @@ def fit_factorized(
         EP / CEP-1).
     init_sites : (site_precision, site_shift), optional
         Starting sites (zero by default, i.e. q = prior).
-    warmup_sweeps : int
+    warmup_sweeps : int, optional
         At most this many undamped factorized-EP sweeps (stopping early at ``tol``) run before
-        ``method``'s own sweeps.  CEP-1 ignores the variance of the other weights'
-        contribution c, so from q = prior on data with many features per sample its first
-        sweeps overshoot by orders of magnitude and can settle in a poor fixed point (measured
-        on the CEP paper's sonar data: 3 warm-up sweeps −7.8, 10 or 50 sweeps −0.60 test
-        log-likelihood); starting near EP's fixed point avoids both.
+        a CEP method's own sweeps (not counted in ``n_iter``); default ``cep.warmup_sweeps``
+        (10; design notes, "CEP's EP warm-up"), 0 for a warm start.
     callback : callable, optional
         ``callback(sweep, change, None)`` after every sweep of ``method``; returning True
         ends the run there (not converged).
@@ -419,7 +434,7 @@ def fit_factorized_partitions(
     damping=None,
     max_iter=100,
     tol=1e-4,
-    warmup_sweeps=10,
+    warmup_sweeps=None,
     callback=None,
     resume=None,
     parallel=False,
@@ -427,7 +442,8 @@ def fit_factorized_partitions(
     sweeps=SWEEPS,
 ):
     """:func:`fit_factorized` on rows held by ``parts`` (see :func:`factorized_sweeps`): the
-    EP warm-up sweeps, then ``method``'s.  ``resume``: the ``run`` of an earlier EP fit whose
+    EP warm-up sweeps (at most ``warmup_sweeps``, default ``cep.warmup_sweeps``), then
+    ``method``'s.  ``resume``: the ``run`` of an earlier EP fit whose
     sites ``parts`` holds, continued to ``tol`` (its sweeps are counted in ``n_iter``).  EP's
     sweeps (the warm-up's too) are over-relaxed up to ``sweeps.in_memory_relax``, or
     ``sweeps.parallel_relax`` when ``parallel`` (partitions refined in parallel); ``cep``
@@ -438,12 +454,14 @@ def fit_factorized_partitions(
     prior_prec = 1.0 / np.asarray(prior_var, dtype=float)
     prior_shift = np.asarray(prior_mean, dtype=float) * prior_prec
     relax = sweeps.parallel_relax if parallel else sweeps.in_memory_relax
-    rules = dict(band=cep.spread_band, sweeps=sweeps)
+    rules = dict(band=cep.spread_band, sequential=cep.sequential_entries, sweeps=sweeps)
     probe = None
     if damping is None:
         damping = 1.0
-        if method != "ep":
+        if method != "ep" and cep.probe_sd is not None:
             probe = (cep.probe_sd, cep.damping)
+    if warmup_sweeps is None:
+        warmup_sweeps = cep.warmup_sweeps
     if warmup_sweeps and method != "ep":
         factorized_sweeps(
             parts,
@@ -491,6 +509,7 @@ def factorized_sweeps(
     resume=None,
     relax=None,
     band=CEP.spread_band,
+    sequential=False,
     sweeps=SWEEPS,
 ):
     """The sweeps of factorized EP / CEP over partitioned rows, until ``tol`` or ``max_iter``.
@@ -505,7 +524,8 @@ def factorized_sweeps(
     ``resume`` = (control, prec, shift) where earlier sweeps over the same sites stopped (a
     looser ``tol``): they go on to ``tol`` and ``max_iter`` sweeps in all, as one run would.
     ``relax``: :class:`SweepControl`'s over-relaxation limit (EP's sweeps; None: none);
-    ``band``: CEP's expansion range, passed to the partition step; ``sweeps``: the rules of
+    ``band``, ``sequential``: CEP's expansion range and order of a row's sites, passed to the
+    partition step; ``sweeps``: the rules of
     :class:`SweepControl`.
 
     Returns ``(prec, shift, n_sweeps, converged, control)``.
@@ -523,7 +543,8 @@ def factorized_sweeps(
         mean_old, var_old = to_moments(prec, shift)
         if control.may_reject:
             parts.save()
-        totals = parts.step(prec, shift, likelihood=likelihood, method=method, step=control.step, band=band)
+        options = dict(likelihood=likelihood, method=method, step=control.step, band=band, sequential=sequential)
+        totals = parts.step(prec, shift, **options)
         prec, shift, skipped = factorized_global_step(prior_prec, prior_shift, totals)
         verdict = control.finish(it, skipped, mean_old, var_old, *to_moments(prec, shift), callback)
         if verdict == "converged":

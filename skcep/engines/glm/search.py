@@ -26,7 +26,7 @@ from .evidence import (
 from .factorized import fit_factorized
 from .full import fit_full
 from .full_dual import dual_applies, fit_full_dual
-from .settings import SEARCH
+from .settings import CEP, SEARCH
 
 __all__ = [
     "EvidenceRisingWarning",
@@ -483,8 +483,9 @@ def fit_with_evidence(
     elif method == "ep":  # other sites (a learned operator's): from the prior
         post = fit(spread_at(log_lam), likelihood, **own)
     else:
+        from_prior = options.get("cep", CEP).warmup_sweeps == 0  # the paper's CEP: no EP warm-up
         post, log_lam, spent = _cep_after_search(
-            fit, spread_at, likelihood, own, log_lam, start, max_iter, spent, settings=search
+            fit, spread_at, likelihood, own, log_lam, start, max_iter, spent, settings=search, from_prior=from_prior
         )
     post = replace(post, prior_variance=float(np.exp(log_lam)), n_iter=post.n_iter + spent)
     if rising is not None:
@@ -534,7 +535,9 @@ def _warn_rising(result, best, slope, log_lam, settings=SEARCH):
     )
 
 
-def _cep_after_search(fit_at, spread_at, likelihood, own, log_lam, start, max_iter, spent, retries=3, settings=SEARCH):
+def _cep_after_search(
+    fit_at, spread_at, likelihood, own, log_lam, start, max_iter, spent, retries=3, settings=SEARCH, from_prior=False
+):
     """CEP-1 / CEP-2 at the searched θ: from the prior through EP's warm-up sweeps
     (:func:`~skcep.engines.glm.factorized.fit_factorized`, or
     :func:`~skcep.engines.glm.full.fit_full` for the full covariance), then ``method``'s.  At the large λ
@@ -544,18 +547,25 @@ def _cep_after_search(fit_at, spread_at, likelihood, own, log_lam, start, max_it
     is the safety net).  A sweep that moves q by more than ``settings.runaway`` posterior sd
     (after ``settings.runaway_grace`` sweeps) is taken as that (from EP's fixed point CEP's
     sweeps move it by ~1 sd) and θ is halved towards ``start`` (the user's λ), at most
-    ``retries`` times; then ``start`` itself is fitted unguarded.
+    ``retries`` times; then ``start`` itself is fitted unguarded.  ``from_prior``: CEP's own
+    sweeps start from the prior (no warm-up), whose first sweeps move q by thousands of sd
+    and settle over a few more (measured: a Dask fit of 4 chunks, 11,775, 79, 49, 11, 1.9 sd):
+    the grace is counted from the first sweep that moves q by less than ``settings.runaway``.
     Returns ``(posterior, θ, sweeps spent)``."""
     callback = own["callback"]
 
     def guard(sweep, change, info):
         """Ends the run (returns True) at a runaway sweep, or where the caller's callback asks."""
         asked = callback is not None and callback(sweep, change, info) is True
-        ran_away.append(sweep > settings.runaway_grace and change > settings.runaway)
+        if settled[0] is None and (not from_prior or change <= settings.runaway):
+            settled[0] = sweep  # the sweeps of the grace start here
+        grace_over = settled[0] is not None and sweep - settled[0] >= settings.runaway_grace
+        ran_away.append(grace_over and change > settings.runaway)
         return asked or ran_away[-1]
 
     for _ in range(retries):
         ran_away = []  # per sweep of this run: whether it moved q by more than settings.runaway
+        settled = [None]  # the sweep from which the grace is counted
         post = fit_at(spread_at(log_lam), likelihood, **{**own, "callback": guard})
         if not (ran_away and ran_away[-1]):
             return post, log_lam, spent

@@ -11,28 +11,57 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["CEP", "SEARCH", "STREAM", "SWEEPS", "CEPSettings", "SearchSettings", "StreamSettings", "SweepSettings"]
+__all__ = [
+    "CEP",
+    "PAPER_CEP",
+    "SEARCH",
+    "STREAM",
+    "SWEEPS",
+    "CEPSettings",
+    "SearchSettings",
+    "StreamSettings",
+    "SweepSettings",
+]
 
 
 @dataclass(frozen=True)
 class CEPSettings:
-    """How CEP-1 / CEP-2 refine and damp their sites (design notes: "CEP's expansion range",
-    "CEP's damping probe").
+    """How CEP-1 / CEP-2 start, order, refine and damp their sites (design notes: "CEP's EP
+    warm-up", "CEP's expansion range", "CEP's damping probe", "The paper's CEP").
 
+    warmup_sweeps
+        At most this many undamped factorized-EP sweeps (stopping early at ``tol``) run before
+        CEP's own; 0: CEP's sweeps start from the sites given (zero: q = the prior, as Wang &
+        Zhe's Algorithm 1).
+    sequential_entries
+        True: a row's sites are refined one after another, each from q as the row's earlier
+        sites left it (Wang & Zhe's Algorithm 1 updates one message at a time); False: all of
+        a row's sites from the same q.  True needs ``spread_band`` (inf, inf).
     spread_band
         (lo, hi) of σ_c² k², the parameter of CEP's expansion in c: EP's share ω of a site's
         tilted moments rises smoothly from 0 at ``lo`` to 1 at ``hi``
-        (:func:`~skcep.engines.glm._kernel.ep_share`).  ``(inf, inf)``: pure CEP.
+        (:func:`~skcep.engines.glm._kernel.ep_share`).  ``(inf, inf)``: CEP's own moments at
+        every site.
     probe_sd
         With ``damping=None`` a first undamped sweep from EP's fixed point is kept if it moves q
-        by less than this many posterior sd ...
+        by less than this many posterior sd ...  (None: no probe, the first sweep is judged as
+        any other, as EP's are.)
     damping
         ... else the run restarts with this damping.
     """
 
+    warmup_sweeps: int = 10
+    sequential_entries: bool = False
     spread_band: tuple = (0.5, 2.0)
     probe_sd: float = 2.0
     damping: float = 0.5
+
+    def __post_init__(self):
+        if self.sequential_entries and self.spread_band[0] < np.inf:
+            raise ValueError(
+                "sequential_entries refines a row's sites with CEP's own moments only: it needs "
+                f"spread_band=(inf, inf), not {self.spread_band!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -138,6 +167,12 @@ class StreamSettings:
 
 
 CEP = CEPSettings()
+#: CEP-1 / CEP-2 as Wang & Zhe define them (UAI 2020, Algorithm 1, eqs. 10-11): from the prior,
+#: without EP's warm-up, a row's sites one after another, CEP's Taylor-expanded moments at every
+#: site (no blend of EP's) and no damping probe; the sweeps keep the row blocks, damping and
+#: roll-back of every method (:class:`~skcep.engines.glm.sweeps.SweepControl`).  The
+#: classifiers' ``cep_variant="paper"``.
+PAPER_CEP = CEPSettings(warmup_sweeps=0, sequential_entries=True, spread_band=(np.inf, np.inf), probe_sd=None)
 SWEEPS = SweepSettings()
 SEARCH = SearchSettings()
 STREAM = StreamSettings()

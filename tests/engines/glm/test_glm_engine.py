@@ -804,7 +804,7 @@ def _numpy_step(design, *args, **kw):
         glm_design.Design.compiled = compiled
 
 
-@pytest.mark.parametrize("method", ["ep", "cep1"])
+@pytest.mark.parametrize("method", ["ep", "cep1", "cep1-sequential"])
 @pytest.mark.parametrize("step", [1.0, 0.3])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("wide", [False, True], ids=["d6", "d40"])
@@ -813,7 +813,9 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted, wide)
     # loops, one block (so rounding differences are not carried from block to block through
     # q), and q's mean N(0, 1) per coordinate, so CEP-1's conditionals reach every range of
     # u = y m / √(1+s): below −15 (series), [−15, −5] (continued fraction), the polynomial
-    # Mills ratio's (−5, 37], and above 37
+    # Mills ratio's (−5, 37], and above 37.  "cep1-sequential": a row's sites one after another
+    # (PAPER_CEP), the compiled scalar loop against refine_sites_in_sequence
+    method, sequential = method.split("-")[0], method.endswith("sequential")
     rng = np.random.default_rng(7)
     n, d = (240, 40) if wide else (240, 6)
     X = rng.standard_normal((n, d))
@@ -827,7 +829,7 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted, wide)
     weight = row_weights(rng, n, site_prec, site_shift) if weighted else None
     design = glm_design.Design(X, n if wide else 32)
     assert design.compiled(Probit(), method) and design.compiled(Logistic(), method)
-    if method == "cep1":  # CEP-1's sites at the start q: EP's share ω (the blend of the two
+    if method == "cep1" and not sequential:  # CEP-1's sites at the start q: EP's share ω (the blend of the two
         # rules' derivatives) is 0 at some, 1 at some and strictly between at others
         share = [
             glm_factorized._ep_share(block, 1.0 / prec, 1.0 / (prec - site_prec[rows]), CEP.spread_band)
@@ -838,9 +840,11 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted, wide)
         )
         assert (share == 0).any() and (share == 1).any() and ((share > 0) & (share < 1)).any()
     ref = [site_prec.copy(), site_shift.copy()]
-    tot_ref = _numpy_step(
-        design, y, *ref, prec, shift, likelihood=Probit(), method=method, step=step, sample_weight=weight
+    band = (np.inf, np.inf) if sequential else CEP.spread_band
+    options = dict(
+        likelihood=Probit(), method=method, step=step, sample_weight=weight, band=band, sequential=sequential
     )
+    tot_ref = _numpy_step(design, y, *ref, prec, shift, **options)
     out = (np.empty_like(site_prec), np.empty_like(site_shift))
     before = (site_prec.copy(), site_shift.copy())
     tot = glm_factorized.factorized_partition_step(
@@ -850,11 +854,8 @@ def test_compiled_dense_step_equals_the_numpy_step(method, step, weighted, wide)
         site_shift,
         prec,
         shift,
-        likelihood=Probit(),
-        method=method,
-        step=step,
         out=out,
-        sample_weight=weight,
+        **options,
     )
     assert np.array_equal(site_prec, before[0]) and np.array_equal(site_shift, before[1])
     assert_allclose(out[0], ref[0], rtol=1e-11, atol=1e-14)

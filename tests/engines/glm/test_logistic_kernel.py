@@ -200,13 +200,15 @@ def entry_ranges(design, y, lik, method, site_prec, site_shift, prec, shift):
     return counts
 
 
-@pytest.mark.parametrize("method", ["ep", "cep1"])
+@pytest.mark.parametrize("method", ["ep", "cep1", "cep1-sequential"])
 @pytest.mark.parametrize("step", [1.0, 0.3])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("shape", ["d6", "d40", "d40-fresh"])
 def test_compiled_logistic_step_equals_the_numpy_step(method, step, weighted, shape):
     # d = 6: blocks of 32 rows, loops too short to vectorise; d = 40: vectorised loops, one
-    # block (rounding differences are not carried from block to block through q)
+    # block (rounding differences are not carried from block to block through q).
+    # "cep1-sequential": a row's sites one after another (PAPER_CEP), scalar derivatives
+    method, sequential = method.split("-")[0], method.endswith("sequential")
     rng = np.random.default_rng(11)
     d = 6 if shape == "d6" else 40
     X, y, site_prec, site_shift, prec, shift, weight = problem(d, shape.endswith("fresh"), weighted, rng)
@@ -218,10 +220,12 @@ def test_compiled_logistic_step_equals_the_numpy_step(method, step, weighted, sh
     assert counts["wide"] > 0, counts  # fresh, one block: every row from q = prior
     if not shape.endswith("fresh"):
         assert counts["bulk"] > 0 and counts["far"] > 0, counts
-        if method == "cep1":
+        if method == "cep1" and not sequential:
             assert counts["blended"] > 0, counts
     ref = [site_prec.copy(), site_shift.copy()]
-    tot_ref = numpy_step(design, y, *ref, prec, shift, likelihood=lik, method=method, step=step, sample_weight=weight)
+    band = (np.inf, np.inf) if sequential else CEP.spread_band
+    options = dict(method=method, step=step, sample_weight=weight, band=band, sequential=sequential)
+    tot_ref = numpy_step(design, y, *ref, prec, shift, likelihood=lik, **options)
     out = (np.empty_like(site_prec), np.empty_like(site_shift))
     before = (site_prec.copy(), site_shift.copy())
     tot = glm_factorized.factorized_partition_step(
@@ -232,10 +236,8 @@ def test_compiled_logistic_step_equals_the_numpy_step(method, step, weighted, sh
         prec,
         shift,
         likelihood=lik,
-        method=method,
-        step=step,
         out=out,
-        sample_weight=weight,
+        **options,
     )
     assert np.array_equal(site_prec, before[0]) and np.array_equal(site_shift, before[1])
     # to rounding: a few sites are differences of numbers near 1 (lower-tail L_2), so the
