@@ -58,6 +58,11 @@ def test_paper_variant_needs_a_cep_method_and_a_refused_call_changes_nothing(cls
             fitted.set_params(method=method, cep_variant="paper").fit(X, y)
         assert_array_equal(fitted.coef_, coef)
         assert fitted.method_ == "cep1"
+    for method in ("cep1", "cep2"):  # the full covariance has its own CEP, without the guards
+        with pytest.raises(ValueError, match="cep_variant='paper' runs the factorized CEP-1/CEP-2"):
+            fitted.set_params(method=method, covariance="full", cep_variant="paper").fit(X, y)
+        assert_array_equal(fitted.coef_, coef)
+    fitted.set_params(covariance="auto")
     # "auto" that resolves to CEP-1 (a factorized posterior) takes the paper's variant
     auto = cls(method="auto", covariance="diagonal", cep_variant="paper", prior_variance=1.0).fit(X, y)
     assert auto.method_ == "cep1"
