@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from scipy.special import expit, ndtr
 
+from skcep.engines.glm.conditional import cep2_moments
 from skcep.engines.glm.design import Design
-from skcep.engines.glm.factorized import _cep2_marginals
+from skcep.engines.glm.factorized import _outer_mean
 from skcep.engines.glm.full import SITE_UPDATES, fit_full, full_partition_step
 from skcep.engines.glm.full_cep import conditional_statistics, expected_conditional_moments
 from skcep.engines.likelihoods import Gaussian, Logistic, Probit
@@ -258,7 +259,11 @@ def test_diagonal_q_and_cavity_give_the_factorized_cep2(lik_name):
     mean_c = mean + 0.1 * rng.normal(size=(n, d))
     design = Design(X, n)
     ((_, block),) = design.blocks
-    e_h1, e_var = _cep2_marginals(block, y, lik, mean, var, mean_c, var_c)
+    x2v = block.x2 * block.at_cols(var)  # the factorized CEP-2's own inputs (engines/glm/factorized.py)
+    var_outer = block.at_rows(block.row_sum(x2v)) - x2v
+    e_h1, e_var = cep2_moments(
+        block.x, block.x2, block.at_rows(y), lik, _outer_mean(block, mean), var_outer, mean_c, var_c
+    )
     c = (X @ mean)[:, None] - X * mean
     var_rest = ((X * X) @ var)[:, None] - X * X * var
     rho = X * X * var_c
