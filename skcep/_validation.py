@@ -227,3 +227,16 @@ def feature_scale_span(X, feature_names=None):
         "or not at all: standardise the features, e.g. "
         "make_pipeline(StandardScaler(), estimator)"
     )
+
+
+_SCALE_ABOVE = 2.0**200  # a row with a larger entry can overflow xᵀΣx (x² v beyond 1e308)
+
+
+def row_scales(A):
+    """(n,) the power of two that brings each row's largest |entry| into [1, 2), for rows with
+    an entry beyond 2²⁰⁰ (1 for the others), or None when no row has one (the common case:
+    predictions then run exactly as without scaling)."""
+    big = np.asarray(abs(A).max(axis=1).todense()).ravel() if sp.issparse(A) else np.abs(A).max(axis=1)
+    if not np.any(big > _SCALE_ABOVE):
+        return None
+    return np.where(big > _SCALE_ABOVE, np.ldexp(1.0, np.frexp(big)[1] - 1), 1.0)

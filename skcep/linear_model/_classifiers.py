@@ -21,68 +21,26 @@ from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, SkcepMixin, fit_method, predict_method, warn
 from .._dask import computed, fit_without_rows
-from .._validation import FEATURE_RANGE_ADVICE, BadlyScaledWarning, check_fit_range, feature_scale_span, validate_data
+from .._validation import (
+    FEATURE_RANGE_ADVICE,
+    BadlyScaledWarning,
+    check_fit_range,
+    feature_scale_span,
+    row_scales,
+    validate_data,
+)
 from ..engines.chunks import map_chunks
-from ..engines.glm import CEP, PAPER_CEP, fit_glm, predictor_moments, stream_batch, stream_candidates
+from ..engines.glm import fit_glm, predictor_moments, stream_batch, stream_candidates
 from ..engines.kjit import LogisticFactor, OperatorSite
 from ..engines.likelihoods import Logistic, Probit
 from ..message_operator._operator import KJITMessageOperator
 from ._dask import DaskRows, dask_classes, dask_rows, weighted_labels
 from ._docstrings import FIT_DOC, LOGISTIC_DOC, PARTIAL_FIT_DOC, PROBIT_DOC
+from ._inference import CEP_VARIANTS, choose_inference, large_variance_cause
 
 __all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "BadlyScaledWarning"]
 
 _MAX_FULL_BYTES = 2**31  # a d×d covariance larger than 2 GiB is refused with a clear message
-
-
-_SCALE_ABOVE = 2.0**200  # a row with a larger entry can overflow xᵀΣx (x² v beyond 1e308)
-
-
-def _row_scales(A):
-    """(n,) the power of two that brings each row's largest |entry| into [1, 2), for rows with
-    an entry beyond 2²⁰⁰ (1 for the others), or None when no row has one (the common case:
-    predictions then run exactly as without scaling)."""
-    big = np.asarray(abs(A).max(axis=1).todense()).ravel() if sp.issparse(A) else np.abs(A).max(axis=1)
-    if not np.any(big > _SCALE_ABOVE):
-        return None
-    return np.where(big > _SCALE_ABOVE, np.ldexp(1.0, np.frexp(big)[1] - 1), 1.0)
-
-
-#: ``covariance="auto"`` takes the full covariance up to this many weights (intercept included).
-#: A full-covariance EP sweep costs ~2 n d² multiply-adds at the matrix-product rate and holds
-#: O(d²) numbers; a factorized one ~n d likelihood evaluations and 2 n d stored sites.  Full EP
-#: converges in 3–6 sweeps where CEP-1 takes its EP warm-up and 4–60 of its own, and it is
-#: close to the exact posterior (KL(NUTS ‖ q) 0.006–0.16 nats on the CEP paper's sets, against
-#: 6–48 for the factorized q).  Measured on 100,000 rows (benchmarks/results/scale.md): full EP
-#: is the cheaper fit up to d ≈ 500, and its covariance is then 2 MiB against 800 MB of sites.
-FULL_AUTO_FEATURES = 512
-
-#: The engine's CEP settings of each ``cep_variant``: the library's guarded CEP (EP warm-up,
-#: EP's moments blended in beyond CEP's expansion range, damping probe) and the paper's.
-CEP_VARIANTS = {"guarded": CEP, "paper": PAPER_CEP}
-
-
-def choose_inference(method, covariance, dim):
-    """``method`` and ``covariance`` with ``"auto"`` resolved for ``dim`` weights.
-
-    | method | covariance | dim ≤ FULL_AUTO_FEATURES | beyond |
-    |---|---|---|---|
-    | auto | auto | ep, full | cep1, diagonal |
-    | ep / cep1 / cep2 / kjit | auto | that method, diagonal | that method, diagonal |
-    | auto | full | ep, full | ep, full |
-    | auto | diagonal | cep1, diagonal | cep1, diagonal |
-
-    A method named by the user keeps the factorized posterior it has always fitted (only
-    ``covariance="full"`` asks for the full form: EP's, or CEP's with ``"cep1"`` / ``"cep2"``).
-    The factorized default is CEP-1: its conditional moments are closer to the exact
-    posterior's than factorized EP's on the CEP paper's sets
-    (benchmarks/results/classification.md).
-    """
-    if covariance == "auto":
-        covariance = "full" if method == "auto" and dim <= FULL_AUTO_FEATURES else "diagonal"
-    if method == "auto":
-        method = "ep" if covariance == "full" else "cep1"
-    return method, covariance
 
 
 class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
@@ -407,7 +365,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
                     f"{r.prior_variance or prior_var[0]:.4g}, {r.n_iter} sweeps"
                 )
         if not all(r.converged for r in results):
-            self._warn_not_converged(self.max_iter, cause=_large_variance_cause(results) or scale_note)
+            self._warn_not_converged(self.max_iter, cause=large_variance_cause(results) or scale_note)
         stack = {
             name: np.array([getattr(r, name) for r in results])
             for name in ("mean", "var", "cov", "n_iter", "converged", "log_evidence")
@@ -450,12 +408,12 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         """Mean and variance of each model's linear predictor, (n, n_models) each, and the
         rows' scales (n, 1) or None: a row with an entry beyond 2²⁰⁰, whose moments could
         overflow, is divided by the power of two that brings its largest entry into [1, 2)
-        (exact), and its moments are those of a / scale (:func:`_row_scales`)."""
+        (exact), and its moments are those of a / scale (:func:`~skcep._validation.row_scales`)."""
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, reset=False)
         post = self._posterior
         A = self._design(X)
-        scale = _row_scales(A)
+        scale = row_scales(A)
         if scale is not None:
             A = sp.diags(1.0 / scale) @ A if sp.issparse(A) else A / scale[:, None]
             scale = scale[:, None]
@@ -533,26 +491,6 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             "check_sample_weight_equivalence_on_dense_data": reason,
             "check_sample_weight_equivalence_on_sparse_data": reason,
         }
-
-
-#: A prior variance chosen by the evidence above this, for a fit that did not converge, is
-#: named as the likely cause: on (nearly) separable classes the evidence keeps rising with λ
-#: and EP creeps along the separating direction (measured, the crabs data standardised, probit
-#: EP at tol 1e-3: 57 sweeps at λ = 1, 300 at e⁵, more beyond).
-LARGE_PRIOR_VARIANCE = 100.0
-
-
-def _large_variance_cause(results):
-    """The cause of an unconverged fit that the λ search explains, or None."""
-    chosen = [r.prior_variance for r in results if not r.converged and r.prior_variance]
-    if not chosen or max(chosen) <= LARGE_PRIOR_VARIANCE:
-        return None
-    return (
-        f"the evidence chose prior_variance {max(chosen):.3g}: the classes may be "
-        "(nearly) separable, where the evidence keeps rising with the prior variance and "
-        "EP moves slowly along the separating direction; pass a number as prior_variance "
-        "(e.g. 100.0) for a fit that converges sooner, or increase max_iter"
-    )
 
 
 class CEPProbitClassifier(_CEPClassifierBase):

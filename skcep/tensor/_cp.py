@@ -1,42 +1,23 @@
 """Bayesian CP tensor decomposition as a scikit-learn estimator: validation, state, and the
 translation to the engine :mod:`skcep.engines.cp`, which does all the numerics."""
 
-import functools
-from dataclasses import replace
 from numbers import Integral, Real
 from textwrap import indent
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method, warn
 from .._dask import fit_without_rows, rows
-from ..engines.cp import (
-    STUDENT,
-    elbo,
-    fit_cp,
-    grow_posterior,
-    init_posterior,
-    new_term,
-    ordinal_start,
-    predict_cp,
-    starting_noise_precision,
-)
-from ._base import TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes, target_scaling
+from ..engines.cp import grow_posterior, predict_cp
+from ._base import TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes
+from ._cp_start import HOLD_PRIORS, CPStart
 from ._cp_stream import WARM_UP_GAUSSIAN, CPStreaming
 from ._dask_cp import DaskEntries, EntryRows
 
 __all__ = ["BayesianCPTensor"]
-
-# prior_variance="auto": the hyperpriors (a0, b0, v) of every mode's prior N(μ_k, λ_k⁻¹ I),
-# λ_k ~ Gam(a0, b0) and μ_k ~ N(0, v I) (docs/tensor.md, "Priors learned from the data")
-MODE_PRIOR = (1e-3, 1e-3, 1.0)
-ORDINAL_WARM_START = 20  # Gaussian sweeps that start an ordinal fit (cp.ordinal_start)
-OFFSET_PRIOR = (1e-3, 1e-3)  # bias_prior_variance="auto": β_k ~ Gam(a0, b0), the offsets' prior precision
-HOLD_PRIORS = 3  # sweeps of a fit (or of a batch) before the learned priors start moving
 
 # what a fit on Dask collections refuses
 ENTRY_SCHEDULE = (
@@ -282,7 +263,7 @@ _DOC = (
 ).replace("WARM_UP_GAUSSIAN", f"{WARM_UP_GAUSSIAN:,}")
 
 
-class BayesianCPTensor(CPStreaming, TensorEstimator):
+class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
     __doc__ = _DOC
 
     _structural_params = (
@@ -584,95 +565,6 @@ class BayesianCPTensor(CPStreaming, TensorEstimator):
                 else "cep"
             )
         return self.method
-
-    @property
-    def _prior_start(self):
-        """The embeddings' prior variance to start from: ``prior_variance``, or 1 when it is learned."""
-        return 1.0 if self.prior_variance == "auto" else self.prior_variance
-
-    @property
-    def _learns_mode_priors(self):
-        """The embeddings' priors N(μ_k, λ_k⁻¹ I) are learned (``prior_variance="auto"``; with
-        ``ard`` the learned prior is ARD's)."""
-        return self.prior_variance == "auto" and not self.ard
-
-    @property
-    def _bias_start(self):
-        """The offsets' prior variance to start from: ``bias_prior_variance``, or 1 when it is learned."""
-        return 1.0 if self.bias_prior_variance == "auto" else self.bias_prior_variance
-
-    def _start(self, X, y, noise_prior, shape, max_iter, held=None, offset_init=0.0, weight=None):
-        """Keep the best of ``n_init`` random starts by ELBO; ``held``: the entries on Dask workers
-        (a :class:`~skcep.tensor._dask_cp.DaskEntries`; X and y None); ``offset_init``: the starting
-        mean of the global offset; ``weight``: the entry weights."""
-        rng = check_random_state(self.random_state)
-        gaussian, ordinal = self.likelihood == "gaussian", self.likelihood == "ordinal"
-        fit, score, noise = (
-            (functools.partial(fit_cp, partitions=held.partitions), held.elbo, held.starting_noise_precision)
-            if held
-            else (fit_cp, elbo, starting_noise_precision)
-        )
-        best, best_elbo = None, -np.inf
-        levels = self._standardized_levels(y, weight) if ordinal else None
-        for _ in range(self.n_init):
-            post = init_posterior(
-                shape,
-                self.rank,
-                prior_variance=self._prior_start,
-                init_scale=self.init_scale,
-                rng=rng,
-                global_offset=self.intercept_prior_variance if self.fit_intercept or ordinal else None,
-                mode_offsets=self._bias_start if self.mode_bias else None,
-                noise_prior=noise_prior if gaussian or ordinal else None,
-                noise_init=noise(levels[0] if ordinal else y, noise_prior, weight) if gaussian or ordinal else None,
-                component_prior=_check_noise_prior(self.ard_prior, "ard_prior") if self.ard else None,
-                precision_floor=1.0 / self._prior_start if not gaussian and self._method == "cep" else 0.0,
-                offset_init=offset_init,
-                modulating_modes=self.modulating_modes,
-                modulation_variance=self.modulation_variance,
-                mode_prior=MODE_PRIOR if self._learns_mode_priors else None,
-                offset_prior=OFFSET_PRIOR if self.bias_prior_variance == "auto" else None,
-                noise_dof=STUDENT.dof_start if self.noise_dof == "auto" else self.noise_dof,
-                noise_dof_learned=self.noise_dof == "auto",
-            )
-            post.implicit = self._implicit_terms(X, shape)
-            if ordinal:
-                post = self._ordinal_start(post, X, *levels, rng, weight)
-            result = fit(post, X, y, rng=rng, weight=weight, **self._fit_options(max_iter))
-            value = score(result.posterior, X, y, self.likelihood, self.n_jobs, weight) if self.n_init > 1 else 0.0
-            if best is None or value > best_elbo:
-                best, best_elbo = result, value
-        self._rng, self._buffer = rng, None  # a fit drops the warm-up buffer (_refit keeps it)
-        self._n_seen = held.n_seen(shape) if held else [np.bincount(c, minlength=d) for c, d in zip(X.T, shape)]
-        return self._set_posterior(best, shape)
-
-    def _implicit_terms(self, X, shape):
-        """The implicit terms of ``implicit_modes`` from the training entries X, y's prior
-        precision learned (``prior_variance="auto"``) or fixed."""
-        terms = []
-        for k, j in sorted((self.implicit_modes or {}).items()):
-            if max(k, j) >= len(shape):
-                raise ValueError(
-                    f"implicit_modes={self.implicit_modes!r} names mode {max(k, j)}, but X has {len(shape)} modes."
-                )
-            hyper = MODE_PRIOR[:2] if self.prior_variance == "auto" else None
-            terms.append(new_term(X, shape, k, j, self.rank, self._prior_start, hyper))
-        return terms
-
-    def _standardized_levels(self, codes, weight):
-        """The entries' level values and the midpoints between consecutive levels, both
-        standardized by the values' (weighted) mean and standard deviation."""
-        values = self.classes_[codes.astype(np.intp)]
-        mean, sd = target_scaling(values, weight)
-        return (values - mean) / sd, (0.5 * (self.classes_[1:] + self.classes_[:-1]) - mean) / sd
-
-    def _ordinal_start(self, post, X, z, cuts, rng, weight):
-        """Ordinal entries start from ORDINAL_WARM_START sweeps of the Gaussian model of their
-        standardized level values z, rescaled to the ordered probit at the midpoints ``cuts``
-        (:func:`ordinal_start`)."""
-        options = dict(self._fit_options(ORDINAL_WARM_START), likelihood="gaussian", method="vmp", schedule="group")
-        warm = fit_cp(replace(post, precision_floor=0.0), X, z, rng=rng, weight=weight, **options).posterior
-        return ordinal_start(replace(warm, precision_floor=post.precision_floor), cuts)
 
     def _set_posterior(self, result, shape):
         self._posterior = result.posterior

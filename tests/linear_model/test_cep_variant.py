@@ -14,7 +14,7 @@ from skcep.datasets import load_cep_paper
 from skcep.engines.glm import CEP, PAPER_CEP
 from skcep.engines.glm.factorized import fit_factorized
 from skcep.engines.likelihoods import Logistic, Probit
-from skcep.linear_model._classifiers import CEP_VARIANTS
+from skcep.linear_model._inference import CEP_VARIANTS
 
 CLASSES = [CEPProbitClassifier, CEPLogisticClassifier]
 
