@@ -269,7 +269,7 @@ def factorized_partition_step(
             shift,
             design.compiled_block_size,
             method == "cep1",
-            bool(sequential),
+            True if sequential else None,  # None: the sequential branch is compiled out
             float(step),
             *totals,
             out_prec,
