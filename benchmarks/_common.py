@@ -203,6 +203,14 @@ def run_worker(script, spec, snapshot, timeout=None, retry_after=10):
     raise RuntimeError(f"worker {spec} failed:\n{proc.stderr[-3000:]}")
 
 
+def protocol(doc, one_line=False):
+    """A benchmark's protocol for its results file: its docstring after the command block
+    (the ``::`` paragraph and the indented command), with double backticks as Markdown code;
+    ``one_line``: the lines joined into one paragraph."""
+    text = doc.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip()
+    return (text.replace("\n", " ") if one_line else text).replace("``", "`")
+
+
 def write_report(out, name, quick):
     """Join the report's lines; a ``--quick`` smoke run prints it and returns None, a full run
     writes ``results/<name>`` and returns its path."""

@@ -38,7 +38,7 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _common import RESULTS, command, library_state, md_table, verdict  # noqa: E402
+from _common import RESULTS, command, library_state, md_table, protocol, verdict  # noqa: E402
 from sklearn.ensemble import ExtraTreesRegressor, RandomForestRegressor  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 
@@ -147,19 +147,24 @@ def summary_row(name, lkl, lkl_clipped, seconds, loo=None, previous=None):
     ]
 
 
+#: (problems, training messages, test messages, D_in, D_out) of the full run and of ``--quick``
+SIZES = {False: (20, 5000, 3000, 500, 1000), True: (4, 1000, 500, 100, 200)}
+
+
+def split(n_messages, n_train, n_test):
+    """The benchmark's training and test rows of the collected messages (a permutation, seed 1)."""
+    idx = np.random.default_rng(1).permutation(n_messages)[: n_train + n_test]
+    return idx[:n_train], idx[n_train:]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run, not written")
     args = parser.parse_args()
-    if args.quick:
-        n_problems, n_train, n_test, d_in, d_out = 4, 1000, 500, 100, 200
-    else:
-        n_problems, n_train, n_test, d_in, d_out = 20, 5000, 3000, 500, 1000
+    n_problems, n_train, n_test, d_in, d_out = SIZES[args.quick]
     t_start = time.perf_counter()
     X, Y, pid = collect_messages(n_problems, seed=0)
-    rng = np.random.default_rng(1)
-    idx = rng.permutation(len(X))[: n_train + n_test]
-    tr, te = idx[:n_train], idx[n_train:]
+    tr, te = split(len(X), n_train, n_test)
     Xtr, Ytr, Xte, Yte = X[tr], Y[tr], X[te], Y[te]
     print(f"{len(X)} messages collected; training {len(tr)}, test {len(te)}", flush=True)
 
@@ -266,7 +271,7 @@ def main():
         "",
         "# KJIT operator learned in batch at the logistic factor (papers/002 Experiment 1)",
         "",
-        __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip().replace("\n", " ").replace("``", "`"),
+        protocol(__doc__, one_line=True),
         "",
         f"Library measured: {library_state()}.",
         "",

@@ -35,7 +35,7 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _common import RESULTS, WARNINGS_SEEN, command, library_state, load_split, md_table, pm, timed_fit  # noqa: E402
+from _common import RESULTS, WARNINGS_SEEN, command, library_state, load_split, md_table, pm, protocol, timed_fit  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 from skcep import CEPLogisticClassifier  # noqa: E402
@@ -274,7 +274,7 @@ def report(res, datasets, splits):
         "",
         "# KJIT-EP on real data (papers/000 §6.1 protocol, logistic regression; papers/002 Experiment 5)",
         "",
-        __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip().replace("``", "`"),
+        protocol(__doc__),
         "",
         f"{len(splits)} split(s) per data set; mean ± sample std over splits.",
         "",

@@ -53,7 +53,7 @@ import time  # noqa: E402
 from functools import partial  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _common import RESULTS, command, library_state, machine_lines, md_table  # noqa: E402
+from _common import RESULTS, command, library_state, machine_lines, md_table, protocol  # noqa: E402
 from scipy.special import digamma, gammaln  # noqa: E402
 
 from skcep.message_operator import CompoundGammaFactor, KJITMessageOperator, precision_posterior  # noqa: E402
@@ -280,7 +280,7 @@ def main():
         *machine_lines(),
         f"- load average (1 min) at start {load_start[0]:.2f}, at end {os.getloadavg()[0]:.2f}",
         "",
-        __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip().replace("``", "`"),
+        protocol(__doc__),
         "",
         f"True τ of the {P} problems: median {np.median(taus):.2f}, 1st–99th percentile "
         f"{np.percentile(taus, 1):.3g}–{np.percentile(taus, 99):.3g} (heavy-tailed: P(τ > t) = 1/(1 + t)).",

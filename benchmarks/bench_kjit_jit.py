@@ -39,7 +39,7 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _common import RESULTS, command, library_state, md_table, verdict  # noqa: E402
+from _common import RESULTS, command, library_state, md_table, protocol, verdict  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 
 from skcep import CEPLogisticClassifier  # noqa: E402
@@ -206,7 +206,7 @@ def main():
         "",
         "# Just-in-time EP with a KJIT operator (papers/002 Experiment 3)",
         "",
-        __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip().replace("``", "`"),
+        protocol(__doc__),
         "",
         f"Library measured: {library_state()}.  IS particles: {args.is_samples}; IS-EP run on "
         f"the first {args.is_problems} problem(s).",

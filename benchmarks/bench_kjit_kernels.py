@@ -41,7 +41,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 from _common import RESULTS, command, hand_notes, library_state, machine_lines, md_table, write_report  # noqa: E402
-from bench_kjit_batch import clipped_log_kl, collect_messages, log_kl  # noqa: E402
+from bench_kjit_batch import SIZES, clipped_log_kl, collect_messages, log_kl, split  # noqa: E402
 from scipy.linalg import cho_factor, cho_solve, eigh  # noqa: E402
 
 from skcep.engines.kjit import (  # noqa: E402
@@ -166,14 +166,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run, not written")
     args = parser.parse_args()
-    if args.quick:
-        n_problems, n_train, n_test, d_in, d_out = 4, 1000, 500, 100, 200
-    else:
-        n_problems, n_train, n_test, d_in, d_out = 20, 5000, 3000, 500, 1000
+    n_problems, n_train, n_test, d_in, d_out = SIZES[args.quick]
     t_start = time.perf_counter()
     X, Y, _ = collect_messages(n_problems, seed=0)
-    idx = np.random.default_rng(1).permutation(len(X))[: n_train + n_test]  # bench_kjit_batch's split
-    Xtr, Ytr, Xte, Yte = X[idx[:n_train]], Y[idx[:n_train], :2], X[idx[n_train:]], Y[idx[n_train:], :2]
+    tr, te = split(len(X), n_train, n_test)  # bench_kjit_batch's split
+    Xtr, Ytr, Xte, Yte = X[tr], Y[tr, :2], X[te], Y[te, :2]
     print(f"{len(X)} messages collected; training {n_train}, test {n_test}", flush=True)
 
     results, operators = {}, {}

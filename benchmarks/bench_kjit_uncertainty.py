@@ -34,7 +34,7 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _common import RESULTS, command, hand_notes, library_state, machine_lines, md_table, write_report  # noqa: E402
+from _common import RESULTS, command, hand_notes, library_state, machine_lines, md_table, protocol, write_report  # noqa: E402
 from bench_kjit_batch import collect_messages  # noqa: E402
 from scipy.spatial import cKDTree  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
@@ -179,7 +179,7 @@ def main():
         "",
         "# KJIT uncertainty off the training distribution (papers/002 Experiment 2, Fig. 4)",
         "",
-        __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[1].strip().replace("\n", " ").replace("``", "`"),
+        protocol(__doc__, one_line=True),
         "",
         f"Library measured: {library_state()}.",
         "",
