@@ -55,7 +55,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, command, library_state, machine_lines, md_table  # noqa: E402
+from _common import RESULTS, command, library_state, machine_lines, md_table, write_report  # noqa: E402
 from bench_cp_image import MODEL, OBSERVED, SEED, load_image, run, split  # noqa: E402
 
 from skcep.engines.cp import STUDENT, fit_cp, init_posterior, predict_cp  # noqa: E402
@@ -389,14 +389,9 @@ def main(quick):
         "Plot: `cp_fig7.png` (left: RMSE against sweep for the schedules; right: the heteroscedastic runs).",
         "",
     ]
-    report = "\n".join(out) + "\n"
-    if quick:
-        print("\n" + report)
-        return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cp_fig7.md").write_text(report)
-    plot(left, right, RESULTS / "cp_fig7.png")
-    print(f"wrote {RESULTS / 'cp_fig7.md'}, cp_fig7.png")
+    if write_report(out, "cp_fig7.md", quick) is not None:
+        plot(left, right, RESULTS / "cp_fig7.png")
+        print(f"wrote {RESULTS / 'cp_fig7.png'}")
 
 
 if __name__ == "__main__":

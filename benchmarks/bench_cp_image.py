@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 from sklearn.datasets import load_sample_image  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, command, library_state, md_table  # noqa: E402
+from _common import RESULTS, command, library_state, md_table, write_report  # noqa: E402
 
 from skcep.engines.cp import CPFitResult, init_posterior, predict_cp, start_sweeps  # noqa: E402
 
@@ -341,14 +341,10 @@ def main(quick):
             )
         )
     out += [x for note in notes for x in (note, "")]
-    report = "\n".join(out) + "\n"
-    if quick:
-        print("\n" + report)
-        return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cp_image.md").write_text(report)
-    plots(runs, img, observed, c["result"].posterior, RESULTS / "cp_image_rmse.png", RESULTS / "cp_image_completed.png")
-    print(f"wrote {RESULTS / 'cp_image.md'}, cp_image_rmse.png, cp_image_completed.png")
+    if write_report(out, "cp_image.md", quick) is not None:
+        pngs = RESULTS / "cp_image_rmse.png", RESULTS / "cp_image_completed.png"
+        plots(runs, img, observed, c["result"].posterior, *pngs)
+        print(f"wrote {pngs[0]}, {pngs[1]}")
 
 
 if __name__ == "__main__":
