@@ -1,11 +1,13 @@
 """Compile skcep's numba kernels ahead of the first real fit.
 
-Four engines run compiled loops (numba, ``cache=True``): the dense probit and logistic EP /
+Every engine runs compiled loops (numba, ``cache=True``): the dense probit and logistic EP /
 CEP-1 step, the tilted derivatives of the logistic and the factorized evidence
 (:mod:`skcep.engines.glm._kernel`, :mod:`skcep.engines._special`), full-covariance EP's and
 CEP's step (:mod:`skcep.engines.glm._full_kernel`), SBDT's per-entry ADF
-(:mod:`skcep.engines.sbdt._kernel`) and the random features of the KJIT operator
-(:mod:`skcep.engines.kjit._kernel`).  numba compiles a kernel the first time it is called and
+(:mod:`skcep.engines.sbdt._kernel`), the random features of the KJIT operator
+(:mod:`skcep.engines.kjit._kernel`), and in the CP engine the inverses of the objects' small
+covariances (:mod:`skcep.engines._spd`) and the ordinal likelihood's truncated normals
+(:func:`skcep.engines._special.truncated_interval_array`).  numba compiles a kernel the first time it is called and
 writes the machine code to its on-disk cache (``__pycache__`` beside the installed package, or
 numba's user cache directory where that is read-only), so it is compiled once per machine and
 numba version and loaded in milliseconds afterwards.  :func:`compile_kernels` makes that first
@@ -25,6 +27,7 @@ __all__ = ["compile_kernels"]
 def _tiny_fits():
     """(name, fit) pairs: each fit runs one compiled engine on a few rows."""
     from .linear_model._classifiers import CEPLogisticClassifier, CEPProbitClassifier
+    from .tensor._cp import BayesianCPTensor
     from .tensor._sbdt import StreamingDeepTensor
 
     rng = np.random.default_rng(0)
@@ -52,6 +55,10 @@ def _tiny_fits():
             lambda: StreamingDeepTensor(rank=2, hidden_layer_sizes=(3,), random_state=0).fit(entries, ratings),
         ),
         ("KJIT random features", lambda: _tiny_operator(rng)),
+        (
+            "Bayesian CP, ordinal likelihood",
+            lambda: BayesianCPTensor(rank=2, likelihood="ordinal", max_iter=2).fit(entries, np.sign(ratings)),
+        ),
     ]
 
 
@@ -89,6 +96,7 @@ def compile_kernels(verbose=False):
     >>> seconds = compile_kernels()  # once after installing; later calls load the cache
     >>> for name in sorted(seconds):
     ...     print(name)
+    Bayesian CP, ordinal likelihood
     KJIT random features
     SBDT assumed density filtering
     dense logistic EP and CEP-1

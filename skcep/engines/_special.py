@@ -1,7 +1,7 @@
-r"""Compiled special functions shared by the kernels: the Mills ratio φ(u)/Φ(u) and the moments
-of a truncated standard normal, each the scalar twin of a numpy form in
-:mod:`skcep.engines.likelihoods` or :mod:`skcep.engines.ordinal` (same branches and
-constants), finite for every real argument.
+r"""Compiled special functions shared by the kernels: the Mills ratio φ(u)/Φ(u) (the scalar twin
+of :func:`skcep.engines.likelihoods.mills_ratio`) and the mass and moments of a truncated
+standard normal (:func:`truncated_interval`, the one implementation behind
+:mod:`skcep.engines.ordinal`), finite for every real argument.
 
 The probit's log Z derivatives and a polynomial Mills ratio for vectorised loops
 (:func:`probit_log_z_derivatives`, :func:`_mills_ratio_bulk`), and the logistic likelihood's
@@ -48,6 +48,8 @@ from numba.extending import intrinsic
 __all__ = [
     "mills_ratio",
     "truncated_normal",
+    "truncated_interval",
+    "truncated_interval_array",
     "probit_log_z_derivatives",
     "logistic_log_z_derivatives",
     "logistic_derivatives_array",
@@ -65,6 +67,8 @@ _NARROW = 2.0
 _N_SERIES = 40
 _CF_FROM = 2.0
 _CF_DEPTH = 160
+# the series' coefficients 1/n!, 1/(n!(n+1)), 1/(n!(n+2)), 1/(n!(n+3)) by rows, n = 0 … 39
+_SERIES_COEF = np.array([[1.0 / (math.factorial(n) * (n + j if j else 1)) for n in range(_N_SERIES)] for j in range(4)])
 
 
 @njit(cache=True)
@@ -87,22 +91,23 @@ def mills_ratio(u):
 
 @njit(cache=True)
 def _narrow_series(mid, h):
-    """(I_0, I_1, I_2), I_j = (1/2h) ∫_{−h}^{h} uʲ e^{−mid·u − u²/2} du by the Hermite expansion
-    (the scalar twin of :func:`skcep.engines.ordinal._narrow_series`, same terms and stop)."""
+    """(I_0, I_1, I_2), I_j = (1/2h) ∫_{−h}^{h} uʲ e^{−mid·u − u²/2} du, by the Hermite
+    expansion e^{−xu − u²/2} = Σ_n He_n(x) (−u)ⁿ/n!; P_n = He_n(x) hⁿ by the recurrence
+    P_{n+1} = (hx) P_n − n h² P_{n−1}, which stays bounded for h (1 + |x|) ≤ 1.  The sum stops
+    early once |P_{n+1}|/n! is bounded below 1e-20 (|P_{n+1}| ≤ |P_n| + n h² |P_{n−1}|,
+    |hx| ≤ 1), the more so the narrower the interval: about 12 terms for half-star ratings."""
     t = h * mid
     h2 = h * h
     i0, i1, i2 = 1.0, 0.0, h2 / 3.0
-    p_prev, p, fact = 1.0, t, 1.0
-    for n in range(1, _N_SERIES):
-        fact *= n
-        if n >= 6 and abs(p) + n * h2 * abs(p_prev) < 1e-20 * fact:
+    p_prev, p = 1.0, t
+    for n in range(1, _N_SERIES - 1, 2):  # an odd term (I_1) and an even one (I_0, I_2) a step
+        if n >= 7 and (abs(p) + n * h2 * abs(p_prev)) * _SERIES_COEF[0, n] < 1e-20:
             break
-        if n % 2:
-            i1 -= p * h / (fact * (n + 2))
-        else:
-            i0 += p / (fact * (n + 1))
-            i2 += p * h2 / (fact * (n + 3))
+        i1 -= p * h * _SERIES_COEF[2, n]
         p_prev, p = p, t * p - n * h2 * p_prev
+        i0 += p * _SERIES_COEF[1, n + 1]
+        i2 += p * h2 * _SERIES_COEF[3, n + 1]
+        p_prev, p = p, t * p - (n + 1) * h2 * p_prev
     return i0, i1, i2
 
 
@@ -111,7 +116,7 @@ def _upper_tail(x):
     """δ(x) = E[X | X > x] − x and v(x) = Var[X | X > x] for finite x ≥ 0: r = φ(x)/Q(x) =
     :func:`mills_ratio` (−x) below 2, Laplace's continued fraction r = x + 1/D_1,
     D_k = x + (k+1)/D_{k+1} (160 levels) from 2 on, δ = 1/D_1, v = (2/D_2 − 1/D_1)/D_1
-    (as :func:`skcep.engines.ordinal._upper_tail`)."""
+    (:mod:`skcep.engines.ordinal`'s module docstring)."""
     if x < _CF_FROM:
         r = mills_ratio(-x)
         delta = r - x
@@ -125,31 +130,47 @@ def _upper_tail(x):
 
 
 @njit(cache=True)
-def truncated_normal(lo, hi):
-    """Mean μ and σ² − 1 of N(0, 1) truncated to [lo, hi] (lo < hi, not both infinite), by the
-    branches of :func:`skcep.engines.ordinal._interval`: the interval reflected to [−hi, −lo]
-    when its midpoint is negative; narrow ones (width·(1 + |midpoint|) ≤ 2) by the Hermite
-    series; straddling ones (lo ≤ 0) by μ = (φ(a) − φ(b))/Z and σ² − 1 = (aφ(a) − bφ(b))/Z − μ²
-    (a sum of terms of one sign; Z ≥ 0.23 there, so Z = Q(a) − Q(b) directly); ones in the
-    upper tail by the one-sided tail moments δ, v at both ends and p = Q(b)/Q(a) from
-    log p = −w x̄ + log1p((δ(a) − δ(b) − w)/r(b))."""
-    flip = lo + hi < 0.0
+def truncated_interval(lo, hi):
+    """log Z, the mean μ, the variance σ² and σ² − 1 of N(0, 1) truncated to [lo, hi] (lo ≤ hi,
+    ±∞ allowed), by the branches of :mod:`skcep.engines.ordinal` (its module docstring): the
+    interval reflected to [−hi, −lo] when its midpoint is negative; narrow ones
+    (width·(1 + |midpoint|) ≤ 2) by the Hermite series; straddling ones (lo ≤ 0) by
+    Z = Q(a) − Q(b) (Z ≥ 0.23 there; log Z = log1p(−Φ(a) − Q(b)), accurate near 0),
+    μ = (φ(a) − φ(b))/Z and σ² − 1 = (aφ(a) − bφ(b))/Z − μ² (a sum of terms of one sign); ones
+    in the upper tail by the one-sided tail moments δ, v at both ends, p = Q(b)/Q(a) from
+    log p = −w x̄ + log1p((δ(a) − δ(b) − w)/r(b)) and
+    log Z = log Q(a) + log(1 − p), log Q(a) = log φ(a) − log r(a) (log(Q(a)) directly below 2)."""
+    flip = lo + hi < 0.0  # False for (−∞, ∞)
     a, b = (-hi, -lo) if flip else (lo, hi)
+    if a == -math.inf:  # after the reflection only the whole line starts at −∞
+        return 0.0, 0.0, 1.0, 0.0
+    if a == math.inf:  # [∞, ∞] (or [−∞, −∞], reflected): no mass
+        return -math.inf, (-a if flip else a), 0.0, -1.0
     width = b - a
     mid = 0.5 * (a + b)
     if width * (1.0 + abs(mid)) <= _NARROW:
-        i0, i1, i2 = _narrow_series(mid, 0.5 * width)
+        h = 0.5 * width
+        i0, i1, i2 = _narrow_series(mid, h)
+        log_z = math.log(2.0 * h * i0) - 0.5 * mid * mid - _LOG_SQRT_2PI if h > 0.0 else -math.inf
         shift = i1 / i0
         mean = mid + shift
-        excess = i2 / i0 - shift * shift - 1.0
+        var = i2 / i0 - shift * shift
+        excess = var - 1.0
     elif a <= 0.0:
-        z = 0.5 * math.erfc(a * _SQRT_HALF) - 0.5 * math.erfc(b * _SQRT_HALF)
+        q_b = 0.5 * math.erfc(b * _SQRT_HALF)
+        z = 0.5 * math.erfc(a * _SQRT_HALF) - q_b
+        log_z = math.log1p(-(0.5 * math.erfc(-a * _SQRT_HALF) + q_b))  # log(1 − Φ(a) − Q(b))
         rho_a = math.exp(-0.5 * a * a - _LOG_SQRT_2PI) / z
         rho_b = math.exp(-0.5 * b * b - _LOG_SQRT_2PI) / z if b < math.inf else 0.0
         mean = rho_a - rho_b
         excess = a * rho_a - (b * rho_b if b < math.inf else 0.0) - mean * mean
+        var = 1.0 + excess
     else:
         d_a, v_a = _upper_tail(a)
+        if a < _CF_FROM:
+            log_qa = math.log(0.5 * math.erfc(a * _SQRT_HALF))
+        else:
+            log_qa = -0.5 * a * a - _LOG_SQRT_2PI - math.log(a + d_a)
         if b < math.inf:
             d_b, v_b = _upper_tail(b)
             log_p = -width * mid + math.log1p((d_a - d_b - width) / (b + d_b))
@@ -157,11 +178,29 @@ def truncated_normal(lo, hi):
             one_minus_p = -math.expm1(log_p)
             shift = (d_a - p * (width + d_b)) / one_minus_p
             second = (v_a + d_a * d_a - p * (v_b + (width + d_b) ** 2)) / one_minus_p
+            log_z = log_qa + math.log(one_minus_p)
         else:
-            shift, second = d_a, v_a + d_a * d_a
+            shift, second, log_z = d_a, v_a + d_a * d_a, log_qa
         mean = a + shift
-        excess = (second - shift * shift) - 1.0
-    return (-mean if flip else mean), excess
+        var = second - shift * shift
+        excess = var - 1.0
+    return log_z, (-mean if flip else mean), var, excess
+
+
+@njit(cache=True)
+def truncated_normal(lo, hi):
+    """Mean μ and σ² − 1 of N(0, 1) truncated to [lo, hi] (:func:`truncated_interval`)."""
+    _, mean, _, excess = truncated_interval(lo, hi)
+    return mean, excess
+
+
+@njit(cache=True)
+def truncated_interval_array(lo, hi, log_z, mean, var, excess):
+    """:func:`truncated_interval` of every pair (lo[i], hi[i]) of two 1-D arrays, into the four
+    output arrays (the loop behind :func:`skcep.engines.ordinal.log_interval_prob` and
+    :func:`~skcep.engines.ordinal.truncated_moments`)."""
+    for i in range(lo.size):
+        log_z[i], mean[i], var[i], excess[i] = truncated_interval(lo[i], hi[i])
 
 
 _REDUCE = {"reassoc", "contract"}  # vectorised sums; no assumption about NaN or infinity

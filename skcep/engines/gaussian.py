@@ -15,6 +15,8 @@ policy, the one damping rule and the one site update that every engine uses:
 
 import numpy as np
 
+from ._spd import cholesky_inverse, cholesky_logdet
+
 __all__ = [
     "to_natural",
     "to_moments",
@@ -25,6 +27,7 @@ __all__ = [
     "damped_update",
     "precision_of",
     "batched_inverse",
+    "batched_logdet",
     "is_diagonal",
     "gaussian_log_normalizer",
     "weighted_sum",
@@ -57,13 +60,44 @@ def precision_of(cov):
     return np.diag(1.0 / np.diag(cov)) if is_diagonal(cov) else np.linalg.inv(cov)
 
 
+# the compiled Cholesky for matrices up to this size; LAPACK's blocked code beyond (measured,
+# one thread: 7× faster than numpy.linalg.inv at R = 10, 2× at 32, even at 64)
+CHOLESKY_MAX = 32
+
+
 def batched_inverse(precision):
-    """Inverses of a batch (…, R, R) of symmetric positive-definite matrices, symmetrised
-    (R = 1: reciprocals, without a LAPACK call per matrix)."""
+    """Inverses of a batch (…, R, R) of symmetric positive-definite matrices, exactly symmetric
+    (R = 1: reciprocals): by Cholesky (:func:`~skcep.engines._spd.cholesky_inverse`) up to
+    R = ``CHOLESKY_MAX``, else, or where a matrix is not numerically positive definite, by
+    LAPACK's LU, symmetrised."""
     if precision.shape[-1] == 1:
         return 1.0 / precision
+    batch = _as_batch(precision)
+    cov = np.empty(batch.shape)
+    if precision.shape[-1] <= CHOLESKY_MAX and cholesky_inverse(batch, cov, np.empty(batch.shape[0])):
+        return cov.reshape(precision.shape)
     cov = np.linalg.inv(precision)
     return 0.5 * (cov + np.swapaxes(cov, -1, -2))
+
+
+def batched_logdet(matrices):
+    """log det of every matrix of a batch (…, R, R) of symmetric positive-definite ones (R = 1:
+    their log): by Cholesky (:func:`~skcep.engines._spd.cholesky_logdet`) up to
+    R = ``CHOLESKY_MAX``, else, or where a matrix is not numerically positive definite, by
+    :func:`numpy.linalg.slogdet`."""
+    if matrices.shape[-1] == 1:
+        return np.log(matrices[..., 0, 0])
+    batch = _as_batch(matrices)
+    logdet = np.empty(batch.shape[0])
+    if matrices.shape[-1] <= CHOLESKY_MAX and cholesky_logdet(batch, logdet):
+        return logdet.reshape(matrices.shape[:-2])
+    return np.linalg.slogdet(matrices)[1]
+
+
+def _as_batch(matrices):
+    """A C-contiguous float (n, R, R) view or copy of a batch (…, R, R)."""
+    R = matrices.shape[-1]
+    return np.ascontiguousarray(matrices, dtype=float).reshape(-1, R, R)
 
 
 def to_moments(precision, shift):

@@ -21,24 +21,24 @@ so the tilted moments of f follow as for the binary likelihoods of
 ordinal model (latent z ~ N(f, 1) truncated to [θ_{y−1}, θ_y]) needs the truncated moments
 themselves: E[z] = f + μ, Var[z] = σ², with a = θ_{y−1} − f, b = θ_y − f.
 
-Numerics.  An interval is first reflected to [−b, −a] when its midpoint is negative (the mean
+Numerics (compiled: :func:`skcep.engines._special.truncated_interval`, one loop over the
+entries).  An interval is first reflected to [−b, −a] when its midpoint is negative (the mean
 changes sign), so that a ≥ −b: the interval lies mostly in the upper half, where the upper-tail
-probability Q(x) = Φ(−x) keeps its relative accuracy (``log_ndtr(−x)``).  With width w = b − a
-and midpoint x̄:
+probability Q(x) = Φ(−x) keeps its relative accuracy.  With width w = b − a and midpoint x̄:
 
 * *narrow* intervals, w (1 + |x̄|) ≤ 2: the density on [x̄ − h, x̄ + h] (h = w/2) is
   φ(x̄) e^{−x̄u − u²/2} = φ(x̄) Σ_n He_n(x̄) (−u)ⁿ/n!, integrated term by term (40 terms; the
   omitted ones are below 1e-16 relative).  The closed forms below cancel there (μ = φ(a)/Z −
   φ(b)/Z is a difference of two numbers near 1/w, σ² a difference of numbers near 1);
-* otherwise log Z = log Q(a) + log(−expm1(log p)), p = Q(b)/Q(a), log p = log Q(b) − log Q(a)
-  (p ≤ e^{−1.5} outside the narrow branch, so the rounding of log p hardly moves log(1 − p));
-* *straddling* intervals (a ≤ 0 ≤ b): μ = (φ(a) − φ(b))/Z and
-  σ² − 1 = (aφ(a) − bφ(b))/Z − μ², the ratios φ/Z taken in log space;
+* *straddling* intervals (a ≤ 0 ≤ b, not narrow): Z = Q(a) − Q(b) ≥ 0.23 (its log as
+  log1p(−Φ(a) − Q(b)), which keeps log Z near 0 accurate), μ = (φ(a) − φ(b))/Z
+  and σ² − 1 = (aφ(a) − bφ(b))/Z − μ² (terms of one sign);
 * intervals in the *upper tail* (a > 0) use the moments of the one-sided tail above x — mean
-  x + δ(x), variance v(x), with r = φ(x)/Q(x) = x + δ.  p multiplies differences there, so it
-  comes from Q = φ/r: log p = −w x̄ + log1p((δ(a) − δ(b) − w)/r(b)) (a difference of two large
-  log Q would cost 1e-12 relative in σ² at x = 100, 1e-9 at x = 10⁴), and the
-  moments of Y = X − a are E[Y] = (δ(a) − p (w + δ(b)))/(1 − p) and
+  x + δ(x), variance v(x), with r = φ(x)/Q(x) = x + δ.  p = Q(b)/Q(a) multiplies differences
+  there, so it comes from Q = φ/r: log p = −w x̄ + log1p((δ(a) − δ(b) − w)/r(b)) (a difference
+  of two large log Q would cost 1e-12 relative in σ² at x = 100, 1e-9 at x = 10⁴);
+  log Z = log Q(a) + log(1 − p) with log Q(a) = log φ(a) − log r(a), and the moments of
+  Y = X − a are E[Y] = (δ(a) − p (w + δ(b)))/(1 − p) and
   E[Y²] = (v(a) + δ(a)² − p (v(b) + (w + δ(b))²))/(1 − p).  δ and v come from
   r = √(2/π)/erfcx(x/√2) for x < 2 and, for x ≥ 2, from Laplace's continued fraction
   r = x + 1/D_1, D_k = x + (k+1)/D_{k+1} (160 levels), which gives δ = 1/D_1 and
@@ -47,15 +47,17 @@ and midpoint x̄:
 
 Against mpmath, log Z is accurate to ~1e-15 relative (for any width and in both tails), μ to
 ~1e-15 (relative, absolute below 1) and σ² to ~1e-13 relative.  ``log_interval_prob``,
-``truncated_moments`` and :meth:`OrderedProbit.derivatives` share these branches; all are
-vectorised (the only Python loops run over series terms).
+``truncated_moments``, :meth:`OrderedProbit.derivatives` and the SBDT kernel's ordinal entries
+share this one function.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.linalg import solve_banded
-from scipy.special import erfcx, log_ndtr, ndtri
+from scipy.special import ndtri
+
+from ._special import truncated_interval_array
 
 __all__ = [
     "ORDINAL",
@@ -68,12 +70,6 @@ __all__ = [
 ]
 
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
-_SQRT_2_OVER_PI = np.sqrt(2.0 / np.pi)
-_SQRT_HALF = np.sqrt(0.5)
-_NARROW = 2.0  # w (1 + |midpoint|) at or below which the series replaces the closed forms
-_N_SERIES = 40  # terms of the narrow-interval series
-_CF_FROM = 2.0  # the continued fraction for the tail moments from this x on
-_CF_DEPTH = 160  # its depth: full double precision for x ≥ 2
 _ROUNDING = 1e-12  # relative rounding of Σ log Z over many entries: gains below it are not measurable
 
 
@@ -106,142 +102,28 @@ def _log_pdf(x):
     return -0.5 * x * x - _LOG_SQRT_2PI
 
 
-def _narrow_series(mid, h):
-    """(I_0, I_1, I_2), I_j = (1/2h) ∫_{−h}^{h} uʲ e^{−mid·u − u²/2} du, by the Hermite
-    expansion e^{−xu − u²/2} = Σ_n He_n(x) (−u)ⁿ/n!; P_n = He_n(x) hⁿ by the recurrence
-    P_{n+1} = (hx) P_n − n h² P_{n−1}, which stays bounded for h (1 + |x|) ≤ 1.  The sum stops
-    early once every |P_{n+1}|/n! is bounded below 1e-20 (|P_{n+1}| ≤ |P_n| + n h² |P_{n−1}|,
-    |hx| ≤ 1), the more so the narrower the intervals: about 12 terms for half-star ratings."""
-    t, h2 = h * mid, h * h
-    i0, i1, i2 = np.ones_like(h), np.zeros_like(h), h2 / 3.0
-    p_prev, p, fact = np.ones_like(h), t, 1.0
-    for n in range(1, _N_SERIES):
-        fact *= n
-        if n >= 6 and np.max(np.abs(p) + n * h2 * np.abs(p_prev), initial=0.0) < 1e-20 * fact:
-            break
-        if n % 2:
-            i1 = i1 - p * h / (fact * (n + 2))
-        else:
-            i0 = i0 + p / (fact * (n + 1))
-            i2 = i2 + p * h2 / (fact * (n + 3))
-        p_prev, p = p, t * p - n * h2 * p_prev
-    return i0, i1, i2
-
-
-def _upper_tail(x):
-    """δ(x) = E[X | X > x] − x and v(x) = Var[X | X > x] for finite x ≥ 0 (see the module
-    docstring: erfcx below 2, Laplace's continued fraction from 2 on)."""
-    r = _SQRT_2_OVER_PI / erfcx(_SQRT_HALF * np.minimum(x, _CF_FROM))
-    delta = r - x
-    var = 1.0 - r * delta
-    far = x >= _CF_FROM
-    if far.any():
-        xf = x[far]
-        d = xf.copy()  # D_N
-        for k in range(_CF_DEPTH - 1, 0, -1):
-            d_next, d = d, xf + (k + 1) / d
-        delta[far] = 1.0 / d
-        var[far] = (2.0 / d_next - 1.0 / d) / d
-    return delta, var
-
-
-def _interval(lo, hi, moments=True):
-    """log Z, and with ``moments`` the mean, the variance σ² and σ² − 1 (each computed directly
-    where it is the small one: L_2 = (σ² − 1)/c²), of N(0, 1) truncated to [lo, hi]."""
+def _interval(lo, hi):
+    """log Z, the mean, the variance σ² and σ² − 1 (each computed directly where it is the small
+    one: L_2 = (σ² − 1)/c²) of N(0, 1) truncated to [lo, hi]: the compiled loop
+    :func:`~skcep.engines._special.truncated_interval_array` over the broadcast pairs."""
     lo, hi = np.broadcast_arrays(np.asarray(lo, dtype=float), np.asarray(hi, dtype=float))
     if np.any(lo > hi):
         raise ValueError("every interval needs lo <= hi")
     shape = lo.shape
-    lo, hi = lo.ravel(), hi.ravel()
-    with np.errstate(invalid="ignore"):
-        flip = lo + hi < 0.0  # NaN (the whole line) is not flipped
-    a, b = np.where(flip, -hi, lo), np.where(flip, -lo, hi)
-    whole = np.isneginf(a)  # after the reflection, only (−∞, ∞) starts at −∞
-    empty = np.isposinf(a)  # [∞, ∞] (or [−∞, −∞], reflected): no mass
-    with np.errstate(invalid="ignore", over="ignore"):
-        width = b - a
-        mid = 0.5 * (a + b)
-        narrow = ~whole & (width * (1.0 + np.abs(mid)) <= _NARROW)  # False for the empty
-    rest = ~(whole | empty | narrow)
-
-    log_z = np.where(empty, -np.inf, 0.0)
-    mean = np.where(empty, a, 0.0)
-    var = np.where(empty, 0.0, 1.0)
-    excess = var - 1.0  # σ² − 1, kept apart: 1 + (tiny) − 1 would round it away
-
-    if narrow.any():
-        h = 0.5 * width[narrow]
-        x = mid[narrow]
-        i0, i1, i2 = _narrow_series(x, h)
-        with np.errstate(divide="ignore"):
-            log_z[narrow] = np.log(2.0 * h * i0) + _log_pdf(x)
-        if moments:
-            shift = i1 / i0
-            mean[narrow] = x + shift
-            var[narrow] = i2 / i0 - shift * shift
-            excess[narrow] = var[narrow] - 1.0
-
-    if rest.any():
-        ar, br = a[rest], b[rest]
-        log_qa = log_ndtr(-ar)
-        # log Q(b)/Q(a) ≤ −0.9 outside the narrow branch: its rounding hardly moves log(1 − p)
-        log_z[rest] = log_qa + np.log(-np.expm1(log_ndtr(-br) - log_qa))
-        if moments:
-            mean[rest], var[rest], excess[rest] = _wide_moments(ar, br, mid[rest], log_z[rest])
-
-    if moments:
-        mean = np.where(flip, -mean, mean)
-    return log_z.reshape(shape), mean.reshape(shape), var.reshape(shape), excess.reshape(shape)
-
-
-def _tail_ratio(a, b, mid):
-    """log p, p = Q(b)/Q(a), the width w and the tail moments δ, v at a and b, for
-    0 < a < b ≤ ∞ (w = 0, log p = −∞ where b = ∞): Q(x) = φ(x)/r(x) gives
-    log p = −w x̄ + log(r(a)/r(b)), r(a)/r(b) = 1 + (δ(a) − δ(b) − w)/r(b)."""
-    finite = np.isfinite(b)
-    b_finite = np.where(finite, b, a)
-    w = b_finite - a
-    d_a, v_a = _upper_tail(a)
-    d_b, v_b = _upper_tail(b_finite)
-    log_p = -w * np.where(finite, mid, 0.0) + np.log1p((d_a - d_b - w) / (b_finite + d_b))
-    return np.where(finite, log_p, -np.inf), w, d_a, v_a, d_b, v_b
-
-
-def _wide_moments(a, b, mid, log_z):
-    """Mean, σ² and σ² − 1 on [a, b] (reflected: a ≥ −b, not narrow): closed forms where the
-    interval straddles 0, the one-sided tail moments where it lies above 0 (``tail``)."""
-    mean, var, excess = np.empty(a.shape), np.empty(a.shape), np.empty(a.shape)
-    tail = a > 0.0
-    straddle = ~tail
-    if straddle.any():
-        aa, bb = a[straddle], b[straddle]
-        finite = np.isfinite(bb)
-        rho_a = np.exp(_log_pdf(aa) - log_z[straddle])
-        rho_b = np.exp(_log_pdf(bb) - log_z[straddle])
-        mu = rho_a - rho_b
-        mean[straddle] = mu
-        excess[straddle] = aa * rho_a - np.where(finite, bb, 0.0) * rho_b - mu * mu
-        var[straddle] = 1.0 + excess[straddle]
-    if tail.any():
-        lp, w, d_a, v_a, d_b, v_b = _tail_ratio(a[tail], b[tail], mid[tail])
-        p = np.exp(lp)  # 0 where b = ∞
-        one_minus_p = -np.expm1(lp)
-        shift = (d_a - p * (w + d_b)) / one_minus_p
-        second = (v_a + d_a * d_a - p * (v_b + (w + d_b) ** 2)) / one_minus_p
-        mean[tail] = a[tail] + shift
-        var[tail] = second - shift * shift
-        excess[tail] = var[tail] - 1.0
-    return mean, var, excess
+    lo, hi = np.ascontiguousarray(lo).ravel(), np.ascontiguousarray(hi).ravel()
+    out = np.empty((4, lo.size))
+    truncated_interval_array(lo, hi, *out)
+    return tuple(o.reshape(shape) for o in out)
 
 
 def log_interval_prob(lo, hi):
     """log(Φ(hi) − Φ(lo)) for lo ≤ hi (arrays, ±∞ allowed; −∞ where lo = hi).
 
-    Reflected to the upper half, then log Q(lo) + log(−expm1(log Q(hi) − log Q(lo))) with
-    Q(x) = Φ(−x) from ``log_ndtr``, or the Hermite series of a narrow interval (module
-    docstring): accurate to ~1e-15 relative in both tails and for any width.
+    Reflected to the upper half, then the Hermite series of a narrow interval, Q(a) − Q(b) where
+    it straddles 0, or log Q(a) + log(1 − Q(b)/Q(a)) in the upper tail (module docstring):
+    accurate to ~1e-15 relative in both tails and for any width.
     """
-    return _interval(lo, hi, moments=False)[0]
+    return _interval(lo, hi)[0]
 
 
 def truncated_moments(lo, hi):
@@ -291,7 +173,7 @@ class OrderedProbit:
         c = np.sqrt(1.0 + np.asarray(s, dtype=float))
         m = np.asarray(m, dtype=float)
         lo, hi = (cut[y] - m) / c, (cut[y + 1] - m) / c
-        log_z, mean, _, excess = _interval(lo, hi, moments=order > 0)
+        log_z, mean, _, excess = _interval(lo, hi)
         out = [log_z if value else None]
         if order >= 1:
             out.append(mean / c)

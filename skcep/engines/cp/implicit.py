@@ -38,7 +38,7 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
-from ..gaussian import batched_inverse
+from ..gaussian import batched_inverse, batched_logdet
 from .settings import IMPLICIT
 
 __all__ = [
@@ -186,7 +186,7 @@ def kl_to_prior(term):
     """Σ_m KL(q(y_m) ‖ N(0, E[λ]⁻¹ I)) (the expected log prior's E[log λ] part is the caller's)."""
     lam = term.prior_precision
     d, rank = term.mean.shape
-    logdet = np.linalg.slogdet(term.cov)[1]
+    logdet = batched_logdet(term.cov)
     trace = np.einsum("sii->s", term.cov)
     return 0.5 * float(np.sum(lam * trace + lam * np.sum(term.mean**2, axis=1) - rank - rank * np.log(lam) - logdet))
 

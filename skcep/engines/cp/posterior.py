@@ -21,15 +21,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..gaussian import batched_inverse
+from ..gaussian import batched_inverse, batched_logdet
 from .implicit import effective_moments
-
-
-def _logdet(matrices):
-    """log det of every matrix of a batch of positive-definite ones (1 × 1: their log)."""
-    if matrices.shape[-1] == 1:
-        return np.log(matrices[..., 0, 0])
-    return np.linalg.slogdet(matrices)[1]
 
 
 @dataclass
@@ -73,10 +66,10 @@ class GaussianRows:
             if P.shape[0] > 1 and np.array_equal(P, np.broadcast_to(P[:1], P.shape)):  # one prior for all rows
                 prior_cov, logdet = (
                     np.broadcast_to(batched_inverse(P[:1]), P.shape),
-                    np.repeat(_logdet(P[:1]), P.shape[0]),
+                    np.repeat(batched_logdet(P[:1]), P.shape[0]),
                 )
             else:
-                prior_cov, logdet = batched_inverse(P), _logdet(P)
+                prior_cov, logdet = batched_inverse(P), batched_logdet(P)
             prior_mean = np.einsum("sij,sj->si", prior_cov, self.prior_shift)
             cache = (P, prior_mean, logdet)
             self._prior_cache = cache
@@ -89,7 +82,7 @@ class GaussianRows:
         diff = self.mean - prior_mean
         trace = np.einsum("sij,sji->s", self.prior_precision, self.cov)
         quad = np.einsum("si,sij,sj->s", diff, self.prior_precision, diff)
-        logdet_q = _logdet(self.cov)
+        logdet_q = batched_logdet(self.cov)
         return 0.5 * float(np.sum(trace + quad - rank - logdet_p - logdet_q))
 
     def copy(self):
