@@ -16,6 +16,7 @@ from sklearn.preprocessing import StandardScaler
 from skcep import BayesianCPTensor, CEPLogisticClassifier, CEPProbitClassifier, StreamingDeepTensor, compile_kernels
 from skcep.datasets import load_cep_paper
 from skcep.engines import _spd, _special
+from skcep.engines.cp import _kernel as _cp_kernel
 from skcep.engines.glm import _full_kernel
 from skcep.engines.glm import _kernel as _glm_kernel
 from skcep.engines.kjit import _kernel as _kjit_kernel
@@ -92,7 +93,7 @@ def test_fits_are_bit_identical_whatever_the_blas_threads_and_n_jobs(tmp_path):
 # --------------------------------------------------------------------------------------------
 # kernels compiled ahead
 # --------------------------------------------------------------------------------------------
-KERNEL_MODULES = (_glm_kernel, _full_kernel, _sbdt_kernel, _kjit_kernel, _special, _spd)
+KERNEL_MODULES = (_glm_kernel, _full_kernel, _sbdt_kernel, _kjit_kernel, _special, _spd, _cp_kernel)
 
 
 def _compiled_signatures():
@@ -116,7 +117,7 @@ def test_compile_kernels_compiles_what_real_fits_then_use():
         "full-covariance EP, probit and logistic",
         "SBDT assumed density filtering",
         "KJIT random features",
-        "Bayesian CP, ordinal likelihood",
+        "Bayesian CP, two and three modes, ordinal likelihood",
     }
     before = _compiled_signatures()
     for module in KERNEL_MODULES:  # every engine's entry points compiled
@@ -134,6 +135,8 @@ def test_compile_kernels_compiles_what_real_fits_then_use():
         StreamingDeepTensor(rank=3, likelihood="probit", random_state=0).fit(entries, rng.integers(0, 2, 500))
         for likelihood, y in (("gaussian", rng.standard_normal(500)), ("ordinal", rng.integers(0, 5, 500))):
             BayesianCPTensor(rank=3, likelihood=likelihood, mode_bias=True, max_iter=3).fit(entries, y)
+        three = np.column_stack([entries, rng.integers(0, 4, 500)])
+        BayesianCPTensor(rank=3, mode_bias=True, max_iter=3).fit(three, rng.standard_normal(500))
     assert _compiled_signatures() == before
 
 

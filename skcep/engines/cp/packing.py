@@ -20,7 +20,9 @@ class _Packing:
             a.setflags(write=False)  # shared by every caller of _packing(rank)
 
     def pack(self, A):
-        return A[..., self.rows, self.cols]
+        """The upper triangles of the matrices A (…, R, R), C-ordered (…, P): numpy's fancy
+        indexing lays them out column-major, which would make every gather of a row strided."""
+        return np.ascontiguousarray(A[..., self.rows, self.cols])
 
     def unpack(self, packed):
         out = np.empty(packed.shape[:-1] + (self.rank, self.rank))

@@ -48,6 +48,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
+from ._kernel import hadamard_segment_sums
 from .chunks import SparseChunk
 from .packing import _packing
 
@@ -103,11 +104,10 @@ def gaussian_statistics(chunk, k, means, second, target, weight=None):
         G = np.einsum("dcp,cp->dp", T, second[chunk.small])
         T = (A_t @ means[chunk.big]).reshape(chunk.rows.size, chunk.n_small, -1)
         return RowStatistics(chunk.rows, G, np.einsum("dcr,cr->dr", T, means[chunk.small]))
-    xbar = _hadamard(means, chunk.columns, skip=k)
-    xx = _weigh(_hadamard(second, chunk.columns, skip=k), weight)
-    xbar *= target[:, None]
     return RowStatistics(
-        chunk.rows, np.add.reduceat(xx, chunk.starts, axis=0), np.add.reduceat(xbar, chunk.starts, axis=0)
+        chunk.rows,
+        hadamard_segment_sums(second, chunk.columns, k, chunk.starts, weight),
+        hadamard_segment_sums(means, chunk.columns, k, chunk.starts, target),
     )
 
 
