@@ -60,7 +60,7 @@ def _tiny_fits():
             "Bayesian CP, two and three modes, ordinal likelihood",
             lambda: [
                 BayesianCPTensor(rank=2, likelihood="ordinal", max_iter=2).fit(entries, np.sign(ratings)),
-                BayesianCPTensor(rank=2, max_iter=2).fit(np.column_stack([entries, entries[:, 0] % 3]), ratings),
+                BayesianCPTensor(rank=2, max_iter=2).fit(rng.integers(0, 30, (40, 3)), ratings),  # per-entry sums
             ],
         ),
     ]

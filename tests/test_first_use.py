@@ -135,7 +135,7 @@ def test_compile_kernels_compiles_what_real_fits_then_use():
         StreamingDeepTensor(rank=3, likelihood="probit", random_state=0).fit(entries, rng.integers(0, 2, 500))
         for likelihood, y in (("gaussian", rng.standard_normal(500)), ("ordinal", rng.integers(0, 5, 500))):
             BayesianCPTensor(rank=3, likelihood=likelihood, mode_bias=True, max_iter=3).fit(entries, y)
-        three = np.column_stack([entries, rng.integers(0, 4, 500)])
+        three = rng.integers(0, 300, (500, 3))  # 3 modes, too sparse for the sparse-matrix products
         BayesianCPTensor(rank=3, mode_bias=True, max_iter=3).fit(three, rng.standard_normal(500))
     assert _compiled_signatures() == before
 

@@ -52,8 +52,12 @@ def hadamard_segment_sums(tables, columns, skip, starts, scale=None):
     ``tables`` the K moment arrays (d_j, P), ``scale`` (c,) or None for 1): the statistics of
     :func:`~skcep.engines.cp.statistics.gaussian_statistics`, equal to rounding to
     ``np.add.reduceat(_hadamard(tables, columns, skip) * scale[:, None], starts, axis=0)``."""
-    tables = tuple(np.ascontiguousarray(t, dtype=float) for t in tables)  # copies only what is not C-ordered
+    # C-ordered arguments only (copies of what is not, e.g. a chunk's columns sliced from all
+    # entries'): one compiled variant per number of modes and kind of scale
+    tables = tuple(np.ascontiguousarray(t, dtype=float) for t in tables)
+    columns = np.ascontiguousarray(columns, dtype=np.intp)
+    scale = None if scale is None else np.ascontiguousarray(scale, dtype=float)
     out = np.empty((starts.size, tables[0].shape[1]))
     if starts.size:
-        _segment_sums(tables, columns, -1 if skip is None else skip, scale, starts, out)
+        _segment_sums(tables, columns, -1 if skip is None else skip, scale, np.asarray(starts, dtype=np.intp), out)
     return out
