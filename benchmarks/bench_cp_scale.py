@@ -109,7 +109,9 @@ def fit_worker(spec):
         from skcep import BayesianCPTensor
     except ImportError:  # not exported yet
         from skcep.tensor import BayesianCPTensor
-    est_module = sys.modules[BayesianCPTensor.__module__]
+    # the module whose global fit_cp the estimator calls (its fitting mixin's)
+    modules = (sys.modules[c.__module__] for c in BayesianCPTensor.__mro__)
+    est_module = next(m for m in modules if hasattr(m, "fit_cp"))
 
     n, max_iter = spec["n"], spec["max_iter"]
     X, y = make_data(n)
