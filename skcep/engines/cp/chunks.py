@@ -56,21 +56,22 @@ def _sort_by(primary, secondary, n_secondary):
     return np.argsort(primary * np.int64(n_secondary) + secondary, kind="stable")
 
 
-def mode_chunks(index, shape, k, size=CHUNKS.chunk_size, sparse=True):
+def mode_chunks(index, shape, k, size=CHUNKS.chunk_size, sparse=True, *, pairs_per_entry=CHUNKS.sparse_pairs_per_entry):
     """The chunks of the entries ``index`` (n, K) for the statistics step of mode k.
 
-    Sparse chunks (:class:`SparseChunk`) when ``sparse``, K = 3 and d_small · d_k ≤ 4 n for the
-    smaller other mode, so that the (d_small · d_k, R²) intermediate stays within the data's
-    size; they hold about 4 · ``size`` entries each (a sparse product costs a fraction of the
-    per-entry gathers per entry).  :class:`ModeChunk` otherwise, of ``size`` entries.  Either
-    way the chunk boundaries depend on the indices and ``size`` only.
+    Sparse chunks (:class:`SparseChunk`) when ``sparse``, K = 3 and d_small · d_k ≤
+    ``pairs_per_entry`` · n for the smaller other mode: the (d_small · d_k, R²) intermediate
+    of the product then costs less than the per-entry work it saves
+    (:class:`~skcep.engines.cp.settings.ChunkSettings`); they hold about 4 · ``size`` entries
+    each.  :class:`ModeChunk` otherwise, of ``size`` entries.  Either way the chunk boundaries
+    depend on the indices and ``size`` only.
     """
     index = np.asarray(index)
     n, K = index.shape
     others = [j for j in range(K) if j != k]
     if sparse and K == 3:
         small, big = sorted(others, key=lambda j: shape[j])
-        if shape[small] * shape[k] <= 4 * max(n, 1):
+        if shape[small] * shape[k] <= pairs_per_entry * n:
             return _sparse_chunks(index, shape, k, small, big, 4 * size)
     tie = max(others, key=lambda j: shape[j])  # ties by the largest other mode: local gathers
     order = _sort_by(index[:, k], index[:, tie], shape[tie])
