@@ -6,8 +6,8 @@ CEP-1 step, the tilted derivatives of the logistic and the factorized evidence
 CEP's step (:mod:`skcep.engines.glm._full_kernel`), SBDT's per-entry ADF
 (:mod:`skcep.engines.sbdt._kernel`), the random features of the KJIT operator
 (:mod:`skcep.engines.kjit._kernel`), and in the CP engine the sums of the entries' moments
-(:mod:`skcep.engines.cp._kernel`), the inverses of the objects' small covariances
-(:mod:`skcep.engines._spd`) and the ordinal likelihood's truncated normals
+and the rank-one sites of probit and ordinal CEP (:mod:`skcep.engines.cp._kernel`), the
+inverses of the objects' small covariances (:mod:`skcep.engines._spd`) and the ordinal likelihood's truncated normals
 (:func:`skcep.engines._special.truncated_interval_array`).  numba compiles a kernel the first time it is called and
 writes the machine code to its on-disk cache (``__pycache__`` beside the installed package, or
 numba's user cache directory where that is read-only), so it is compiled once per machine and
@@ -57,10 +57,14 @@ def _tiny_fits():
         ),
         ("KJIT random features", lambda: _tiny_operator(rng)),
         (
-            "Bayesian CP, two and three modes, ordinal likelihood",
+            "Bayesian CP, two and three modes, probit and ordinal likelihoods",
             lambda: [
                 BayesianCPTensor(rank=2, likelihood="ordinal", max_iter=2).fit(entries, np.sign(ratings)),
                 BayesianCPTensor(rank=2, max_iter=2).fit(rng.integers(0, 30, (40, 3)), ratings),  # per-entry sums
+                *(  # CEP's rank-one sites (the default for probit entries), two and three modes
+                    BayesianCPTensor(rank=2, likelihood="probit", max_iter=2).fit(X, ratings > 0)
+                    for X in (entries, rng.integers(0, 30, (40, 3)))
+                ),
             ],
         ),
     ]
@@ -100,7 +104,7 @@ def compile_kernels(verbose=False):
     >>> seconds = compile_kernels()  # once after installing; later calls load the cache
     >>> for name in sorted(seconds):
     ...     print(name)
-    Bayesian CP, two and three modes, ordinal likelihood
+    Bayesian CP, two and three modes, probit and ordinal likelihoods
     KJIT random features
     SBDT assumed density filtering
     dense logistic EP and CEP-1

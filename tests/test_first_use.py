@@ -117,7 +117,7 @@ def test_compile_kernels_compiles_what_real_fits_then_use():
         "full-covariance EP, probit and logistic",
         "SBDT assumed density filtering",
         "KJIT random features",
-        "Bayesian CP, two and three modes, ordinal likelihood",
+        "Bayesian CP, two and three modes, probit and ordinal likelihoods",
     }
     before = _compiled_signatures()
     for module in KERNEL_MODULES:  # every engine's entry points compiled
@@ -133,10 +133,15 @@ def test_compile_kernels_compiles_what_real_fits_then_use():
         entries = np.column_stack([rng.integers(0, 30, 500), rng.integers(0, 20, 500)])
         StreamingDeepTensor(rank=3, random_state=0).fit(entries, rng.standard_normal(500))
         StreamingDeepTensor(rank=3, likelihood="probit", random_state=0).fit(entries, rng.integers(0, 2, 500))
-        for likelihood, y in (("gaussian", rng.standard_normal(500)), ("ordinal", rng.integers(0, 5, 500))):
+        for likelihood, y in (
+            ("gaussian", rng.standard_normal(500)),
+            ("ordinal", rng.integers(0, 5, 500)),
+            ("probit", rng.integers(0, 2, 500)),
+        ):
             BayesianCPTensor(rank=3, likelihood=likelihood, mode_bias=True, max_iter=3).fit(entries, y)
         three = rng.integers(0, 300, (500, 3))  # 3 modes, too sparse for the sparse-matrix products
         BayesianCPTensor(rank=3, mode_bias=True, max_iter=3).fit(three, rng.standard_normal(500))
+        BayesianCPTensor(rank=3, likelihood="probit", max_iter=3).fit(three, rng.integers(0, 2, 500))
     assert _compiled_signatures() == before
 
 

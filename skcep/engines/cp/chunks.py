@@ -7,9 +7,8 @@
     :class:`ModeChunk` holds ``entries`` (positions of its entries in ``index``), ``columns``
     (K, c) their indices sorted by the mode-k row, and the segments (``starts``, ``rows``) of
     equal rows; a :class:`SparseChunk` (K = 3 with a small other mode) a range of mode-k rows
-    as a CSR product.  ``sparse=False`` always gives ModeChunks (probit CEP needs them; its
-    chunks hold at most ``ChunkSettings.site_chunk_elements``/R² entries, so that the per-entry
-    R×R work stays cache-sized).
+    as a CSR product.  ``sparse=False`` always gives ModeChunks (probit and ordinal CEP's
+    per-entry sites need them).
 """
 
 from typing import NamedTuple

@@ -8,11 +8,12 @@ runs in memory only.
 import numpy as np
 
 from ..gaussian import cavity_natural
+from ._kernel import rank_one_sites
 from .elbo import SweepTotals, posterior_sums
 from .moments import _cp_mean, _offset_moments, _offset_rows
 from .packing import _packing
 from .settings import STUDENT, SWEEPS
-from .sites import _cavity_terms, _damped_probit_site, _labels, _n_skipped
+from .sites import _damped_probit_site, _labels, _n_skipped
 from .statistics import _hadamard, _weigh
 from .student import dof_update, prior_scales, scale_update
 from .updates import component_update, learned_prior_update, noise_update
@@ -168,22 +169,28 @@ class _EntrySweeps:
         tau = post.noise_precision if self.scales is None else post.noise_precision * self.scales.mean[B]
         off_mean, _ = _offset_moments(post, idx)
         for k, f in enumerate(post.factors):
-            xbar = _hadamard(moments.means, cols, skip=k)
-            xx = _hadamard(moments.second, cols, skip=k)
             s = idx[:, k]
             if self.gaussian:
+                xbar, xx = _hadamard(moments.means, cols, skip=k), _hadamard(moments.second, cols, skip=k)
                 new_prec, new_shift = _gaussian_sites(xbar, xx, obs - off_mean, tau)
                 d_prec = _weigh(new_prec - self.site_prec[k][B], w)
                 d_shift = _weigh(new_shift - self.site_shift[k][B], w)
                 self.site_prec[k][B], self.site_shift[k][B] = new_prec, new_shift
             else:
                 direction, precision, shift = (part[B] for part in self.sites[k])
-                m, a, q2, ok = _cavity_terms(f.cov[s], f.mean[s], direction, precision, shift, xbar, xx, packing)
-                t = np.einsum("ci,ci->c", xbar, m)
-                pi, beta = _damped_probit_site(t, a, q2, obs, off_mean, precision, shift, self.damping, ok)
-                self.n_skipped += _n_skipped(ok)
-                if ok is not True:
-                    xbar = np.where(ok[:, None], xbar, direction)
+                (xbar, pi, beta), skipped = rank_one_sites(
+                    moments.means,
+                    moments.second,
+                    cols,
+                    k,
+                    f.cov,
+                    f.mean,
+                    (direction, precision, shift),
+                    off_mean,
+                    obs,
+                    self.damping,
+                )
+                self.n_skipped += skipped
                 d_prec = _weigh(packing.outer(xbar) * pi[:, None] - packing.outer(direction) * precision[:, None], w)
                 d_shift = _weigh(xbar * beta[:, None] - direction * shift[:, None], w)
                 self.sites[k][0][B], self.sites[k][1][B], self.sites[k][2][B] = xbar, pi, beta

@@ -191,7 +191,7 @@ class EntryPartition:
     def _probit_factor(self, k, cov, sweep):
         mean = self.means[k]
         rank = mean.shape[1]
-        chunks = self.chunks(k, False, _site_chunk_size(rank, self.chunk_settings))
+        chunks = self.chunks(k, False, self.chunk_settings.chunk_size)
         sites = self.factor_sites[k] or [
             (np.zeros((c.entries.size, rank)), np.zeros(c.entries.size), np.zeros(c.entries.size)) for c in chunks
         ]

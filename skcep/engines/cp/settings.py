@@ -34,9 +34,9 @@ class ChunkSettings:
         and of the moments at the entries.  A fixed size, never a function of the number of
         workers: the results are bit-for-bit the same for any ``n_jobs``.
     site_chunk_elements, min_site_chunk
-        The probit (and ordinal) CEP site step holds at most ``site_chunk_elements`` / R²
-        entries per chunk (a (c, R, R) temporary near 1 MB), at least ``min_site_chunk`` and at
-        most ``chunk_size``.
+        The per-entry second moments E[(1ᵀz_i)²] (the ELBO's, and Student-t noise's q(s)) are
+        taken in chunks of at most ``site_chunk_elements`` / R² entries (a (c, R(R+1)/2)
+        temporary near 1 MB), at least ``min_site_chunk`` and at most ``chunk_size``.
     sparse_pairs_per_entry
         A 3-mode statistics step takes the sparse product (:class:`~skcep.engines.cp.chunks.SparseChunk`)
         when its (mode-k row, smaller other mode) pairs number at most this many per entry:

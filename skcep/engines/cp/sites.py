@@ -25,9 +25,9 @@ import numpy as np
 
 from ..gaussian import cavity_natural, damped_update
 from ..likelihoods import Probit, log_phi_derivatives
-from ..ordinal import OrderedProbit, truncated_moments
-from .packing import _packing
-from .statistics import RowStatistics, _hadamard, _weigh
+from ..ordinal import OrderedProbit, _cut_points, truncated_moments
+from ._kernel import outer_segment_sums, rank_one_sites
+from .statistics import RowStatistics, _weigh
 
 _PROBIT = Probit()
 _ORDINAL = OrderedProbit()
@@ -100,26 +100,9 @@ def _n_skipped(ok):
     return 0 if ok is True else int(np.size(ok) - np.count_nonzero(ok))
 
 
-def _cavity_terms(cov, mean, e, pi, beta, xbar, xx, packing):
-    """For each entry: cavity mean m, a = x̄ᵀ S x̄, q2 = tr(S E[xxᵀ]) and whether the cavity is
-    proper, by Sherman–Morrison.
-
-    The cavity removes the site π e eᵀ, β e from q = N(μ, Σ): S = Σ + γ g gᵀ with g = Σ e,
-    γ = π/(1 − π eᵀΣe).  Its precision Σ⁻¹ − π e eᵀ is positive definite iff 1 − π eᵀΣe > 0;
-    where it is not, the site is not updated (the cavity policy of
-    :func:`~skcep.engines.gaussian.cavity_natural`).
-    """
-    g = np.einsum("cij,cj->ci", cov, e)
-    c0 = np.einsum("ci,ci->c", e, g)
-    denominator = 1.0 - pi * c0
-    ok = denominator > 0
-    ok = True if ok.all() else ok
-    gamma = pi / np.maximum(denominator, 1e-12)
-    m = mean + g * (gamma * np.einsum("ci,ci->c", e, mean) - beta * (1.0 + gamma * c0))[:, None]
-    gx = np.einsum("ci,ci->c", g, xbar)
-    a = np.einsum("ci,cij,cj->c", xbar, cov, xbar) + gamma * gx**2
-    q2 = (packing.pack(cov) * xx) @ packing.weight + gamma * ((packing.outer(g) * xx) @ packing.weight)
-    return m, a, q2, ok
+def _cut(likelihood):
+    """The compiled site step's ``cut``: None for the probit, [−∞, θ, +∞] for the ordered probit."""
+    return _cut_points(likelihood.thresholds) if isinstance(likelihood, _OrdinalSites) else None
 
 
 def probit_site_statistics(
@@ -132,25 +115,16 @@ def probit_site_statistics(
     π, β), their sums per row (Σ w π x̄ x̄ᵀ packed, Σ w β x̄) and the number of sites kept because
     their cavity was improper.  With entry weights ``weight`` (c,) the sites are power EP's: a
     site is one copy (the cavity removes it once) and q holds w copies.  ``likelihood``: see
-    :func:`probit_site` (ordinal entries: ``sign`` holds the levels).
+    :func:`probit_site` (ordinal entries: ``sign`` holds the levels).  One compiled pass over the
+    entries (:func:`~skcep.engines.cp._kernel.rank_one_sites`,
+    :func:`~skcep.engines.cp._kernel.outer_segment_sums`).
     """
-    packing = _packing(mean.shape[1])
-    s = chunk.columns[k]
-    xbar = _hadamard(means, chunk.columns, skip=k)
-    xx = _hadamard(second, chunk.columns, skip=k)
-    direction, precision, shift = sites
-    m, a, q2, ok = _cavity_terms(cov[s], mean[s], direction, precision, shift, xbar, xx, packing)
-    t = np.einsum("ci,ci->c", xbar, m)
-    pi, beta = _damped_probit_site(t, a, q2, sign, rest, precision, shift, damping, ok, likelihood)
-    if ok is not True:
-        xbar = np.where(ok[:, None], xbar, direction)
-    copies_pi, copies_beta = _weigh(pi, weight), _weigh(beta, weight)
-    statistics = RowStatistics(
-        chunk.rows,
-        np.add.reduceat(packing.outer(xbar) * copies_pi[:, None], chunk.starts, axis=0),
-        np.add.reduceat(xbar * copies_beta[:, None], chunk.starts, axis=0),
+    new, n_skipped = rank_one_sites(
+        means, second, chunk.columns, k, cov, mean, sites, rest, sign, damping, _cut(likelihood)
     )
-    return (xbar, pi, beta), statistics, _n_skipped(ok)
+    direction, pi, beta = new
+    sums = outer_segment_sums(direction, _weigh(pi, weight), _weigh(beta, weight), chunk.starts)
+    return new, RowStatistics(chunk.rows, *sums), n_skipped
 
 
 def probit_offset_sites(rows, mean, cov, rest, sign, sites, damping=1.0, likelihood=_PROBIT):
