@@ -164,7 +164,8 @@ def _rank_one_sites(
 def rank_one_sites(means, second, columns, k, cov, mean, sites, rest, label, damping=1.0, cut=None):
     """The damped rank-one CEP sites of probit or ordinal entries in mode k (Wang & Zhe,
     supplement §8.1.2; :func:`~skcep.engines.cp.sites.probit_site_statistics`): for every entry,
-    the cavity q(u_s) / its site (Sherman–Morrison), t = x̄ᵀm, a = x̄ᵀSx̄, q2 = tr(S E[xxᵀ]), the
+    the cavity q(u_s) / its site π e eᵀ, β e by Sherman–Morrison — S = Σ + γ g gᵀ with g = Σe,
+    γ = π/(1 − π eᵀΣe), proper iff 1 − π eᵀΣe > 0 — then t = x̄ᵀm, a = x̄ᵀSx̄, q2 = tr(S E[xxᵀ]), the
     likelihood's ∂, ∂² log Z at (t + rest, q2), the site π = c/(1 − c a), β = α(1 + π a) + π t
     (:func:`~skcep.engines.cp.sites.probit_site`) damped toward the old one.  Where the cavity is
     improper the old site is kept.
