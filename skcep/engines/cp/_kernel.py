@@ -23,6 +23,22 @@ from .packing import _packing
 __all__ = ["hadamard_segment_sums", "outer_segment_sums", "rank_one_sites"]
 
 
+@njit(cache=True, inline="always")
+def _entry_product(tables, columns, skip, e, out):
+    """out = ∘_{j≠skip} tables[j][columns[j, e]]: entry e's Hadamard moment (the modes in order)."""
+    first = True
+    for j in range(len(tables)):
+        if j == skip:
+            continue
+        row = tables[j][columns[j, e]]
+        if first:
+            out[:] = row
+            first = False
+        else:
+            for p in range(out.size):
+                out[p] *= row[p]
+
+
 @njit(cache=True)
 def _segment_sums(tables, columns, skip, scale, starts, out):
     n = columns.shape[1]
@@ -31,17 +47,7 @@ def _segment_sums(tables, columns, skip, scale, starts, out):
     for g in range(starts.size):
         hi = starts[g + 1] if g + 1 < starts.size else n
         for e in range(starts[g], hi):
-            first = True
-            for j in range(len(tables)):
-                if j == skip:
-                    continue
-                row = tables[j][columns[j, e]]
-                if first:
-                    buf[:] = row
-                    first = False
-                else:
-                    for p in range(P):
-                        buf[p] *= row[p]
+            _entry_product(tables, columns, skip, e, buf)
             if scale is not None:
                 s = scale[e]
                 for p in range(P):
@@ -97,20 +103,8 @@ def _rank_one_sites(
     xbar, xx, g = np.empty(R), np.empty(P), np.empty(R)
     skipped = 0
     for e in range(n):
-        first = True
-        for j in range(len(means)):
-            if j == k:
-                continue
-            mrow, srow = means[j][columns[j, e]], second[j][columns[j, e]]
-            if first:
-                xbar[:] = mrow
-                xx[:] = srow
-                first = False
-            else:
-                for r in range(R):
-                    xbar[r] *= mrow[r]
-                for p in range(P):
-                    xx[p] *= srow[p]
+        _entry_product(means, columns, k, e, xbar)
+        _entry_product(second, columns, k, e, xx)
         s = columns[k, e]
         S, mu, d = cov[s], mean[s], direction[e]
         pi0, beta0 = precision[e], shift[e]
@@ -150,7 +144,8 @@ def _rank_one_sites(
             lo, hi = (cut[label[e]] - (t + rest[e])) / c, (cut[label[e] + 1] - (t + rest[e])) / c
             _, tmean, _, excess = truncated_interval(lo, hi)
             alpha, curvature = tmean / c, excess / (c * c)
-        pi = -curvature / max(1.0 - (-curvature) * a, 1e-12)
+        tilted = -curvature  # the c of π = c/(1 − c a)
+        pi = tilted / max(1.0 - tilted * a, 1e-12)
         beta = alpha * (1.0 + pi * a) + pi * t
         change_pi, change_beta = pi - pi0, beta - beta0
         if damping != 1.0:

@@ -90,9 +90,9 @@ def _damped_probit_site(t, a, q2, sign, rest, precision, shift, damping, ok, lik
 
 
 def _site_chunk_size(rank, chunks):
-    """Entries per chunk of the probit CEP site step (:class:`~skcep.engines.cp.settings.ChunkSettings`):
-    at most ``chunks.chunk_size``, and few enough that a (c, R, R) temporary stays cache-sized;
-    likewise for the per-entry E[(1ᵀz_i)²] of Student-t noise (:mod:`~skcep.engines.cp.student`)."""
+    """Entries per chunk of the per-entry E[(1ᵀz_i)²] (the ELBO's, and Student-t noise's,
+    :mod:`~skcep.engines.cp.student`; :class:`~skcep.engines.cp.settings.ChunkSettings`): at most
+    ``chunks.chunk_size``, and few enough that a (c, R(R+1)/2) temporary stays cache-sized."""
     return int(min(chunks.chunk_size, max(chunks.min_site_chunk, chunks.site_chunk_elements // rank**2)))
 
 
