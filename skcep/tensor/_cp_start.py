@@ -89,14 +89,15 @@ class CPStart:
 
     def _implicit_terms(self, X, shape):
         """The implicit terms of ``implicit_modes`` from the training entries X, y's prior
-        precision learned (``prior_variance="auto"``) or fixed."""
+        precision that of the mode's rows: learned with it (``prior_variance="auto"``), or fixed;
+        with ``ard``, learned apart (ARD's λ governs the rows' components)."""
         terms = []
         for k, j in sorted((self.implicit_modes or {}).items()):
             if max(k, j) >= len(shape):
                 raise ValueError(
                     f"implicit_modes={self.implicit_modes!r} names mode {max(k, j)}, but X has {len(shape)} modes."
                 )
-            hyper = MODE_PRIOR[:2] if self.prior_variance == "auto" else None
+            hyper = MODE_PRIOR[:2] if self.prior_variance == "auto" and not self._learns_mode_priors else None
             terms.append(new_term(X, shape, k, j, self.rank, self._prior_start, hyper))
         return terms
 

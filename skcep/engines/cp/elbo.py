@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import digamma, gammaln
 
-from .implicit import kl_to_prior
+from .implicit import kl_to_prior, structure_entropy_gap
 from .moments import _cp_mean, _cp_second, _offset_moments_of
 from .posterior import CPPosterior
 from .settings import CHUNKS
@@ -48,17 +48,21 @@ def _learned_precision_kl(n, a, b, a0, b0):
 def _mode_prior_kl(post):
     """The learned priors' part of −ELBO: per mode, E_q[KL(q(u) ‖ N(μ, λ⁻¹I))] − KL(q(u) ‖ the
     rows' prior N(E μ, E[λ]⁻¹ I)) = ½ d R (log E[λ] − E[log λ]) + ½ d R E[λ] s, plus
-    KL(q(λ) ‖ Gam(a0, b0)) and KL(q(μ) ‖ N(0, v I)); 0 without learned priors."""
+    KL(q(λ) ‖ Gam(a0, b0)) and KL(q(μ) ‖ N(0, v I)); 0 without learned priors.  A mode's
+    implicit vectors y_m ~ N(0, λ_k⁻¹ I) share its λ_k: their d_j R coordinates count in the first
+    term (:func:`_implicit_kl` takes their KL at E[λ_k])."""
     if post.mode_priors is None:
         return 0.0
     a0, b0, v = post.mode_prior_hyper
     total = 0.0
-    for f, prior in zip(post.factors, post.mode_priors):
+    for k, (f, prior) in enumerate(zip(post.factors, post.mode_priors)):
         if prior is None:
             continue
         m, s, a, b = prior
         d, rank = f.mean.shape
-        total += _learned_precision_kl(d * rank, a, b, a0, b0) + 0.5 * d * rank * (a / b) * s
+        term = post.implicit_term(k)
+        shared = 0 if term is None or term.hyper is not None else term.mean.size
+        total += _learned_precision_kl(d * rank + shared, a, b, a0, b0) + 0.5 * d * rank * (a / b) * s
         total += 0.5 * (rank * s / v + float(m @ m) / v - rank - rank * np.log(s / v))
     return float(total)
 
@@ -76,11 +80,12 @@ def _offset_prior_kl(post):
 
 
 def _implicit_kl(post):
-    """The implicit terms' part of −ELBO: KL(q(y) ‖ N(0, E[λ]⁻¹ I)), and for a learned λ
-    ½ d R (log E[λ] − E[log λ]) + KL(q(λ) ‖ Gam(a0, b0))."""
+    """The implicit terms' part of −ELBO: KL(q(y) ‖ N(0, E[λ]⁻¹ I)); for a λ learned apart
+    ½ d R (log E[λ] − E[log λ]) + KL(q(λ) ‖ Gam(a0, b0)); and the entropy that q(u_s | y) takes
+    off that of the marginals q(u_s) (:func:`~skcep.engines.cp.implicit.structure_entropy_gap`)."""
     total = 0.0
     for term in post.implicit:
-        total += kl_to_prior(term)
+        total += kl_to_prior(term) + structure_entropy_gap(post.factors[term.mode].cov, term)
         if term.hyper is not None:
             total += _learned_precision_kl(term.mean.size, *term.precision, *term.hyper)
     return total

@@ -130,6 +130,10 @@ def mode_prior_update(post, refresh=False):
         q(μ_k) = N(m, s I),  1/s = 1/v + d E[λ_k],  m = s E[λ_k] Σ_s E[u_s],
         q(λ_k) = Gam(a0 + d R/2, b0 + ½ Σ_s (tr Cov u_s + ‖E u_s − m‖²) + ½ d R s),
 
+    and, where mode k has implicit feedback whose vectors y_m ~ N(0, λ_k⁻¹ I) share λ_k (the
+    term's ``hyper`` None; :mod:`~skcep.engines.cp.implicit`), q(λ_k) also counts their d_j R
+    coordinates and ½ Σ_m (tr Σ_m + ‖μ_m‖²), and the term's q(λ) becomes q(λ_k).
+
     the rate capped by ``post.precision_floor`` (:func:`_capped_rate`).
 
     Every row's prior then moves by the change of E[λ_k] I (precision) and of E[λ_k] m (shift);
@@ -149,9 +153,16 @@ def mode_prior_update(post, refresh=False):
         s = 1.0 / (1.0 / v + d * lam_old)
         m = s * lam_old * total
         spread = float(np.einsum("sii->", f.cov) + np.sum((f.mean - m) ** 2)) + d * rank * s
-        a = a0 + 0.5 * d * rank
+        count = d * rank
+        term = post.implicit_term(k)
+        if term is not None and term.hyper is None:  # y_m ~ N(0, λ_k⁻¹ I) share λ_k
+            spread += float(np.einsum("sii->", term.cov) + np.sum(term.mean**2))
+            count += term.mean.size
+        a = a0 + 0.5 * count
         b = _capped_rate(post, a, b0 + 0.5 * spread)
         post.mode_priors[k] = (m, s, a, b)
+        if term is not None and term.hyper is None:
+            term.precision = (a, b)
         d_prec, d_shift = a / b - lam_old, (a / b) * m - shift_old
         changes.append((k, d_prec, d_shift))
         _move_prior(f, d_prec, d_shift, refresh)
