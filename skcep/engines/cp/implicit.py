@@ -48,7 +48,7 @@ exact coordinate step on the block (q(u | y), q(y)): the ELBO does not decrease.
 its own then takes VMP's update (:func:`implicit_prior_update`).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -86,12 +86,27 @@ class ImplicitTerm:
     precision: tuple
     hyper: tuple = None
     regression: np.ndarray = None
+    _z_cov: tuple = field(default=None, repr=False, compare=False)
 
     @cached_property
     def squared_weights(self):
         """(c_sm²), the weights of the covariances Σ_m in those of the z_s."""
         C = self.weights
         return sp.csr_matrix((C.data**2, C.indices, C.indptr), shape=C.shape)
+
+    @property
+    def z_cov(self):
+        """Cov z_s = Σ_m c_sm² Σ_m for every row s of the mode (d_mode, R, R), kept until ``cov`` or
+        ``weights`` is replaced (every update assigns new arrays)."""
+        cached = self._z_cov
+        if cached is None or cached[0] is not self.cov or cached[1] is not self.weights:
+            rank = self.mean.shape[1]
+            value = (self.squared_weights @ self.cov.reshape(-1, rank * rank)).reshape(-1, rank, rank)
+            self._z_cov = cached = (self.cov, self.weights, value)
+        return cached[2]
+
+    def __getstate__(self):
+        return {**self.__dict__, "_z_cov": None}  # pickles without the cache
 
     @property
     def prior_precision(self):
@@ -133,15 +148,10 @@ def new_term(index, shape, mode, source, rank, variance, hyper=None):
     )
 
 
-def _z_cov(term, rank):
-    """Cov z_s = Σ_m c_sm² Σ_m for every row s of the mode (d_mode, R, R)."""
-    return (term.squared_weights @ term.cov.reshape(-1, rank * rank)).reshape(-1, rank, rank)
-
-
 def effective_moments(mean, cov, term):
     """Mean and covariance of ũ_s = u_s + z_s under q, from u_s's marginal moments (``mean``
     (d, R), ``cov`` (d, R, R)) and the term's q(y) and B: Cov u_s + Cov z_s − B_s Cov z_s − (B_s Cov z_s)ᵀ."""
-    z_cov = _z_cov(term, mean.shape[1])
+    z_cov = term.z_cov
     if term.regression is not None:
         cross = np.matmul(term.regression, z_cov)  # −Cov(u_s, z_s)
         z_cov = z_cov - cross - np.swapaxes(cross, 1, 2)
@@ -154,7 +164,7 @@ def structure_entropy_gap(cov, term):
     if term.regression is None:
         return 0.0
     B = term.regression
-    spread = np.matmul(np.matmul(B, _z_cov(term, cov.shape[1])), np.swapaxes(B, 1, 2))
+    spread = np.matmul(np.matmul(B, term.z_cov), np.swapaxes(B, 1, 2))
     conditional = cov - 0.5 * (spread + np.swapaxes(spread, 1, 2))
     return 0.5 * float(np.sum(batched_logdet(cov) - batched_logdet(conditional)))
 
@@ -208,7 +218,7 @@ def implicit_update(rows, term, message_precision, message_shift, *, implicit=IM
         p = z + (rz / rz_old) * p
         n_iter += 1
     term.mean, term.cov, term.regression = y, y_cov, np.matmul(u_cov, Lam)  # B_s = (P_s + Λ_s)⁻¹ Λ_s
-    spread = np.matmul(np.matmul(term.regression, _z_cov(term, rank)), np.swapaxes(term.regression, 1, 2))
+    spread = np.matmul(np.matmul(term.regression, term.z_cov), np.swapaxes(term.regression, 1, 2))
     rows.mean, rows.cov = _times(u_cov, shift - _times(Lam, C @ y)), u_cov + 0.5 * (spread + np.swapaxes(spread, 1, 2))
     return n_iter
 
