@@ -65,19 +65,22 @@ def precision_of(cov):
 CHOLESKY_MAX = 32
 
 
-def batched_inverse(precision):
+def batched_inverse(precision, with_logdet=False):
     """Inverses of a batch (…, R, R) of symmetric positive-definite matrices, exactly symmetric
     (R = 1: reciprocals): by Cholesky (:func:`~skcep.engines._spd.cholesky_inverse`) up to
     R = ``CHOLESKY_MAX``, else, or where a matrix is not numerically positive definite, by
-    LAPACK's LU, symmetrised."""
+    LAPACK's LU, symmetrised.  ``with_logdet``: also their log determinants (…), from the same
+    factorisation where it is a Cholesky."""
     if precision.shape[-1] == 1:
-        return 1.0 / precision
+        return (1.0 / precision, np.log(precision[..., 0, 0])) if with_logdet else 1.0 / precision
     batch = _as_batch(precision)
-    cov = np.empty(batch.shape)
-    if precision.shape[-1] <= CHOLESKY_MAX and cholesky_inverse(batch, cov, np.empty(batch.shape[0])):
-        return cov.reshape(precision.shape)
+    cov, logdet = np.empty(batch.shape), np.empty(batch.shape[0])
+    if precision.shape[-1] <= CHOLESKY_MAX and cholesky_inverse(batch, cov, logdet):
+        cov = cov.reshape(precision.shape)
+        return (cov, logdet.reshape(precision.shape[:-2])) if with_logdet else cov
     cov = np.linalg.inv(precision)
-    return 0.5 * (cov + np.swapaxes(cov, -1, -2))
+    cov = 0.5 * (cov + np.swapaxes(cov, -1, -2))
+    return (cov, np.linalg.slogdet(precision)[1]) if with_logdet else cov
 
 
 def batched_logdet(matrices):

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import digamma, gammaln
 
-from .implicit import kl_to_prior, structure_entropy_gap
+from .implicit import kl_to_prior
 from .moments import _cp_mean, _cp_second, _offset_moments_of
 from .posterior import CPPosterior
 from .settings import CHUNKS
@@ -82,10 +82,10 @@ def _offset_prior_kl(post):
 def _implicit_kl(post):
     """The implicit terms' part of −ELBO: KL(q(y) ‖ N(0, E[λ]⁻¹ I)); for a λ learned apart
     ½ d R (log E[λ] − E[log λ]) + KL(q(λ) ‖ Gam(a0, b0)); and the entropy that q(u_s | y) takes
-    off that of the marginals q(u_s) (:func:`~skcep.engines.cp.implicit.structure_entropy_gap`)."""
+    off that of the marginals q(u_s) (the term's ``entropy_gap``, :mod:`~skcep.engines.cp.implicit`)."""
     total = 0.0
     for term in post.implicit:
-        total += kl_to_prior(term) + structure_entropy_gap(post.factors[term.mode].cov, term)
+        total += kl_to_prior(term) + term.entropy_gap
         if term.hyper is not None:
             total += _learned_precision_kl(term.mean.size, *term.precision, *term.hyper)
     return total

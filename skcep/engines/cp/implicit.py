@@ -30,7 +30,7 @@ Cov z_s = Σ_m c_sm² Σ_m and Cov u_s = S_s + B_s Cov z_s B_sᵀ (:func:`effect
 group's ``mean`` and ``cov`` hold u_s's marginal moments, the term ``regression`` B): the CP
 updates of the other modes, q(τ), the ELBO's entry terms and predictions read these.  The
 entropy of q is Σ_m H(q(y_m)) + Σ_s H(q(u_s | y)), below that of the marginals by
-½ Σ_s (log|Cov u_s| − log|S_s|) (:func:`structure_entropy_gap`).
+½ Σ_s (log|Cov u_s| − log|S_s|) (the term's ``entropy_gap``, set by :func:`implicit_update`).
 
 The update of the mode (:func:`implicit_update`).  With the other modes fixed, the entries of
 row s send it a Gaussian message in ũ_s of precision Λ_s and shift h_s (the VMP row statistics
@@ -66,7 +66,6 @@ __all__ = [
     "implicit_prior_update",
     "grow_term",
     "kl_to_prior",
-    "structure_entropy_gap",
 ]
 
 
@@ -76,7 +75,9 @@ class ImplicitTerm:
     (d_mode, d_source) CSR with c_sm = |N(s)|^(−1/2), q(y_m) = N(``mean[m]``, ``cov[m]``), and
     q(λ) = Gam(``precision``) with hyperprior Gam(``hyper``) (``hyper`` None: λ fixed at a/b,
     or the mode's learned λ_k, which its prior update writes here).  ``regression`` (d_mode, R, R):
-    B_s of q(u_s | y) (None: 0, the rows independent of y, as before the first update)."""
+    B_s of q(u_s | y) (None: 0, the rows independent of y, as before the first update);
+    ``entropy_gap``: ½ Σ_s (log|Cov u_s| − log|S_s|), what q(u_s | y) takes off the entropy of the
+    marginals q(u_s) (0 before the first update; unchanged by a common rescaling of u and y)."""
 
     mode: int
     source: int
@@ -86,7 +87,9 @@ class ImplicitTerm:
     precision: tuple
     hyper: tuple = None
     regression: np.ndarray = None
+    entropy_gap: float = 0.0
     _z_cov: tuple = field(default=None, repr=False, compare=False)
+    _added_cov: tuple = field(default=None, repr=False, compare=False)
 
     @cached_property
     def squared_weights(self):
@@ -105,8 +108,22 @@ class ImplicitTerm:
             self._z_cov = cached = (self.cov, self.weights, value)
         return cached[2]
 
+    @property
+    def added_cov(self):
+        """What z adds to the covariance of ũ_s beyond u_s's marginal one, Cov z_s − B_s Cov z_s −
+        (B_s Cov z_s)ᵀ (d_mode, R, R), kept like :attr:`z_cov` (and until ``regression`` is replaced)."""
+        cached = self._added_cov
+        key = (self.cov, self.weights, self.regression)
+        if cached is None or any(a is not b for a, b in zip(cached[0], key)):
+            added = self.z_cov
+            if self.regression is not None:
+                cross = np.matmul(self.regression, added)  # −Cov(u_s, z_s)
+                added = added - cross - np.swapaxes(cross, 1, 2)
+            self._added_cov = cached = (key, added)
+        return cached[1]
+
     def __getstate__(self):
-        return {**self.__dict__, "_z_cov": None}  # pickles without the cache
+        return {**self.__dict__, "_z_cov": None, "_added_cov": None}  # pickles without the caches
 
     @property
     def prior_precision(self):
@@ -151,22 +168,7 @@ def new_term(index, shape, mode, source, rank, variance, hyper=None):
 def effective_moments(mean, cov, term):
     """Mean and covariance of ũ_s = u_s + z_s under q, from u_s's marginal moments (``mean``
     (d, R), ``cov`` (d, R, R)) and the term's q(y) and B: Cov u_s + Cov z_s − B_s Cov z_s − (B_s Cov z_s)ᵀ."""
-    z_cov = term.z_cov
-    if term.regression is not None:
-        cross = np.matmul(term.regression, z_cov)  # −Cov(u_s, z_s)
-        z_cov = z_cov - cross - np.swapaxes(cross, 1, 2)
-    return mean + term.weights @ term.mean, cov + z_cov
-
-
-def structure_entropy_gap(cov, term):
-    """½ Σ_s (log|Cov u_s| − log|S_s|), S_s = Cov u_s − B_s Cov z_s B_sᵀ: what q(u_s | y) takes
-    off the entropy of the marginals q(u_s) (0 before the first update)."""
-    if term.regression is None:
-        return 0.0
-    B = term.regression
-    spread = np.matmul(np.matmul(B, term.z_cov), np.swapaxes(B, 1, 2))
-    conditional = cov - 0.5 * (spread + np.swapaxes(spread, 1, 2))
-    return 0.5 * float(np.sum(batched_logdet(cov) - batched_logdet(conditional)))
+    return mean + term.weights @ term.mean, cov + term.added_cov
 
 
 def _times(A, x):
@@ -176,8 +178,8 @@ def _times(A, x):
 
 def implicit_update(rows, term, message_precision, message_shift, *, implicit=IMPLICIT):
     """VMP's coordinate step on q(u | y) of the mode's ``rows`` (mean, cov: u_s's marginal moments;
-    prior_precision, prior_shift; updated in place) and q(y) of ``term`` (mean, cov and the rows'
-    regression B, in place), given the entries' messages in ũ_s: ``message_precision`` Λ
+    prior_precision, prior_shift; updated in place) and q(y) of ``term`` (mean, cov, the rows'
+    regression B and the entropy gap, in place), given the entries' messages in ũ_s: ``message_precision`` Λ
     (d, R, R) and ``message_shift`` h (d, R) (the module docstring).
 
     The rows are eliminated exactly — ū_s = (P_s + Λ_s)⁻¹(p_s + h_s − Λ_s z̄_s) — which leaves
@@ -189,7 +191,7 @@ def implicit_update(rows, term, message_precision, message_shift, *, implicit=IM
     number of iterations."""
     C, lam = term.weights, term.prior_precision
     Lam, rank = message_precision, rows.mean.shape[1]
-    u_cov = batched_inverse(rows.prior_precision + Lam)
+    u_cov, logdet_precision = batched_inverse(rows.prior_precision + Lam, with_logdet=True)  # S_s, −log|S_s|
     gain = np.matmul(Lam, u_cov)  # Λ_s (P_s + Λ_s)⁻¹
     K = Lam - np.matmul(gain, Lam)
     K = 0.5 * (K + np.swapaxes(K, 1, 2))
@@ -220,6 +222,7 @@ def implicit_update(rows, term, message_precision, message_shift, *, implicit=IM
     term.mean, term.cov, term.regression = y, y_cov, np.matmul(u_cov, Lam)  # B_s = (P_s + Λ_s)⁻¹ Λ_s
     spread = np.matmul(np.matmul(term.regression, term.z_cov), np.swapaxes(term.regression, 1, 2))
     rows.mean, rows.cov = _times(u_cov, shift - _times(Lam, C @ y)), u_cov + 0.5 * (spread + np.swapaxes(spread, 1, 2))
+    term.entropy_gap = 0.5 * float(np.sum(batched_logdet(rows.cov) + logdet_precision))
     return n_iter
 
 
