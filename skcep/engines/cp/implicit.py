@@ -97,30 +97,39 @@ class ImplicitTerm:
         C = self.weights
         return sp.csr_matrix((C.data**2, C.indices, C.indptr), shape=C.shape)
 
+    def _kept(self, slot, key, compute):
+        """``compute()``, kept in ``slot`` until an array of ``key`` is replaced (every update
+        assigns new arrays)."""
+        cached = getattr(self, slot)
+        if cached is None or any(a is not b for a, b in zip(cached[0], key)):
+            cached = (key, compute())
+            setattr(self, slot, cached)
+        return cached[1]
+
     @property
     def z_cov(self):
         """Cov z_s = Σ_m c_sm² Σ_m for every row s of the mode (d_mode, R, R), kept until ``cov`` or
-        ``weights`` is replaced (every update assigns new arrays)."""
-        cached = self._z_cov
-        if cached is None or cached[0] is not self.cov or cached[1] is not self.weights:
-            rank = self.mean.shape[1]
-            value = (self.squared_weights @ self.cov.reshape(-1, rank * rank)).reshape(-1, rank, rank)
-            self._z_cov = cached = (self.cov, self.weights, value)
-        return cached[2]
+        ``weights`` is replaced."""
+        rank = self.mean.shape[1]
+        return self._kept(
+            "_z_cov",
+            (self.cov, self.weights),
+            lambda: (self.squared_weights @ self.cov.reshape(-1, rank * rank)).reshape(-1, rank, rank),
+        )
 
     @property
     def added_cov(self):
         """What z adds to the covariance of ũ_s beyond u_s's marginal one, Cov z_s − B_s Cov z_s −
-        (B_s Cov z_s)ᵀ (d_mode, R, R), kept like :attr:`z_cov` (and until ``regression`` is replaced)."""
-        cached = self._added_cov
-        key = (self.cov, self.weights, self.regression)
-        if cached is None or any(a is not b for a, b in zip(cached[0], key)):
+        (B_s Cov z_s)ᵀ (d_mode, R, R), kept until ``cov``, ``weights`` or ``regression`` is replaced."""
+
+        def compute():
             added = self.z_cov
-            if self.regression is not None:
-                cross = np.matmul(self.regression, added)  # −Cov(u_s, z_s)
-                added = added - cross - np.swapaxes(cross, 1, 2)
-            self._added_cov = cached = (key, added)
-        return cached[1]
+            if self.regression is None:
+                return added
+            cross = np.matmul(self.regression, added)  # −Cov(u_s, z_s)
+            return added - cross - np.swapaxes(cross, 1, 2)
+
+        return self._kept("_added_cov", (self.cov, self.weights, self.regression), compute)
 
     def __getstate__(self):
         return {**self.__dict__, "_z_cov": None, "_added_cov": None}  # pickles without the caches

@@ -155,14 +155,15 @@ def mode_prior_update(post, refresh=False):
         spread = float(np.einsum("sii->", f.cov) + np.sum((f.mean - m) ** 2)) + d * rank * s
         count = d * rank
         term = post.implicit_term(k)
-        if term is not None and term.hyper is None:  # y_m ~ N(0, λ_k⁻¹ I) share λ_k
-            spread += float(np.einsum("sii->", term.cov) + np.sum(term.mean**2))
-            count += term.mean.size
+        shared = term if term is not None and term.hyper is None else None  # y_m ~ N(0, λ_k⁻¹ I)
+        if shared is not None:
+            spread += float(np.einsum("sii->", shared.cov) + np.sum(shared.mean**2))
+            count += shared.mean.size
         a = a0 + 0.5 * count
         b = _capped_rate(post, a, b0 + 0.5 * spread)
         post.mode_priors[k] = (m, s, a, b)
-        if term is not None and term.hyper is None:
-            term.precision = (a, b)
+        if shared is not None:
+            shared.precision = (a, b)
         d_prec, d_shift = a / b - lam_old, (a / b) * m - shift_old
         changes.append((k, d_prec, d_shift))
         _move_prior(f, d_prec, d_shift, refresh)
