@@ -11,7 +11,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._base import COMMON_CONSTRAINTS, DAMPING_DOC, N_JOBS_DOC, VERBOSE_DOC, fit_method, warn
 from .._dask import fit_without_rows, rows
-from ..engines.cp import grow_posterior, predict_cp
+from ..engines.cp import grow_posterior, predict_cp, vanished_modes
 from ._base import TensorEstimator, _check_noise_prior, check_tensor_index, cp_attributes
 from ._cp_start import HOLD_PRIORS, CPStart
 from ._cp_stream import WARM_UP_GAUSSIAN, CPStreaming
@@ -226,7 +226,9 @@ _DOC = (
         E[β_k], the learned prior precision of every mode's offsets, in y's units
         (``mode_bias`` with ``bias_prior_variance="auto"``; else None).
     effective_rank_ : int
-        Components with power Π_k mean_s E[u^k_{sr}]² ≥ 1e-3 × the largest and > 1e-12.
+        Components with power Π_k mean_s E[u^k_{sr}]² ≥ 1e-3 × the largest and ≥ 1e-6 × the
+        latent noise variance 1/E[τ] (1 for probit and ordinal entries): 0 when the CP part
+        collapsed, in every mode or in one (a ``ConvergenceWarning`` then names the cause).
     elbo_ : list of float
         Evidence lower bound after every sweep of the last call (non-decreasing for VMP and
         for group CEP with Gaussian entries; Li et al., Corollary 1), of the standardized
@@ -525,19 +527,38 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
 
     def _warn_if_collapsed(self):
         """A ``ConvergenceWarning`` when every CP component is zero: the fit sits at the all-zero
-        fixed point, and predicts from the offsets alone (a constant without ``mode_bias``)."""
+        fixed point, or one mode's embeddings vanished and took the product with them, and it
+        predicts from the offsets alone (a constant without ``mode_bias``)."""
         if self.effective_rank_ > 0:
             return
-        advice = (
-            "learn the priors from the data (prior_variance='auto'), whose common mean direction "
-            "keeps the components from it, or "
-            if self.prior_variance != "auto"
-            else ""
-        )
+        vanished, rms = vanished_modes(self._posterior)
+        remedies = []
+        if self._method == "vmp":
+            remedies.append("method='cep' (moment matching keeps weak components that VMP's mean-field bound prunes)")
+        if vanished and len(vanished) < len(rms):
+            k = vanished[0]
+            cause = (
+                f"the embeddings of mode {k} ({self.shape_[k]} rows) shrank to zero (root mean square "
+                f"{rms[k]:.1g} against {rms.max():.2g}), which zeroes every component of the product"
+            )
+            if k not in self.modulating_modes:
+                remedies.append(
+                    f"modulating_modes=({k},) if mode {k} is a short one seen by many entries, such as "
+                    "time bins (embeddings with prior N(1, modulation_variance))"
+                )
+        else:
+            cause = (
+                "the fit sits at the all-zero fixed point (on a sparse tensor a zero-mean prior holds "
+                "every embedding there)"
+            )
+        if self.prior_variance != "auto":
+            remedies.append(
+                "prior_variance='auto' (learned priors, whose common mean direction keeps the components from it)"
+            )
+        remedies.append("n_init > 1 or a larger init_scale")
         warn(
-            f"{type(self).__name__}: every CP component is zero — the fit sits at the all-zero fixed point "
-            "(on a sparse tensor a zero-mean prior holds every embedding there) and predicts from the "
-            f"offsets alone; {advice}try n_init > 1 or a larger init_scale.",
+            f"{type(self).__name__}: every CP component is zero and the fit predicts from the offsets "
+            f"alone: {cause}.  Try {'; or '.join(remedies)}.",
             ConvergenceWarning,
         )
 

@@ -22,6 +22,7 @@ from test_cp_ard import TwoPartitions, planted, vmp_fit_with_monotone_elbo
 from skcep import BayesianCPTensor
 from skcep.datasets import load_enron
 from skcep.engines.cp import (
+    effective_rank,
     elbo,
     fit_cp,
     grow_posterior,
@@ -30,6 +31,7 @@ from skcep.engines.cp import (
     offset_prior_update,
     start_sweeps,
     streaming_sweeps,
+    vanished_modes,
 )
 
 A0, B0, V = 1e-3, 1e-3, 1.0
@@ -389,6 +391,54 @@ def test_a_collapsed_stream_is_never_silent():
     with pytest.warns(ConvergenceWarning, match="all-zero fixed point"):
         est.partial_fit(data.X_train[900:], data.y_train[900:])
     assert est.effective_rank_ == 0
+
+
+def test_one_vanished_mode_is_a_collapse_and_is_named():
+    """Probit VMP with offsets on the binary MovieLens (user, movie, time bin) tensor: the
+    learned prior of the 20 time bins grows until their embeddings vanish (root mean square
+    1e-4 against 0.4 for the movies), so every component of the product is ~1e-5 on the probit
+    scale and the fit is the offsets' alone.  It counts no component and warns, naming the
+    time mode and the remedies; CEP, the first of them, keeps the components."""
+    from skcep.datasets import load_movielens
+
+    data = load_movielens(binary=True)
+    shape = tuple(data.X.max(axis=0) + 1)
+    X, y = data.X[::2], data.y[::2]
+    est = BayesianCPTensor(rank=3, likelihood="probit", method="vmp", mode_bias=True, shape=shape, random_state=0)
+    with pytest.warns(ConvergenceWarning) as record:
+        est.fit(X, y)
+    (message,) = [str(w.message) for w in record if "every CP component is zero" in str(w.message)]
+    assert "mode 2 (20 rows) shrank to zero" in message
+    assert "method='cep'" in message and "modulating_modes=(2,)" in message
+    assert est.effective_rank_ == 0
+    rms = [np.sqrt(np.mean(F**2)) for F in est.factors_]
+    assert rms[2] < 1e-3 * max(rms[:2])
+    est.set_params(method="cep")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # max_iter
+        est.fit(X, y)
+    assert est.effective_rank_ == 3
+
+
+def test_effective_rank_counts_components_above_a_thousandth_of_the_noise():
+    """A component counts when its power Π_k mean_s E[u_sr]² is ≥ 1e-3 of the largest and ≥ 1e-6
+    of the latent noise variance 1/E[τ]; a mode whose root mean square is below 1e-2 of the
+    largest mode's is named as vanished."""
+    post = init_posterior(
+        (30, 20, 5), 3, prior_variance=1.0, init_scale=0.5, rng=np.random.default_rng(0), noise_prior=(1e-3, 1e-3)
+    )
+    for f in post.factors:
+        f.mean[:] = 1.0
+    post.noise = (1.0, 4.0)  # E[τ] = 1/4: the floor on the power is 1e-6 × 4
+    assert effective_rank(post) == 3 and vanished_modes(post)[0] == []
+    post.factors[2].mean[:] = np.sqrt(3.9e-6)  # power 3.9e-6 < 4e-6
+    assert effective_rank(post) == 0 and vanished_modes(post)[0] == [2]
+    post.factors[2].mean[:] = np.sqrt(4.1e-6)
+    assert effective_rank(post) == 3
+    post.factors[2].mean[:, 1] = 1e-4  # that component's power 1e-8: below the noise floor
+    assert effective_rank(post) == 2
+    post.noise = (1.0, 1e-6)  # E[τ] = 1e6: the floor 1e-12 leaves it
+    assert effective_rank(post) == 3
 
 
 # --------------------------------------------------------------------------------------------

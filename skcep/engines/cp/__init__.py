@@ -17,7 +17,7 @@ cluster, and global steps on their sums.
 * :mod:`.statistics` — the statistics step of Gaussian entries and offsets; entry weights;
 * :mod:`.sites` — the rank-one CEP sites of probit and ordinal entries, the augmented VMP targets;
 * :mod:`.updates` — the global steps: rows reduced, group, noise, ARD and learned-prior updates;
-* :mod:`.moments` — moments of f at the entries, ``predict_cp``, ``effective_rank``;
+* :mod:`.moments` — moments of f at the entries, ``predict_cp``, ``effective_rank``, ``vanished_modes``;
 * :mod:`.student` — Student-t noise: q(s_i) of every entry's precision scale, ν;
 * :mod:`.elbo` — the ELBO, its KL terms, ``EntrySums``, ``SweepTotals``, ``posterior_sums``;
 * :mod:`.partition` — ``EntryPartition`` (the map steps of a group sweep), the holder protocol
@@ -35,7 +35,7 @@ from .chunks import ModeChunk, SparseChunk, mode_chunks
 from .elbo import EntrySums, SweepTotals, elbo, posterior_sums
 from .fit import CPFitResult, fit_cp, start_sweeps
 from .implicit import new_term
-from .moments import effective_rank, predict_cp
+from .moments import effective_rank, predict_cp, vanished_modes
 from .partition import Entries, EntryPartition, InMemoryEntries
 from .posterior import CPPosterior, GaussianRows, put_rows, take_rows
 from .settings import (
@@ -107,6 +107,7 @@ __all__ = [
     "offset_prior_update",
     "learned_prior_update",
     "effective_rank",
+    "vanished_modes",
     "streaming_sweeps",
     "probit_site",
     "start_sweeps",

@@ -91,9 +91,21 @@ def predict_cp(post, index, n_jobs=None):
     return cp_mean + off_mean, cp_var + off_var
 
 
-def effective_rank(post, share=1e-3):
+def effective_rank(post, share=1e-3, floor=1e-3):
     """Number of CP components that carry signal: those whose power Π_k mean_s E[u^k_{sr}]² (the
     mean square of the rank-one term over all cells of the tensor) is at least ``share`` times
-    the largest component's, and above 1e-12 (a CP part collapsed to zero has none)."""
+    the largest component's and at least ``floor``² times the latent entry's noise scale 1/E[τ]
+    (1 for probit and ordinal entries): a term whose root mean square is below a thousandth of
+    the noise moves no prediction, so a CP part that collapsed to zero, in every mode or in one
+    (the product of the others then vanishes with it), has none."""
     power = np.prod([np.mean(post.factor_moments(k)[0] ** 2, axis=0) for k in range(len(post.factors))], axis=0)
-    return int(np.count_nonzero(power >= max(share * power.max(), 1e-12)))
+    return int(np.count_nonzero(power >= max(share * power.max(), floor**2 / post.noise_precision)))
+
+
+def vanished_modes(post, ratio=1e-2):
+    """(modes, rms): the modes whose embeddings' root mean square sqrt(mean_{s,r} E[u^k_{sr}]²)
+    is below ``ratio`` times the largest mode's, and every mode's root mean square.  One mode
+    at zero zeroes every component of the product (e.g. time bins whose learned prior
+    precision grew until they vanished)."""
+    rms = np.array([np.sqrt(np.mean(post.factor_moments(k)[0] ** 2)) for k in range(len(post.factors))])
+    return [int(k) for k in np.flatnonzero(rms < ratio * rms.max())], rms
