@@ -91,6 +91,11 @@ def predict_cp(post, index, n_jobs=None):
     return cp_mean + off_mean, cp_var + off_var
 
 
+def _mean_squares(post):
+    """(K, R): mean_s E[u^k_{sr}]² of every mode k and component r."""
+    return np.array([np.mean(post.factor_moments(k)[0] ** 2, axis=0) for k in range(len(post.factors))])
+
+
 def effective_rank(post, share=1e-3, floor=1e-3):
     """Number of CP components that carry signal: those whose power Π_k mean_s E[u^k_{sr}]² (the
     mean square of the rank-one term over all cells of the tensor) is at least ``share`` times
@@ -98,7 +103,7 @@ def effective_rank(post, share=1e-3, floor=1e-3):
     (1 for probit and ordinal entries): a term whose root mean square is below a thousandth of
     the noise moves no prediction, so a CP part that collapsed to zero, in every mode or in one
     (the product of the others then vanishes with it), has none."""
-    power = np.prod([np.mean(post.factor_moments(k)[0] ** 2, axis=0) for k in range(len(post.factors))], axis=0)
+    power = np.prod(_mean_squares(post), axis=0)
     return int(np.count_nonzero(power >= max(share * power.max(), floor**2 / post.noise_precision)))
 
 
@@ -107,5 +112,5 @@ def vanished_modes(post, ratio=1e-2):
     is below ``ratio`` times the largest mode's, and every mode's root mean square.  One mode
     at zero zeroes every component of the product (e.g. time bins whose learned prior
     precision grew until they vanished)."""
-    rms = np.array([np.sqrt(np.mean(post.factor_moments(k)[0] ** 2)) for k in range(len(post.factors))])
+    rms = np.sqrt(_mean_squares(post).mean(axis=1))
     return [int(k) for k in np.flatnonzero(rms < ratio * rms.max())], rms
