@@ -14,7 +14,7 @@ baselines are chosen on :func:`validation_split` (10 % of the training entries, 
 
 Compared, for ranks 3, 5, 8, 10 and ``mode_bias`` False / True: ``BayesianCPTensor`` with
 CEP-group, CEP-group with ARD (``ard=True``), CEP-entry, VMP and (probit) VMP with ARD, otherwise
-at the estimator's defaults (prior_variance 1,
+at the estimator's defaults (priors learned from the data,
 init_scale 0.5, fit_intercept, damping 1) except ``max_iter`` (default 100 here, for the
 time budget; the *conv.* column says whether ``tol`` was met), ``shape`` = the full shape
 and ``random_state=0``.  For Gaussian entries CEP-group is VMP exactly (papers/001 Theorem 1),
@@ -70,7 +70,10 @@ TARGET_MARGIN = 0.005  # probit CP with offsets must beat the one-hot logistic m
 PROBIT_CANDIDATES = (
     ("CEP, ARD, rank 3", dict(method="cep", ard=True, rank=3)),
     ("CEP, ARD, rank 8", dict(method="cep", ard=True, rank=8)),
-    ("CEP, ARD, rank 8, prior_variance 0.15", dict(method="cep", ard=True, rank=8, prior_variance=0.15)),
+    (
+        "CEP, ARD, rank 8, prior_variance 0.15",
+        dict(method="cep", ard=True, rank=8, prior_variance=0.15, prior_mean=0.0),
+    ),
     ("CEP, ARD, rank 8, damping 0.5", dict(method="cep", ard=True, rank=8, damping=0.5)),
     ("CEP, ARD, rank 8, 2 sweeps", dict(method="cep", ard=True, rank=8, max_iter=2)),
     ("VMP, ARD, rank 3, init_scale 1", dict(method="vmp", ard=True, rank=3, init_scale=1.0)),
@@ -81,15 +84,15 @@ PROBIT_CANDIDATES = (
     ),
     (
         "CEP, rank 3, prior_variance 0.1, bias_prior_variance 0.3",
-        dict(method="cep", rank=3, prior_variance=0.1, bias_prior_variance=0.3),
+        dict(method="cep", rank=3, prior_variance=0.1, prior_mean=0.0, bias_prior_variance=0.3),
     ),
     (
         "CEP, rank 3, prior_variance 0.07, bias_prior_variance 0.3",
-        dict(method="cep", rank=3, prior_variance=0.07, bias_prior_variance=0.3),
+        dict(method="cep", rank=3, prior_variance=0.07, prior_mean=0.0, bias_prior_variance=0.3),
     ),
     (
         "VMP, rank 8, prior_variance 0.5, bias_prior_variance 0.3",
-        dict(method="vmp", rank=8, prior_variance=0.5, bias_prior_variance=0.3),
+        dict(method="vmp", rank=8, prior_variance=0.5, prior_mean=0.0, bias_prior_variance=0.3),
     ),
     # time modulating the user × movie term: time factors with prior N(1, v) (modulating_modes)
     *(
@@ -99,6 +102,7 @@ PROBIT_CANDIDATES = (
                 method="vmp",
                 rank=8,
                 prior_variance=0.5,
+                prior_mean=0.0,
                 bias_prior_variance=0.3,
                 modulating_modes=(2,),
                 modulation_variance=v,
@@ -113,6 +117,7 @@ PROBIT_CANDIDATES = (
             ard=True,
             rank=8,
             prior_variance=0.5,
+            prior_mean=0.0,
             bias_prior_variance=0.3,
             modulating_modes=(2,),
             modulation_variance=0.003,
@@ -124,6 +129,7 @@ PROBIT_CANDIDATES = (
             method="cep",
             rank=3,
             prior_variance=0.1,
+            prior_mean=0.0,
             bias_prior_variance=0.3,
             modulating_modes=(2,),
             modulation_variance=0.003,
@@ -132,7 +138,7 @@ PROBIT_CANDIDATES = (
     # the same estimator on the user × movie matrix (X[:, :2]): no time factor in the CP term
     (
         "user × movie: CEP, rank 3, prior_variance 0.1, bias_prior_variance 0.3",
-        dict(modes=2, method="cep", rank=3, prior_variance=0.1, bias_prior_variance=0.3),
+        dict(modes=2, method="cep", rank=3, prior_variance=0.1, prior_mean=0.0, bias_prior_variance=0.3),
     ),
     (
         "user × movie: VMP, rank 8, bias_prior_variance 0.3",
@@ -140,7 +146,7 @@ PROBIT_CANDIDATES = (
     ),
     (
         "user × movie: VMP, rank 8, prior_variance 0.5, bias_prior_variance 0.3",
-        dict(modes=2, method="vmp", rank=8, prior_variance=0.5, bias_prior_variance=0.3),
+        dict(modes=2, method="vmp", rank=8, prior_variance=0.5, prior_mean=0.0, bias_prior_variance=0.3),
     ),
 )
 MAP_GRID = [(8, lam_f, lam_b) for lam_f in (3.0, 10.0, 30.0) for lam_b in (1.0, 3.0)]  # (rank, λ factors, λ biases)
@@ -486,9 +492,9 @@ def run_tuning(d, tr, fi, va, te, max_iter, grid, rank, log):
 TUNING_GRID = (
     dict(),
     dict(bias_prior_variance=0.3),
-    dict(prior_variance=0.3, bias_prior_variance=0.3),
-    dict(prior_variance=0.1, bias_prior_variance=0.3),
-    dict(prior_variance=0.1, bias_prior_variance=0.3, init_scale=1.0),
+    dict(prior_variance=0.3, prior_mean=0.0, bias_prior_variance=0.3),
+    dict(prior_variance=0.1, prior_mean=0.0, bias_prior_variance=0.3),
+    dict(prior_variance=0.1, prior_mean=0.0, bias_prior_variance=0.3, init_scale=1.0),
 )
 
 
@@ -582,8 +588,8 @@ def report(base, val_rmse, val_auc, rows, tuning, args, elapsed, n_train, n_test
         f"Split: `movielens_split(seed=0)` in `bench_cp_movielens.py` — {n_train:,} training / "
         f"{n_test:,} test entries, the same entries for the real and the binary tensor "
         "(rating ≥ 4). Tuning (baseline λ, last section) on `validation_split` = 10 % of the "
-        "training entries (seed 1). BayesianCPTensor at its defaults (prior_variance 1, "
-        "bias_prior_variance 1, init_scale 0.5, fit_intercept, damping 1, tol 1e-4) with "
+        "training entries (seed 1). BayesianCPTensor at its defaults (priors learned from the data, "
+        "init_scale 0.5, fit_intercept, damping 1, tol 1e-4) with "
         f"`shape` = full shape, `random_state=0`, max_iter={args.max_iter} "
         "(time budget; *conv.* = tol met). Gaussian: test RMSE of the predictive mean; "
         "probit: test AUC of the latent mean (`decision_function`). Fit seconds are wall "

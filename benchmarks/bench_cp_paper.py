@@ -11,7 +11,7 @@ Protocol.  ``skcep.datasets.load_alog(fold)`` and ``load_enron(fold)``, folds 1�
 ``max_iter=500`` (the authors' cap; everything else at its default), in three inference
 variants — group CEP (the default), entry CEP (``schedule="entry"``) and VMP
 (``method="vmp"``; entry CEP at ranks 3 and 8 only, for time) — each with the fixed prior
-(``prior_variance=1.0``) and with priors
+(``prior_variance=1.0``, ``prior_mean=0.0``) and with priors
 learned from the data (``prior_variance="auto"``).  Beside them:
 
 * the authors' own per-fold results (``load_cep_tensor_figures()``), read from their result
@@ -225,6 +225,7 @@ def main():
                         fit_skcep,
                         max_iter=max_iter,
                         prior_variance=prior,
+                        prior_mean="auto" if prior == "auto" else 0.0,
                         **params,
                     )
             if args.streams:
@@ -279,7 +280,16 @@ def main():
             for prior_label, prior in PRIORS.items():
                 row = [f"{name.capitalize()}, {'ADF-CEP' if method == 'cep' else 'streaming VMP'}, {prior_label}"]
                 for batch in STREAM_BATCHES:
-                    runs = [stream_skcep(loader(fold), batch, method=method, prior_variance=prior) for fold in folds]
+                    runs = [
+                        stream_skcep(
+                            loader(fold),
+                            batch,
+                            method=method,
+                            prior_variance=prior,
+                            prior_mean="auto" if prior == "auto" else 0.0,
+                        )
+                        for fold in folds
+                    ]
                     print(name, method, prior_label, batch, runs, flush=True)
                     row.append(f"{cell([r[0] for r in runs])} ({np.mean([r[1] for r in runs]):.1f} s)")
                 batch_fit = summary[name].get(

@@ -15,8 +15,9 @@ n/Π shape = 1600/n stays small (1.6 % at 10^5, 0.016 % at 10^7).  n distinct ce
 uniformly without replacement; y = 1ᵀ(u¹ ∘ u² ∘ u³) + ε with true rank-8 factors
 u ~ N(0, 8^(-1/3) I), so that Var f ≈ 1, and ε ~ N(0, 0.1²).
 
-Fits: ``BayesianCPTensor(rank=8, method=m, max_iter=M, tol=0, random_state=0, prior_variance=1.0)`` (Gaussian
-likelihood, group schedule, global offset, other parameters default) for m in {"vmp", "cep"};
+Fits: ``BayesianCPTensor(rank=8, method=m, max_iter=M, tol=0, random_state=0, prior_variance=1.0,
+prior_mean=0.0)`` (Gaussian likelihood, group schedule, global offset, other parameters default)
+for m in {"vmp", "cep"};
 M sweeps, fixed per size.  Every fit runs in a fresh subprocess (this script with
 ``--worker``), which builds the data, resets the kernel's peak-RSS counter
 (``/proc/self/clear_refs``), then calls ``fit`` and reads ``getrusage().ru_maxrss``.  Timing
@@ -132,7 +133,7 @@ def fit_worker(spec):
 
     est_module.fit_cp = timed_fit_cp
     est = BayesianCPTensor(
-        rank=RANK, method=spec["method"], max_iter=max_iter, tol=0, random_state=0, prior_variance=1.0
+        rank=RANK, method=spec["method"], max_iter=max_iter, tol=0, random_state=0, prior_variance=1.0, prior_mean=0.0
     )  # the fixed prior: a study of speed and memory
     peak_reset = reset_peak_rss()
     before = maxrss_bytes()
@@ -337,7 +338,8 @@ def main(quick):
         f"noise: the exact model has training RMSE ≈ {NOISE_SD}, the zero predictor std(y) ≈ 1 "
         "(from the random start the fit leaves a plateau after ≈ 10 sweeps; M is too small at "
         "10⁶ and 10⁷ for the RMSE to be final, it only shows the fit is under way).  Fit: "
-        f"`BayesianCPTensor(rank={RANK}, method=m, max_iter=M, tol=0, random_state=0, prior_variance=1.0)`, other "
+        f"`BayesianCPTensor(rank={RANK}, method=m, max_iter=M, tol=0, random_state=0, prior_variance=1.0, "
+        "prior_mean=0.0)`, other "
         "parameters default (Gaussian likelihood, group schedule, global offset, prior variance 1, "
         "random initial means with scale 0.5).",
         "",

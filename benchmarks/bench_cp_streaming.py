@@ -10,7 +10,7 @@ user × movie × 20-time-bin tensor, rank 8, the 90/10 split of
 ``bench_cp_movielens.movielens_split(0)``, two tasks on the same entries — *binary* (rating ≥ 4,
 ``likelihood="probit"``, test AUC of ``decision_function``) and *ratings* (``likelihood="gaussian"``,
 test RMSE of ``predict``) — and two models: the estimator's defaults (``mode_bias=False``) and
-``mode_bias=True``, both with the fixed priors (``prior_variance=1.0``, ``bias_prior_variance=1.0``;
+``mode_bias=True``, both with the fixed priors (``prior_variance=1.0``, ``prior_mean=0.0``, ``bias_prior_variance=1.0``;
 the default learned priors are streamed in ``bench_cp_paper.py --streams`` and
 ``bench_cp_defaults.py``).  The training entries are shuffled (seed s, which also seeds the estimator)
 and streamed once through ``partial_fit`` in batches of 100, 500, 1000, 5000 and 10000, with
@@ -241,6 +241,7 @@ def make(task, d, seed, params):
         random_state=seed,
         warm_up_entries=0,
         prior_variance=1.0,
+        prior_mean=0.0,
         bias_prior_variance=1.0,
     )
     # The fixed priors and no warm-up buffer (unless a rule names one): these diagnostics study the

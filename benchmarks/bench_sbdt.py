@@ -167,6 +167,7 @@ def make_cp(likelihood, rank, method, shape, seed, batch_size=BATCH, **params):
         method=method,
         shape=shape,
         prior_variance=1.0,
+        prior_mean=0.0,
         warm_up_entries=0,
         random_state=seed,
         **params,
@@ -290,6 +291,7 @@ def run_batch(likelihood, rank, method, mode_bias, data, tr, te, max_iter, log):
         method=method,
         mode_bias=mode_bias,
         prior_variance=1.0,
+        prior_mean=0.0,
         bias_prior_variance=1.0,  # the fixed priors
         max_iter=max_iter,
         shape=d.shape,
@@ -643,7 +645,8 @@ def report(rows, skipped, base, args, elapsed, n_train, n_test, files, load_text
         f"entries (`default_rng(s).permutation`) into batches of {BATCH}; every streaming model "
         "gets the same batches, once, by `partial_fit`, with `shape` = full shape and "
         "`random_state=s`. SBDT: two hidden layers of 50, estimator defaults otherwise. "
-        "Streaming CP: `BayesianCPTensor(method=..., prior_variance=1.0)` (the fixed prior) — `n_inner_iter=10` "
+        "Streaming CP: `BayesianCPTensor(method=..., prior_variance=1.0, prior_mean=0.0)` (the fixed prior) — "
+        "`n_inner_iter=10` "
         "sweeps over each batch (the analogue of POST's per-batch mean-field iterations), "
         "`mode_bias=False`, `fit_intercept=True`, prior variance 1, init_scale 0.5. Batch CP: "
         f"`fit` on all training entries, `max_iter={BATCH_MAX_ITER if not args.quick else 5}`, "

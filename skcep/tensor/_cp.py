@@ -40,8 +40,8 @@ _DOC = (
     Entry i = (i_1, …, i_K) is ``f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k}``
     with ``y_i ~ N(f_i, 1/τ)`` (``likelihood="gaussian"``), ``P(y_i = 1) = Φ(f_i)``
     (``"probit"``) or ``P(y_i = level k) = Φ(θ_k − f_i) − Φ(θ_{k−1} − f_i)`` (``"ordinal"``), priors N(μ_k,
-    λ_k⁻¹ I) learned from the data (``prior_variance="auto"``) or
-    N(0, prior_variance·I) on the embeddings u^k_s ∈ R^rank
+    λ_k⁻¹ I) on the embeddings u^k_s ∈ R^rank, μ_k and λ_k learned from the data
+    (``prior_mean="auto"``, ``prior_variance="auto"``) or fixed (N(0, prior_variance·I): the papers')
     (N(1, modulation_variance·I) for the ``modulating_modes``) and
     τ ~ Gam(a0, b0) (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.1
     eqs. 12–13; Li, Fang, Cheng, Wu & Theodoridis, "When VMP Meets CEP", TMLR, §4.1 eq. 26),
@@ -89,15 +89,23 @@ _DOC = (
         over the entries per mode, O(n) memory).  "entry": sites updated block by block with EP
         bookkeeping (Wang & Zhe, Algorithm 1); fewer, costlier sweeps, O(n·rank²) memory.
     prior_variance : float or "auto", default="auto"
-        Prior variance v of every embedding coordinate (``ard``: 1/E[λ] at the start).  "auto":
-        each mode's prior is learned from the data, the hierarchical prior of Bayesian PMF in
-        its mean-field form: row s of mode k has prior N(μ_k, λ_k⁻¹ I) with μ_k ~ N(0, I) and
-        λ_k ~ Gam(10⁻³, 10⁻³), q(μ_k) and q(λ_k) updated after every sweep
-        (``partial_fit``: after every batch) and reported in ``factor_prior_means_`` and
-        ``factor_prior_precisions_``.  The learned mean gives the components a common
-        direction, started positive, so that sparse tensors do not sit at the all-zero fixed
-        point of a zero-mean prior (see the user guide).  With ``ard`` the learned prior is ARD's:
-        zero mean (so that components can be pruned), per-component precisions starting at 1.
+        Prior variance 1/λ_k of every embedding coordinate (``ard``: 1/E[λ] at the start).
+        "auto": learned per mode from the data, λ_k ~ Gam(10⁻³, 10⁻³) with q(λ_k) updated after
+        every sweep (``partial_fit``: after every batch) and reported in
+        ``factor_prior_precisions_``.  With ``prior_mean="auto"`` as well, this is the
+        hierarchical prior of Bayesian PMF in its mean-field form.  With ``ard`` the learned
+        prior is ARD's: zero mean (so that components can be pruned), per-component precisions
+        starting at 1.
+    prior_mean : float or "auto", default="auto"
+        Prior mean of every embedding coordinate: row s of mode k has prior N(μ_k, λ_k⁻¹ I).
+        "auto": μ_k is learned per mode from the data, μ_k ~ N(0, I), q(μ_k) started at c·1
+        with c = rank^(−1/K) (so the prior's main effect Σ_r Π_k μ_kr starts at 1), updated with
+        λ_k and reported in ``factor_prior_means_``.  The learned mean gives the components a
+        common direction, so that sparse tensors do not sit at the all-zero fixed point of a
+        zero-mean prior; it does so whatever ``prior_variance`` is (see the user guide, "The
+        prior mean").  A number m: the fixed mean m·1; ``prior_mean=0`` with a number for
+        ``prior_variance`` is the papers' prior N(0, prior_variance·I).  With ``ard`` the mean
+        is 0 ("auto" means 0 there; another number is refused).
     ard : bool, default=False
         Automatic relevance determination (Zhao, Zhang & Cichocki, "Bayesian CP factorization
         of incomplete tensors with automatic rank determination", TPAMI 2015): component r has
@@ -218,10 +226,12 @@ _DOC = (
     component_precision_ : ndarray of shape (rank,) or None
         E[λ_r], the prior precision of component r (``ard``; else None).
     factor_prior_means_ : list of ndarray of shape (rank,) or None
-        E[μ_k], the learned prior mean of every mode's embeddings (``prior_variance="auto"``;
-        None for a modulating mode; else None).
+        E[μ_k], the prior mean of every mode's embeddings, learned (``prior_mean="auto"``) or
+        fixed, where the prior is not the papers' N(0, prior_variance·I) (None for a modulating
+        mode; None without ``ard`` only for that prior, and with ``ard``).
     factor_prior_precisions_ : list of float or None
-        E[λ_k], their learned prior precision (likewise).
+        E[λ_k], their prior precision, learned (``prior_variance="auto"``) or 1/prior_variance
+        (likewise).
     bias_prior_precisions_ : list of float or None
         E[β_k], the learned prior precision of every mode's offsets, in y's units
         (``mode_bias`` with ``bias_prior_variance="auto"``; else None).
@@ -291,6 +301,7 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
         "schedule": [StrOptions({"group", "entry"})],
         "implicit_modes": [None, dict],
         "prior_variance": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
+        "prior_mean": [Interval(Real, None, None, closed="neither"), StrOptions({"auto"})],
         "ard": ["boolean"],
         "ard_prior": [tuple, list],
         "modulating_modes": [tuple, list],
@@ -324,6 +335,7 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
         schedule="group",
         implicit_modes=None,
         prior_variance="auto",
+        prior_mean="auto",
         ard=False,
         ard_prior=(1e-6, 1e-6),
         modulating_modes=(),
@@ -350,6 +362,7 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
         self.rank, self.likelihood, self.method, self.schedule = rank, likelihood, method, schedule
         self.ordinal_prediction, self.implicit_modes = ordinal_prediction, implicit_modes
         self.prior_variance, self.ard, self.ard_prior, self.noise_prior = prior_variance, ard, ard_prior, noise_prior
+        self.prior_mean = prior_mean
         self.noise_dof = noise_dof
         self.modulating_modes, self.modulation_variance = modulating_modes, modulation_variance
         self.normalize_y, self.fit_intercept = normalize_y, fit_intercept
@@ -385,6 +398,13 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
                     "implicit_modes maps a mode to another mode, {k: j} with integers k != j; got "
                     f"{self.implicit_modes!r}."
                 )
+        if self.prior_mean != "auto" and not np.isfinite(self.prior_mean):
+            raise ValueError(f"prior_mean must be a finite number or 'auto'; got {self.prior_mean!r}.")
+        if self.ard and self.prior_mean not in ("auto", 0):
+            raise ValueError(
+                "ard=True prunes components through a zero-mean prior N(0, 1/λ_r); got "
+                f"prior_mean={self.prior_mean!r}. Leave prior_mean='auto' (zero with ard) or set ard=False."
+            )
         if not all(isinstance(k, Integral) for k in self.modulating_modes):
             raise ValueError(f"modulating_modes must hold mode numbers (integers); got {self.modulating_modes!r}.")
         if self.shape is not None and not all(isinstance(d, Integral) and d >= 1 for d in self.shape):
@@ -551,10 +571,15 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
                 "the fit sits at the all-zero fixed point (on a sparse tensor a zero-mean prior holds "
                 "every embedding there)"
             )
-        if self.prior_variance != "auto":
+        learns = self._mode_prior_learns
+        if learns is None or not learns[0]:
             remedies.append(
-                "prior_variance='auto' (learned priors, whose common mean direction keeps the components from it)"
+                "prior_mean='auto'"
+                + (" with ard=False" if self.ard else "")
+                + " (a learned prior mean, whose common direction keeps the components from it)"
             )
+        if self.prior_variance != "auto":
+            remedies.append("prior_variance='auto' (a prior precision learned from the data)")
         remedies.append("n_init > 1 or a larger init_scale")
         warn(
             f"{type(self).__name__}: every CP component is zero and the fit predicts from the offsets "

@@ -14,8 +14,8 @@ from ._base import _check_noise_prior, target_scaling
 
 __all__ = ["MODE_PRIOR", "ORDINAL_WARM_START", "OFFSET_PRIOR", "HOLD_PRIORS", "CPStart"]
 
-# prior_variance="auto": the hyperpriors (a0, b0, v) of every mode's prior N(μ_k, λ_k⁻¹ I),
-# λ_k ~ Gam(a0, b0) and μ_k ~ N(0, v I) (docs/tensor.md, "Priors learned from the data")
+# prior_mean / prior_variance="auto": the hyperpriors (a0, b0, v) of every mode's prior
+# N(μ_k, λ_k⁻¹ I), λ_k ~ Gam(a0, b0) and μ_k ~ N(0, v I) (docs/tensor.md, "Priors learned from the data")
 MODE_PRIOR = (1e-3, 1e-3, 1.0)
 ORDINAL_WARM_START = 20  # Gaussian sweeps that start an ordinal fit (cp.ordinal_start)
 OFFSET_PRIOR = (1e-3, 1e-3)  # bias_prior_variance="auto": β_k ~ Gam(a0, b0), the offsets' prior precision
@@ -32,10 +32,22 @@ class CPStart:
         return 1.0 if self.prior_variance == "auto" else self.prior_variance
 
     @property
-    def _learns_mode_priors(self):
-        """The embeddings' priors N(μ_k, λ_k⁻¹ I) are learned (``prior_variance="auto"``; with
-        ``ard`` the learned prior is ARD's)."""
-        return self.prior_variance == "auto" and not self.ard
+    def _mode_prior_learns(self):
+        """(mean, precision): which parts of the embeddings' prior N(μ_k, λ_k⁻¹ I) are learned
+        (``prior_mean="auto"``, ``prior_variance="auto"``); None for the papers' fixed prior
+        N(0, prior_variance·I) (``prior_mean=0`` and a number for ``prior_variance``) and with
+        ``ard``, whose learned prior is ARD's (zero mean)."""
+        mean, precision = self.prior_mean == "auto", self.prior_variance == "auto"
+        if self.ard or not (mean or precision or self.prior_mean != 0):
+            return None
+        return mean, precision
+
+    @property
+    def _leaves_zero(self):
+        """The embeddings' prior mean is learned or not 0: the all-zero point is no fixed point
+        of the updates (the first streamed batch may take more sweeps)."""
+        learns = self._mode_prior_learns
+        return learns is not None and (learns[0] or self.prior_mean != 0)
 
     @property
     def _bias_start(self):
@@ -71,7 +83,9 @@ class CPStart:
                 offset_init=offset_init,
                 modulating_modes=self.modulating_modes,
                 modulation_variance=self.modulation_variance,
-                mode_prior=MODE_PRIOR if self._learns_mode_priors else None,
+                mode_prior=None if self._mode_prior_learns is None else MODE_PRIOR,
+                mode_prior_learns=self._mode_prior_learns or (True, True),
+                prior_mean=0.0 if self.prior_mean == "auto" else float(self.prior_mean),
                 offset_prior=OFFSET_PRIOR if self.bias_prior_variance == "auto" else None,
                 noise_dof=STUDENT.dof_start if self.noise_dof == "auto" else self.noise_dof,
                 noise_dof_learned=self.noise_dof == "auto",
@@ -97,7 +111,7 @@ class CPStart:
                 raise ValueError(
                     f"implicit_modes={self.implicit_modes!r} names mode {max(k, j)}, but X has {len(shape)} modes."
                 )
-            hyper = MODE_PRIOR[:2] if self.prior_variance == "auto" and not self._learns_mode_priors else None
+            hyper = MODE_PRIOR[:2] if self.prior_variance == "auto" and self._mode_prior_learns is None else None
             terms.append(new_term(X, shape, k, j, self.rank, self._prior_start, hyper))
         return terms
 

@@ -96,7 +96,7 @@ class CPStreaming:
         y = self._standardized(y)
         auto = self.n_inner_iter == "auto"
         sweeps, simultaneous = (
-            streaming_sweeps(X, first_call, self.likelihood, self._method, weight, self._learns_mode_priors)
+            streaming_sweeps(X, first_call, self.likelihood, self._method, weight, self._leaves_zero)
             if auto
             else (self.n_inner_iter, False)
         )

@@ -265,7 +265,7 @@ def test_learned_priors_escape_the_zero_fixed_point_on_the_cep_papers_enron_fold
     authors' own figure (0.855–0.877)."""
     data = load_enron(1)
     common = dict(rank=8, likelihood="probit", method=method, shape=data.shape, random_state=0, max_iter=300)
-    fixed = quiet(BayesianCPTensor(prior_variance=1.0, **common), data.X_train, data.y_train)
+    fixed = quiet(BayesianCPTensor(prior_variance=1.0, prior_mean=0.0, **common), data.X_train, data.y_train)
     learned = quiet(BayesianCPTensor(prior_variance="auto", **common), data.X_train, data.y_train)
     auc = {
         name: roc_auc_score(data.y_test, est.predict_proba(data.X_test)[:, 1])
@@ -357,23 +357,31 @@ def test_with_ard_the_learned_prior_is_ards():
 
 def test_fixed_priors_report_no_learned_prior():
     X, y, _ = planted(n=300, seed=1)
-    est = quiet(BayesianCPTensor(rank=2, prior_variance=1.0, random_state=0, max_iter=5), X, y)
+    est = quiet(BayesianCPTensor(rank=2, prior_variance=1.0, prior_mean=0.0, random_state=0, max_iter=5), X, y)
     assert est.factor_prior_means_ is None and est.factor_prior_precisions_ is None
 
 
 def test_a_collapsed_fit_is_never_silent():
     """Probit VMP with the zero-mean prior on Enron fold 1 lands on the all-zero fixed point
-    (every prediction 0.5): the fit warns, naming the fixed point and the remedy."""
+    (every prediction 0.5): the fit warns, naming the fixed point and the remedy, a learned
+    prior mean, which leaves it at the same prior variance."""
     data = load_enron(1)
     est = BayesianCPTensor(
-        rank=8, likelihood="probit", method="vmp", prior_variance=1.0, shape=data.shape, random_state=0, max_iter=300
+        rank=8,
+        likelihood="probit",
+        method="vmp",
+        prior_variance=1.0,
+        prior_mean=0.0,
+        shape=data.shape,
+        random_state=0,
+        max_iter=300,
     )
-    with pytest.warns(ConvergenceWarning, match=r"all-zero fixed point.*prior_variance='auto'"):
+    with pytest.warns(ConvergenceWarning, match=r"all-zero fixed point.*prior_mean='auto'"):
         est.fit(data.X_train, data.y_train)
     assert est.effective_rank_ == 0
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
-        est.set_params(prior_variance="auto").fit(data.X_train, data.y_train)
+        est.set_params(prior_mean="auto").fit(data.X_train, data.y_train)
     assert est.effective_rank_ > 0
 
 
@@ -382,7 +390,14 @@ def test_a_collapsed_stream_is_never_silent():
     fold 1 leaves every component at zero, and says so."""
     data = load_enron(1)
     est = BayesianCPTensor(
-        rank=8, likelihood="probit", method="vmp", prior_variance=1.0, shape=data.shape, random_state=0, max_iter=300
+        rank=8,
+        likelihood="probit",
+        method="vmp",
+        prior_variance=1.0,
+        prior_mean=0.0,
+        shape=data.shape,
+        random_state=0,
+        max_iter=300,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)

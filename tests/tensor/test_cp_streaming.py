@@ -56,13 +56,13 @@ def _mean_rmse(y, y_test):
 @ignore_convergence
 def test_posterior_of_a_sparse_prefix_is_collapsed_under_a_zero_mean_prior():
     """Without offsets the CP term has to carry the main effects.  Under the zero-mean prior
-    (``prior_variance=1.0``) it can only do so with enough entries per object: `fit` on the first
+    (``prior_variance=1.0, prior_mean=0.0``) it can only do so with enough entries per object: `fit` on the first
     1,000 entries (5 per movie) puts every factor at zero and predicts the global mean; on all
-    6,000 it comes alive.  The learned prior's common mean direction (``prior_variance="auto"``)
+    6,000 it comes alive.  The learned prior's common mean direction (``prior_mean="auto"``)
     carries the prefix too: test RMSE 0.73 of the global mean's (measured)."""
     X, y, X_test, y_test = _main_effects()
-    small = BayesianCPTensor(rank=2, prior_variance=1.0, random_state=0).fit(X[:1000], y[:1000])
-    full = BayesianCPTensor(rank=2, prior_variance=1.0, random_state=0).fit(X, y)
+    small = BayesianCPTensor(rank=2, prior_variance=1.0, prior_mean=0.0, random_state=0).fit(X[:1000], y[:1000])
+    full = BayesianCPTensor(rank=2, prior_variance=1.0, prior_mean=0.0, random_state=0).fit(X, y)
     assert max(float(np.abs(f).max()) for f in small.factors_) < 1e-2
     assert _rmse(small, X_test, y_test) > 0.98 * _mean_rmse(y[:1000], y_test)
     assert min(float(np.abs(f).mean()) for f in full.factors_) > 0.3
@@ -74,7 +74,7 @@ def test_posterior_of_a_sparse_prefix_is_collapsed_under_a_zero_mean_prior():
 
 @ignore_convergence
 def test_one_pass_stream_without_offsets_approaches_batch_fit():
-    """Under the fixed zero-mean prior (``prior_variance=1.0``) and without a buffer
+    """Under the fixed zero-mean prior (``prior_variance=1.0, prior_mean=0.0``) and without a buffer
     (``warm_up_entries=0``) the one-pass stream ends near the global mean (the first batches'
     posterior is collapsed, test_posterior_of_a_sparse_prefix_is_collapsed_under_a_zero_mean_prior, and an
     entry absorbed while its partners sit at zero adds precision and no shift): RMSE 1.135 against
@@ -83,9 +83,11 @@ def test_one_pass_stream_without_offsets_approaches_batch_fit():
     ``fit`` (0.773).  With the default learned priors the zero fixed point is gone: the plain
     stream ends at 0.766 against 0.728 for ``fit``, the buffered one at 0.747."""
     X, y, X_test, y_test = _main_effects()
-    fit = _rmse(BayesianCPTensor(rank=2, prior_variance=1.0, random_state=0).fit(X, y), X_test, y_test)
-    plain = _stream(BayesianCPTensor(rank=2, prior_variance=1.0, warm_up_entries=0, random_state=0), X, y)
-    buffered = _stream(BayesianCPTensor(rank=2, prior_variance=1.0, random_state=0), X, y)
+    fit = _rmse(BayesianCPTensor(rank=2, prior_variance=1.0, prior_mean=0.0, random_state=0).fit(X, y), X_test, y_test)
+    plain = _stream(
+        BayesianCPTensor(rank=2, prior_variance=1.0, prior_mean=0.0, warm_up_entries=0, random_state=0), X, y
+    )
+    buffered = _stream(BayesianCPTensor(rank=2, prior_variance=1.0, prior_mean=0.0, random_state=0), X, y)
     assert buffered._warm_up_size() >= y.size and buffered._buffer[3] == 3200
     assert _rmse(plain, X_test, y_test) > 1.4 * fit
     assert _rmse(buffered, X_test, y_test) < 1.05 * fit

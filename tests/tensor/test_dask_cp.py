@@ -63,15 +63,17 @@ def assert_same_fit(got, ref, rtol=1e-6, elbo_rtol=1e-8):
 
 
 @pytest.mark.parametrize(
-    "likelihood, method, rank, mode_bias, prior_variance",
+    "likelihood, method, rank, mode_bias, priors",
     [
-        ("gaussian", "vmp", 3, False, "auto"),
-        ("gaussian", "cep", 3, True, "auto"),
-        ("probit", "cep", 3, False, "auto"),
-        ("probit", "vmp", 2, False, 1.0),  # learned priors: this zero-mean tensor falls to the zero fixed point
+        ("gaussian", "vmp", 3, False, {}),
+        ("gaussian", "cep", 3, True, {}),
+        ("probit", "cep", 3, False, {}),
+        ("probit", "cep", 3, False, dict(prior_variance=1.0)),  # the mean learned at a fixed variance
+        # learned priors: this zero-mean tensor falls to the zero fixed point
+        ("probit", "vmp", 2, False, dict(prior_variance=1.0, prior_mean=0.0)),
     ],
 )
-def test_dask_fit_equals_in_memory_fit(on_cluster, likelihood, method, rank, mode_bias, prior_variance):
+def test_dask_fit_equals_in_memory_fit(on_cluster, likelihood, method, rank, mode_bias, priors):
     X, y = make_entries(rank, 600, seed=0, probit=likelihood == "probit")
     params = dict(
         rank=rank,
@@ -80,8 +82,8 @@ def test_dask_fit_equals_in_memory_fit(on_cluster, likelihood, method, rank, mod
         mode_bias=mode_bias,
         max_iter=15,
         tol=0.0,
-        prior_variance=prior_variance,
         random_state=1,
+        **priors,
     )
     ref = fit_in_memory(params, X, y)
     model = BayesianCPTensor(**params)

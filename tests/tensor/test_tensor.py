@@ -349,7 +349,7 @@ def test_rejected_first_call_leaves_estimator_unfitted():
 @ignore_convergence
 def test_partial_fit_grows_modes_and_keeps_untouched_rows():
     X, y, _ = make_tensor((3, 3, 3), 2, 20, seed=0)
-    est = BayesianCPTensor(rank=2, method="vmp", prior_variance=0.7, random_state=0).fit(X, y)
+    est = BayesianCPTensor(rank=2, method="vmp", prior_variance=0.7, prior_mean=0.0, random_state=0).fit(X, y)
     assert est.shape_ == (3, 3, 3)
     assert est.score(X, y) > 0.9  # a real fit, not the all-zero fixed point
     old_means = [m.copy() for m in est.factors_]
@@ -378,7 +378,7 @@ def test_partial_fit_grows_modes_and_keeps_untouched_rows():
 @ignore_convergence
 def test_unseen_objects_are_predicted_from_the_prior():
     X, y, _ = make_tensor((5, 4, 3), 2, 45, seed=6, offset=2.0)
-    est = BayesianCPTensor(rank=2, prior_variance=0.6, random_state=0, max_iter=50).fit(X, y)
+    est = BayesianCPTensor(rank=2, prior_variance=0.6, prior_mean=0.0, random_state=0, max_iter=50).fit(X, y)
     seen = np.array([[0, 1, 2], [1, 2, 0], [4, 3, 1]])
     unseen = np.array([[7, 1, 2], [9, 2, 0], [6, 3, 1]])  # mode-0 object never observed
     mean_seen, std_seen = est.predict(seen, return_std=True)
@@ -408,7 +408,9 @@ def test_partial_fit_is_assumed_density_filtering():
     X, y, _ = make_tensor((5, 4, 3), 2, 50, seed=7, offset=0.5)
     first, second = slice(0, 30), slice(30, 50)
     assert all(len(set(X[first, k])) == d for k, d in enumerate((5, 4, 3)))  # no new objects later
-    kw = dict(rank=2, prior_variance=1.0, random_state=0, n_inner_iter=7, tol=1e-4, mode_bias=True)  # fixed: ADF alone
+    kw = dict(
+        rank=2, prior_variance=1.0, prior_mean=0.0, random_state=0, n_inner_iter=7, tol=1e-4, mode_bias=True
+    )  # fixed: ADF alone
     stream = BayesianCPTensor(warm_up_entries=0, **kw).partial_fit(X[first], y[first])  # no refits: plain ADF
     batch = BayesianCPTensor(max_iter=7, **kw).fit(X[first], y[first])
     for a, b in zip(stream.factors_, batch.factors_):
@@ -464,6 +466,7 @@ def test_auto_rule_gives_later_probit_cep_batches_one_simultaneous_sweep(likelih
         schedule=schedule,
         mode_bias=True,
         prior_variance=1.0,
+        prior_mean=0.0,
         bias_prior_variance=1.0,  # learned priors: 10 sweeps first
         shape=(7, 5, 4),
         warm_up_entries=0,
@@ -555,8 +558,10 @@ def test_n_init_keeps_the_start_with_the_highest_elbo():
     X, y, X_test, y_test = _stream_problem()
     first = np.random.default_rng(1).permutation(y.size)[:400]
     X, y = X[first], y[first]
-    single = BayesianCPTensor(rank=2, prior_variance=1.0, random_state=0, max_iter=300).fit(X, y)
-    best = BayesianCPTensor(rank=2, prior_variance=1.0, random_state=0, max_iter=300, n_init=16).fit(X, y)
+    single = BayesianCPTensor(rank=2, prior_variance=1.0, prior_mean=0.0, random_state=0, max_iter=300).fit(X, y)
+    best = BayesianCPTensor(rank=2, prior_variance=1.0, prior_mean=0.0, random_state=0, max_iter=300, n_init=16).fit(
+        X, y
+    )
     assert _rmse(single, X_test, y_test) > 0.5  # the first start alone fails …
     assert best.elbo_[-1] > single.elbo_[-1]
     assert _rmse(best, X_test, y_test) < 0.1  # … the best of sixteen recovers the tensor

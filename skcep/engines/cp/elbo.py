@@ -48,12 +48,14 @@ def _learned_precision_kl(n, a, b, a0, b0):
 def _mode_prior_kl(post):
     """The learned priors' part of −ELBO: per mode, E_q[KL(q(u) ‖ N(μ, λ⁻¹I))] − KL(q(u) ‖ the
     rows' prior N(E μ, E[λ]⁻¹ I)) = ½ d R (log E[λ] − E[log λ]) + ½ d R E[λ] s, plus
-    KL(q(λ) ‖ Gam(a0, b0)) and KL(q(μ) ‖ N(0, v I)); 0 without learned priors.  A mode's
+    KL(q(λ) ‖ Gam(a0, b0)) and KL(q(μ) ‖ N(0, v I)), each where that part is learned
+    (``post.mode_prior_learns``; a fixed one is a point mass with no term); 0 without learned priors.  A mode's
     implicit vectors y_m ~ N(0, λ_k⁻¹ I) share its λ_k: their d_j R coordinates count in the first
     term (:func:`_implicit_kl` takes their KL at E[λ_k])."""
     if post.mode_priors is None:
         return 0.0
     a0, b0, v = post.mode_prior_hyper
+    learns_mean, learns_precision = post.mode_prior_learns
     total = 0.0
     for k, (f, prior) in enumerate(zip(post.factors, post.mode_priors)):
         if prior is None:
@@ -62,8 +64,11 @@ def _mode_prior_kl(post):
         d, rank = f.mean.shape
         term = post.implicit_term(k)
         shared = 0 if term is None or term.hyper is not None else term.mean.size
-        total += _learned_precision_kl(d * rank + shared, a, b, a0, b0) + 0.5 * d * rank * (a / b) * s
-        total += 0.5 * (rank * s / v + float(m @ m) / v - rank - rank * np.log(s / v))
+        if learns_precision:
+            total += _learned_precision_kl(d * rank + shared, a, b, a0, b0)
+        if learns_mean:
+            total += 0.5 * d * rank * (a / b) * s
+            total += 0.5 * (rank * s / v + float(m @ m) / v - rank - rank * np.log(s / v))
     return float(total)
 
 

@@ -111,7 +111,10 @@ class CPPosterior:
     q(μ_k) = N(m, s·I) and q(λ_k) = Gam(a, b) of mode k's prior N(μ_k, λ_k⁻¹ I) (None for a
     modulating mode), with hyperpriors ``mode_prior_hyper`` = (a0, b0, v) (see
     :func:`~skcep.engines.cp.updates.mode_prior_update`); the factors' prior natural parameters then
-    hold E[λ_k] I and E[λ_k] m.  With the offsets' precisions learned, ``offset_priors[j]`` is
+    hold E[λ_k] I and E[λ_k] m.  ``mode_prior_learns`` = (mean, precision) says which of μ_k and
+    λ_k are learned: a fixed μ_k is m with s = 0, a fixed λ_k is a/b (``prior_mean`` and
+    ``prior_variance`` of :class:`~skcep.BayesianCPTensor` given as numbers).  With the offsets'
+    precisions learned, ``offset_priors[j]`` is
     (a, b) of q(β_j) = Gam(a, b), the precision of offset group j's prior N(0, β_j⁻¹) (None for the
     global offset), with hyperprior Gam(``offset_prior_hyper``) (see
     :func:`~skcep.engines.cp.updates.offset_prior_update`).  ``thresholds`` (K − 1,): the cut points θ
@@ -136,6 +139,7 @@ class CPPosterior:
     modulation_variance: float = None
     mode_priors: list = None
     mode_prior_hyper: tuple = None
+    mode_prior_learns: tuple = (True, True)
     offset_priors: list = None
     offset_prior_hyper: tuple = None
     thresholds: np.ndarray = None

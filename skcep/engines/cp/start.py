@@ -91,6 +91,8 @@ def init_posterior(
     modulating_modes=(),
     modulation_variance=None,
     mode_prior=None,
+    mode_prior_learns=(True, True),
+    prior_mean=0.0,
     offset_prior=None,
     noise_dof=None,
     noise_dof_learned=False,
@@ -116,6 +118,8 @@ def init_posterior(
     all-zero fixed point on sparse tensors.  The rows start at random means around 0 as with a
     fixed prior: the prior mean pulls them, the data decide how far (a start at the prior mean
     would bind a short fit, e.g. a stream's first batch, to that direction).
+    ``mode_prior_learns`` = (mean, precision): which of μ_k and λ_k are learned; a fixed μ_k is
+    ``prior_mean``·1 (q(μ_k) a point mass, s = 0), a fixed λ_k is 1/``prior_variance``.
 
     ``offset_prior`` (a0, b0) learns the precision β_j of every mode's offsets (with
     ``mode_offsets``; :func:`~skcep.engines.cp.updates.offset_prior_update`): prior N(0, β_j⁻¹),
@@ -129,7 +133,10 @@ def init_posterior(
     """
     modulating = _check_modulating(modulating_modes, modulation_variance, len(shape))
     governed = len(shape) - len(modulating)
-    start = rank ** (-1.0 / governed) if mode_prior is not None else 0.0
+    learns_mean, learns_precision = (bool(x) for x in mode_prior_learns)
+    start = 0.0
+    if mode_prior is not None:
+        start = rank ** (-1.0 / governed) if learns_mean else float(prior_mean)
     factors = [
         _modulating_rows(d, rank, modulation_variance)
         if k in modulating
@@ -148,12 +155,13 @@ def init_posterior(
     if mode_prior is not None:
         a0, b0, v = (float(x) for x in mode_prior)
         post.mode_prior_hyper = (a0, b0, v)
+        post.mode_prior_learns = (learns_mean, learns_precision)
         post.mode_priors = [
             None
             if k in modulating
             else (
                 np.full(rank, start),
-                1.0 / (1.0 / v + d / prior_variance),
+                1.0 / (1.0 / v + d / prior_variance) if learns_mean else 0.0,
                 a0 + 0.5 * d * rank,
                 (a0 + 0.5 * d * rank) * prior_variance,
             )

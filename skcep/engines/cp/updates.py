@@ -134,7 +134,10 @@ def mode_prior_update(post, refresh=False):
     term's ``hyper`` None; :mod:`~skcep.engines.cp.implicit`), q(λ_k) also counts their d_j R
     coordinates and ½ Σ_m (tr Σ_m + ‖μ_m‖²), and the term's q(λ) becomes q(λ_k).
 
-    the rate capped by ``post.precision_floor`` (:func:`_capped_rate`).
+    the rate capped by ``post.precision_floor`` (:func:`_capped_rate`).  A μ_k or λ_k that is
+    not learned (``post.mode_prior_learns``, (mean, precision)) keeps its value: a fixed μ_k is a
+    point mass (s = 0) and the update of λ_k sees it as m; a fixed λ_k is the update of q(μ_k)'s
+    E[λ_k].
 
     Every row's prior then moves by the change of E[λ_k] I (precision) and of E[λ_k] m (shift);
     ``refresh`` moves q(u_s) by the same amount (EP bookkeeping, as :func:`component_update`).
@@ -142,6 +145,7 @@ def mode_prior_update(post, refresh=False):
     cannot decrease.  Returns the changes [(k, ΔE[λ_k], Δ(E[λ_k] m))] of the priors' natural
     parameters."""
     a0, b0, v = post.mode_prior_hyper
+    learns_mean, learns_precision = post.mode_prior_learns
     changes = []
     for k, f in enumerate(post.factors):
         if post.mode_priors[k] is None:
@@ -149,21 +153,22 @@ def mode_prior_update(post, refresh=False):
         m, s, a, b = post.mode_priors[k]
         d, rank = f.mean.shape
         lam_old, shift_old = a / b, (a / b) * m
-        total = f.mean.sum(axis=0)
-        s = 1.0 / (1.0 / v + d * lam_old)
-        m = s * lam_old * total
-        spread = float(np.einsum("sii->", f.cov) + np.sum((f.mean - m) ** 2)) + d * rank * s
-        count = d * rank
-        term = post.implicit_term(k)
-        shared = term if term is not None and term.hyper is None else None  # y_m ~ N(0, λ_k⁻¹ I)
-        if shared is not None:
-            spread += float(np.einsum("sii->", shared.cov) + np.sum(shared.mean**2))
-            count += shared.mean.size
-        a = a0 + 0.5 * count
-        b = _capped_rate(post, a, b0 + 0.5 * spread)
+        if learns_mean:
+            s = 1.0 / (1.0 / v + d * lam_old)
+            m = s * lam_old * f.mean.sum(axis=0)
+        if learns_precision:
+            spread = float(np.einsum("sii->", f.cov) + np.sum((f.mean - m) ** 2)) + d * rank * s
+            count = d * rank
+            term = post.implicit_term(k)
+            shared = term if term is not None and term.hyper is None else None  # y_m ~ N(0, λ_k⁻¹ I)
+            if shared is not None:
+                spread += float(np.einsum("sii->", shared.cov) + np.sum(shared.mean**2))
+                count += shared.mean.size
+            a = a0 + 0.5 * count
+            b = _capped_rate(post, a, b0 + 0.5 * spread)
+            if shared is not None:
+                shared.precision = (a, b)
         post.mode_priors[k] = (m, s, a, b)
-        if shared is not None:
-            shared.precision = (a, b)
         d_prec, d_shift = a / b - lam_old, (a / b) * m - shift_old
         changes.append((k, d_prec, d_shift))
         _move_prior(f, d_prec, d_shift, refresh)
