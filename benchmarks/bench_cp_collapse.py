@@ -1,19 +1,25 @@
-"""The collapse grid: probit BayesianCPTensor on the CEP paper's Enron fold over a grid of settings.
+"""The collapse grid: probit BayesianCPTensor on the CEP paper's Enron fold and on binary
+MovieLens over a grid of settings.
 
-Command (writes ``benchmarks/results/cp_collapse.md``, about 10 minutes)::
+Command (writes ``benchmarks/results/cp_collapse.md``, about 6 minutes)::
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_cp_collapse.py [--quick]
 
 ``load_enron(1)`` (1,010 training entries in a 203 × 203 × 200 tensor, about 5 per object).
 Every fit is ``BayesianCPTensor(likelihood="probit", shape=..., random_state=0)`` at its
 defaults (``max_iter=100``) except the grid: rank {3, 5, 8, 10} × ``init_scale`` {0.1, 0.5, 1}
-× ``prior_variance`` {0.3, 1, 3, "auto"} × ``ard`` {False, True} × method — CEP with
-``damping`` {0.05, 0.5, 1}, VMP (which takes no damping).  A fit "collapses" when its test AUC
-is below 0.70 (the issue's floor; a constant predictor scores 0.5); the table counts them per
-method, prior and ``ard``, and gives each group's worst, median and best AUC and the share of its fits
-within 0.03 AUC of the best fit of the whole grid.
+× ``prior_variance`` {0.3, 1, 3, "auto"} × ``prior_mean`` {"auto" (the default), 0 (the papers'
+zero mean)} × ``ard`` {False, True} (ARD takes the zero mean only) × method — CEP with
+``damping`` {0.05, 0.5, 1}, VMP (which takes no damping).  Binary MovieLens (rating ≥ 4; user ×
+movie × 20 time bins; the split ``movielens_split(0)`` of ``bench_cp_movielens.py``, 90,004
+training entries): rank {3, 8} × ``prior_variance`` {0.3, 1, 3, "auto"} × ``prior_mean``
+{"auto", 0} × CEP (damping 1) and VMP, ``init_scale`` 0.5, no ARD, plus ARD at
+``prior_variance="auto"``.  A fit "collapses" when its test AUC is below 0.70 (the issue's
+floor; a constant predictor scores 0.5); the tables count them per method, prior and ``ard``,
+and give each group's worst, median and best AUC and the share of its fits within 0.03 AUC of
+the best fit of the whole grid.
 
-``--quick``: ranks 3 and 8, ``init_scale`` 0.5, no ARD; printed, not written.
+``--quick``: Enron only, ranks 3 and 8, ``init_scale`` 0.5, no ARD; printed, not written.
 """
 
 import os
@@ -27,46 +33,59 @@ import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
 from _common import command, library_state, machine_lines, md_table, write_report  # noqa: E402
+from bench_cp_movielens import movielens_split  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 from skcep import BayesianCPTensor  # noqa: E402
-from skcep.datasets import load_enron  # noqa: E402
+from skcep.datasets import load_enron, load_movielens  # noqa: E402
 
 FLOOR, WITHIN = 0.70, 0.03
 PRIORS = (0.3, 1.0, 3.0, "auto")
+MEANS = ("auto", 0.0)
 
 
-def grid(quick):
+def enron_grid(quick):
     ranks, scales, ards = ((3, 8), (0.5,), (False,)) if quick else ((3, 5, 8, 10), (0.1, 0.5, 1.0), (False, True))
     for rank, scale, prior, ard in itertools.product(ranks, scales, PRIORS, ards):
-        for damping in (0.05, 0.5, 1.0):
-            yield dict(method="cep", rank=rank, init_scale=scale, prior_variance=prior, ard=ard, damping=damping)
-        yield dict(method="vmp", rank=rank, init_scale=scale, prior_variance=prior, ard=ard)
+        for mean in ("auto",) if ard else MEANS:
+            common = dict(rank=rank, init_scale=scale, prior_variance=prior, prior_mean=mean, ard=ard)
+            for damping in (0.05, 0.5, 1.0):
+                yield dict(method="cep", **common, damping=damping)
+            yield dict(method="vmp", **common)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small grid; printed, not written")
-    args = parser.parse_args()
-    data = load_enron(1)
+def movielens_grid():
+    for rank, prior, method in itertools.product((3, 8), PRIORS, ("cep", "vmp")):
+        for mean in MEANS:
+            yield dict(method=method, rank=rank, prior_variance=prior, prior_mean=mean, ard=False)
+    for rank, method in itertools.product((3, 8), ("cep", "vmp")):
+        yield dict(method=method, rank=rank, prior_variance="auto", prior_mean="auto", ard=True)
+
+
+def run(grid, X, y, X_test, y_test, shape):
+    """(params, test AUC, effective rank) of every fit of ``grid``."""
     fits = []
-    start = time.perf_counter()
-    for params in grid(args.quick):
-        est = BayesianCPTensor(likelihood="probit", shape=data.shape, random_state=0, **params)
+    for params in grid:
+        est = BayesianCPTensor(likelihood="probit", shape=shape, random_state=0, **params)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            est.fit(data.X_train, data.y_train)
-        auc = roc_auc_score(data.y_test, est.decision_function(data.X_test))
+            est.fit(X, y)
+        auc = roc_auc_score(y_test, est.decision_function(X_test))
         fits.append((params, auc, est.effective_rank_))
         print(params, f"{auc:.3f}", flush=True)
+    return fits
+
+
+def table(fits):
+    """The summary table of a grid's fits, a row per method, prior variance, prior mean and ARD."""
     best = max(auc for _, auc, _ in fits)
     rows = []
-    for method, prior, ard in itertools.product(("cep", "vmp"), PRIORS, (False, True)):
+    for method, prior, mean, ard in itertools.product(("cep", "vmp"), PRIORS, MEANS, (False, True)):
         group = [
             (p, auc, r)
             for p, auc, r in fits
-            if p["method"] == method and p["prior_variance"] == prior and p["ard"] == ard
+            if (p["method"], p["prior_variance"], p["prior_mean"], p["ard"]) == (method, prior, mean, ard)
         ]
         if not group:
             continue
@@ -76,6 +95,7 @@ def main():
             [
                 method.upper(),
                 repr(prior),
+                "0 (ARD)" if ard else repr(mean),
                 ard,
                 len(group),
                 int(np.sum(aucs < FLOOR)),
@@ -84,12 +104,15 @@ def main():
                 f"{np.median(aucs):.3f}",
                 f"{aucs.max():.3f}",
                 f"{np.mean(aucs >= best - WITHIN):.0%}",
-                ", ".join(f"{k}={v}" for k, v in worst.items() if k not in ("method", "prior_variance", "ard")),
+                ", ".join(
+                    f"{k}={v}" for k, v in worst.items() if k not in ("method", "prior_variance", "prior_mean", "ard")
+                ),
             ]
         )
     header = [
         "method",
         "prior_variance",
+        "prior_mean",
         "ard",
         "fits",
         f"AUC < {FLOOR}",
@@ -100,8 +123,33 @@ def main():
         f"within {WITHIN} of the grid's best",
         "worst fit's settings",
     ]
+    return best, md_table(header, rows)
+
+
+def summary(name, fits, seconds):
+    best, text = table(fits)
+    default = [auc for p, auc, _ in fits if p["prior_mean"] == "auto" and not p["ard"]]
+    return [
+        f"## {name}",
+        "",
+        f"{len(fits)} fits, {seconds:.0f} s in all; the grid's best test AUC {best:.3f}.  Without ARD and "
+        f"with the prior mean learned (`prior_mean=\"auto\"`, the default): {sum(a < FLOOR for a in default)} of "
+        f"{len(default)} fits below {FLOOR}.",
+        "",
+        text,
+        "",
+    ]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="Enron, a small grid; printed, not written")
+    args = parser.parse_args()
+    enron = load_enron(1)
+    start = time.perf_counter()
+    fits = run(enron_grid(args.quick), enron.X_train, enron.y_train, enron.X_test, enron.y_test, enron.shape)
     out = [
-        "# The collapse grid: probit CP on the CEP paper's Enron fold 1",
+        "# The collapse grid: probit CP on the CEP paper's Enron fold 1 and on binary MovieLens",
         "",
         f"`{command()}`",
         "",
@@ -109,11 +157,17 @@ def main():
         "",
         *machine_lines(),
         "",
-        f"{len(fits)} fits, {time.perf_counter() - start:.0f} s in all; the grid's best test AUC {best:.3f}. "
         "Grid and protocol: the script's docstring.",
         "",
-        md_table(header, rows),
+        *summary("Enron fold 1", fits, time.perf_counter() - start),
     ]
+    if not args.quick:
+        data = load_movielens(binary=True)
+        train, test = movielens_split(0)
+        shape = tuple(data.X.max(axis=0) + 1)
+        start = time.perf_counter()
+        fits = run(movielens_grid(), data.X[train], data.y[train], data.X[test], data.y[test], shape)
+        out += summary("Binary MovieLens (user × movie × time bin), split 0", fits, time.perf_counter() - start)
     write_report(out, "cp_collapse.md", args.quick)
 
 
