@@ -361,10 +361,8 @@ def test_fixed_priors_report_no_learned_prior():
     assert est.factor_prior_means_ is None and est.factor_prior_precisions_ is None
 
 
-def test_a_collapsed_fit_is_never_silent():
-    """Probit VMP with the zero-mean prior on Enron fold 1 lands on the all-zero fixed point
-    (every prediction 0.5): the fit warns, naming the fixed point and the remedy, a learned
-    prior mean, which leaves it at the same prior variance."""
+def zero_mean_vmp_on_enron():
+    """Enron fold 1 and probit VMP at rank 8 under the papers' zero-mean prior N(0, I)."""
     data = load_enron(1)
     est = BayesianCPTensor(
         rank=8,
@@ -376,6 +374,14 @@ def test_a_collapsed_fit_is_never_silent():
         random_state=0,
         max_iter=300,
     )
+    return data, est
+
+
+def test_a_collapsed_fit_is_never_silent():
+    """Probit VMP with the zero-mean prior on Enron fold 1 lands on the all-zero fixed point
+    (every prediction 0.5): the fit warns, naming the fixed point and the remedy, a learned
+    prior mean, which leaves it at the same prior variance."""
+    data, est = zero_mean_vmp_on_enron()
     with pytest.warns(ConvergenceWarning, match=r"all-zero fixed point.*prior_mean='auto'"):
         est.fit(data.X_train, data.y_train)
     assert est.effective_rank_ == 0
@@ -388,17 +394,7 @@ def test_a_collapsed_fit_is_never_silent():
 def test_a_collapsed_stream_is_never_silent():
     """partial_fit warns as fit does: a batch absorbed into the collapsed VMP posterior of Enron
     fold 1 leaves every component at zero, and says so."""
-    data = load_enron(1)
-    est = BayesianCPTensor(
-        rank=8,
-        likelihood="probit",
-        method="vmp",
-        prior_variance=1.0,
-        prior_mean=0.0,
-        shape=data.shape,
-        random_state=0,
-        max_iter=300,
-    )
+    data, est = zero_mean_vmp_on_enron()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         est.fit(data.X_train[:900], data.y_train[:900])

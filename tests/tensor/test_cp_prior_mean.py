@@ -44,12 +44,18 @@ def partly_learned(shape, rank, seed, learns, *, variance=0.5, mean=0.0, gaussia
     )
 
 
-def test_at_a_fixed_precision_the_mean_update_is_the_closed_form_and_maximises_the_elbo():
-    X, y, shape = small_problem(5)
-    rank, variance = 3, 0.5
-    post = partly_learned(shape, rank, 6, (True, False), variance=variance, y=y)
+def updated(problem_seed, start_seed, rank, learns, **prior):
+    """A small problem, and its posterior after 5 VMP sweeps and one update of the priors."""
+    X, y, shape = small_problem(problem_seed)
+    post = partly_learned(shape, rank, start_seed, learns, y=y, **prior)
     post = fit_cp(post, X, y, method="vmp", max_iter=5, tol=0.0).posterior
     mode_prior_update(post)
+    return X, y, shape, post
+
+
+def test_at_a_fixed_precision_the_mean_update_is_the_closed_form_and_maximises_the_elbo():
+    rank, variance = 3, 0.5
+    X, y, shape, post = updated(5, 6, rank, (True, False), variance=variance)
     for k, f in enumerate(post.factors):
         m, s, a, b = post.mode_priors[k]
         assert a / b == pytest.approx(1 / variance, rel=1e-15)  # λ_k stays
@@ -72,11 +78,8 @@ def test_at_a_fixed_precision_the_mean_update_is_the_closed_form_and_maximises_t
 
 
 def test_at_a_fixed_mean_the_precision_update_is_the_closed_form_around_it():
-    X, y, shape = small_problem(7)
     rank, mean = 3, 0.3
-    post = partly_learned(shape, rank, 8, (False, True), mean=mean, y=y)
-    post = fit_cp(post, X, y, method="vmp", max_iter=5, tol=0.0).posterior
-    mode_prior_update(post)
+    X, y, shape, post = updated(7, 8, rank, (False, True), mean=mean)
     for k, f in enumerate(post.factors):
         m, s, a, b = post.mode_priors[k]
         np.testing.assert_array_equal(m, np.full(rank, mean))
