@@ -41,6 +41,7 @@ from ._inference import CEP_VARIANTS, choose_inference, large_variance_cause
 __all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "BadlyScaledWarning"]
 
 _MAX_FULL_BYTES = 2**31  # a d×d covariance larger than 2 GiB is refused with a clear message
+WARM_UP_VALUES = 2**22  # warm_up_rows="auto": a stream's first rows while they hold at most this many values (32 MiB)
 
 
 class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
@@ -58,6 +59,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         "damping": [StrOptions({"auto"}), Interval(Real, 0, 1, closed="right")],
         "block_size": [None, Interval(Integral, 1, None, closed="left")],
         "class_weight": [None, dict, StrOptions({"balanced"})],
+        "warm_up_rows": [Interval(Integral, 0, None, closed="left"), StrOptions({"auto"})],
         **COMMON_CONSTRAINTS,
     }
     _structural_params = ("method", "covariance", "fit_intercept")
@@ -82,6 +84,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         damping="auto",
         block_size=None,
         class_weight=None,
+        warm_up_rows="auto",
         n_jobs=None,
         verbose=0,
     ):
@@ -96,6 +99,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         self.damping = damping
         self.block_size = block_size
         self.class_weight = class_weight
+        self.warm_up_rows = warm_up_rows
         self.n_jobs = n_jobs
         self.verbose = verbose
 
@@ -126,6 +130,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         note = self._check_scales(X)
         posterior = self._fit_posteriors(X, y, classes, prior=None, sample_weight=weight, scale_note=note)
         self.classes_ = classes
+        self._buffer = None  # a fit's rows are not kept: a stream continued from it is plain ADF
         self._set_posterior(posterior)
         return self
 
@@ -151,19 +156,42 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             weight_name="sample_weight × class_weight",
         )
         note = self._check_scales(X) if first else None
+        prior = None if first else self._posterior
+        # the warm-up buffer: (batches, rows, stored values, summed weight, summed weight at the last refit)
+        kept = ((), 0, 0, 0.0, 0.0) if first else getattr(self, "_buffer", None)
+        buffer, batch = None, (X, y, weight)
+        if kept is not None:
+            batches, rows, values, total, refitted = kept
+            if self._buffer_takes(rows + X.shape[0], values + _stored_values(X)):
+                total += X.shape[0] if weight is None else float(weight.sum())  # a weight w counts w rows
+                buffer = (batches + (batch,), rows + X.shape[0], values + _stored_values(X), total, refitted)
+                if total >= 2 * refitted and total > 0:  # doubled since the last refit: every kept row from the prior
+                    batch, prior, buffer = _joined(buffer[0]), None, buffer[:4] + (total,)
+            elif total > refitted:  # the batch overflows the buffer: a last refit, then plain ADF
+                X_kept, y_kept, w_kept = _joined(batches)
+                prior = self._fit_posteriors(X_kept, y_kept, self.classes_, None, sample_weight=w_kept, stream=True)
         posterior = self._fit_posteriors(
-            X,
-            y,
+            batch[0],
+            batch[1],
             self.classes_,
-            prior=None if first else self._posterior,
-            sample_weight=weight,
+            prior=prior,
+            sample_weight=batch[2],
             stream=True,
             scale_note=note,
         )
+        self._buffer = buffer
         self._set_posterior(posterior)
         return self
 
     partial_fit.__doc__ = PARTIAL_FIT_DOC
+
+    def _buffer_takes(self, rows, values):
+        """Whether the warm-up buffer keeps a stream's first ``rows`` rows, holding ``values``
+        stored values: ``warm_up_rows`` rows, or ("auto") WARM_UP_VALUES values (none for
+        ``method="kjit"``, whose operator is trained as it answers)."""
+        if self.warm_up_rows == "auto":
+            return self.method != "kjit" and values <= WARM_UP_VALUES
+        return rows <= self.warm_up_rows
 
     def _check_scales(self, X):
         """A :class:`BadlyScaledWarning` where the features' ranges span orders of magnitude
@@ -493,6 +521,22 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         }
 
 
+def _stored_values(X):
+    """The values a kept batch stores: its non-zeros if sparse, else all its entries."""
+    return X.nnz if sp.issparse(X) else X.size
+
+
+def _joined(batches):
+    """The kept batches (X, y, weight) as one: X stacked (CSR if any batch is sparse), the
+    weights None when every batch's is, else with 1 for the unweighted batches."""
+    Xs, ys, ws = zip(*batches)
+    X = sp.vstack([sp.csr_matrix(x) for x in Xs], format="csr") if any(map(sp.issparse, Xs)) else np.concatenate(Xs)
+    weight = None
+    if any(w is not None for w in ws):
+        weight = np.concatenate([np.ones(len(y)) if w is None else w for y, w in zip(ys, ws)])
+    return X, np.concatenate(ys), weight
+
+
 class CEPProbitClassifier(_CEPClassifierBase):
     __doc__ = PROBIT_DOC
 
@@ -526,6 +570,7 @@ class CEPLogisticClassifier(_CEPClassifierBase):
         damping="auto",
         block_size=None,
         class_weight=None,
+        warm_up_rows="auto",
         n_quadrature=9,
         message_operator=None,
         random_state=None,
@@ -544,6 +589,7 @@ class CEPLogisticClassifier(_CEPClassifierBase):
             damping=damping,
             block_size=block_size,
             class_weight=class_weight,
+            warm_up_rows=warm_up_rows,
             n_jobs=n_jobs,
             verbose=verbose,
         )
@@ -563,6 +609,12 @@ class CEPLogisticClassifier(_CEPClassifierBase):
             raise ValueError(
                 f"message_operator is only used by method='kjit'; got method={self.method!r}. "
                 "Set method='kjit' or message_operator=None."
+            )
+        if self.method == "kjit" and self.warm_up_rows not in ("auto", 0):
+            raise ValueError(
+                f"warm_up_rows={self.warm_up_rows!r} refits a stream's first rows, but method='kjit' trains "
+                "its message operator as it answers and a refit would start a new one; use warm_up_rows=0 "
+                "or 'auto' (no buffer for method='kjit')."
             )
 
     def _fit_posteriors(self, X, y, classes, prior, site_lik=None, **options):
