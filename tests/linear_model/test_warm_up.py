@@ -106,3 +106,17 @@ def test_kjit_keeps_plain_adf():
     assert model._buffer is None
     with pytest.raises(ValueError, match="warm_up_rows=10 refits"):
         CEPLogisticClassifier(method="kjit", warm_up_rows=10).partial_fit(X[:25], y[:25], classes=[0, 1])
+
+
+def test_kept_batches_of_both_kinds_and_classes_are_refitted_together():
+    """Dense and CSR batches are kept as they come and refitted as CSR rows; three classes keep
+    their one-vs-rest models; weights of the unweighted batches count 1."""
+    X, y = standardised()
+    y3 = np.where(X[:, 0] > 0.5, 2, y)
+    w = np.r_[np.ones(25), np.linspace(0.5, 2.0, 25)]
+    model = CEPProbitClassifier(prior_variance=1.0)
+    model.partial_fit(X[:25], y3[:25], classes=[0, 1, 2])
+    model.partial_fit(sp.csr_matrix(X[25:50]), y3[25:50], sample_weight=w[25:])
+    ref = CEPProbitClassifier(prior_variance=1.0).fit(sp.csr_matrix(X[:50]), y3[:50], sample_weight=w)
+    assert model.coef_.shape == (3, X.shape[1])
+    assert_same(model, ref)
