@@ -164,7 +164,8 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             batches, rows, values, total, refitted = kept
             if self._buffer_takes(rows + X.shape[0], values + _stored_values(X)):
                 total += X.shape[0] if weight is None else float(weight.sum())  # a weight w counts w rows
-                buffer = (batches + (batch,), rows + X.shape[0], values + _stored_values(X), total, refitted)
+                copied = (X.copy(), y.copy(), None if weight is None else weight.copy())  # not the caller's arrays
+                buffer = (batches + (copied,), rows + X.shape[0], values + _stored_values(X), total, refitted)
                 if total >= 2 * refitted and total > 0:  # doubled since the last refit: every kept row from the prior
                     batch, prior, buffer = _joined(buffer[0]), None, buffer[:4] + (total,)
             elif total > refitted:  # the batch overflows the buffer: a last refit, then plain ADF

@@ -53,6 +53,10 @@ def test_at_a_doubling_the_stream_is_the_fit_on_its_rows_and_adf_between(cls, sp
     params = dict(prior_variance=1.0, covariance="diagonal" if sparse else "auto")
     got = stream(cls(**params), X, y, 2)  # 50 rows: twice the 25 of the first refit
     assert_same(got, cls(**params).fit(X[:50], y[:50]))
+    reused = np.array(X[:25].toarray() if sparse else X[:25])  # a caller refilling one array per batch
+    model = cls(**params).partial_fit(reused, y[:25], classes=[0, 1])
+    reused[:] = 0.0
+    assert_same(model.partial_fit(X[25:50], y[25:50]), got)  # the kept rows are copies
     stream_on = stream(cls(**params), X, y, 3)  # 75 rows: not doubled since 50, the batch by ADF
     adf = cls(**params).fit(X[:50], y[:50]).partial_fit(X[50:75], y[50:75])  # fit keeps no buffer: ADF
     assert_same(stream_on, adf)
