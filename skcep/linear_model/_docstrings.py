@@ -29,8 +29,8 @@ PARTIAL_FIT_DOC = """Fold one batch into the posterior (assumed density filterin
         The current posterior is the prior for the batch; the batch's sites are fitted, folded
         in and forgotten.  Repeated calls over a stream approach :meth:`fit` on all the data.
         The stream's first rows are kept (``warm_up_rows``): whenever their summed weight has
-        doubled since the last refit, all of them are fitted again from the prior, which is then
-        :meth:`fit` on the rows so far.  With ``prior_variance="auto"`` every candidate λ is
+        doubled since the last refit, all of them are fitted again from the prior (at a fixed λ,
+        :meth:`fit` on the rows so far).  With ``prior_variance="auto"`` every candidate λ is
         streamed side by side with its summed evidence and the best reported (the user guide,
         "Streams"); ``log_evidence_`` is the evidence of the rows so far, log p(y_1, …, y_t) ≈
         Σ_s log p(y_s | y_1, …, y_{s−1}).
@@ -158,7 +158,8 @@ _PARAMS_DOC = (
         posterior); the batch that would overflow the buffer triggers a last refit, then the
         stream is plain ADF.  "auto": rows while they hold at most 2²² stored values (32 MiB;
         none for ``method="kjit"``); an integer: that many rows; 0: no buffer.  :meth:`fit`
-        keeps no rows.  Cost: at most twice a fit on the buffer.
+        keeps no rows.  Cost: the refits together take at most twice the last one, a fit of
+        the kept rows (once per candidate λ with ``prior_variance="auto"``).
 """
     + N_JOBS_DOC.replace("chunks of a sweep", "one-vs-rest models")
     + VERBOSE_DOC
