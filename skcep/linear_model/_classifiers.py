@@ -162,13 +162,16 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         buffer, batch = None, (X, y, weight)
         if kept is not None:
             batches, rows, values, total, refitted = kept
-            if self._buffer_takes(rows + X.shape[0], values + _stored_values(X)):
+            rows, values = rows + X.shape[0], values + _stored_values(X)
+            if self._buffer_takes(rows, values):
                 total += X.shape[0] if weight is None else float(weight.sum())  # a weight w counts w rows
                 copied = (X.copy(), y.copy(), None if weight is None else weight.copy())  # not the caller's arrays
-                buffer = (batches + (copied,), rows + X.shape[0], values + _stored_values(X), total, refitted)
+                buffer = (batches + (copied,), rows, values, total, refitted)
                 if total >= 2 * refitted and total > 0:  # doubled since the last refit: every kept row from the prior
                     batch, prior, buffer = _joined(buffer[0]), None, buffer[:4] + (total,)
-            elif total > refitted:  # the batch overflows the buffer: a last refit, then plain ADF
+            elif (
+                total > refitted
+            ):  # the batch overflows the buffer (total: the kept rows' weight): a last refit, then ADF
                 X_kept, y_kept, w_kept = _joined(batches)
                 prior = self._fit_posteriors(X_kept, y_kept, self.classes_, None, sample_weight=w_kept, stream=True)
         posterior = self._fit_posteriors(

@@ -227,8 +227,8 @@ _DOC = (
         E[λ_r], the prior precision of component r (``ard``; else None).
     factor_prior_means_ : list of ndarray of shape (rank,) or None
         E[μ_k], the prior mean of every mode's embeddings, learned (``prior_mean="auto"``) or
-        fixed, where the prior is not the papers' N(0, prior_variance·I) (None for a modulating
-        mode; None without ``ard`` only for that prior, and with ``ard``).
+        fixed (None for a modulating mode).  None for the papers' prior (``prior_mean=0`` with a
+        number for ``prior_variance``) and with ``ard``.
     factor_prior_precisions_ : list of float or None
         E[λ_k], their prior precision, learned (``prior_variance="auto"``) or 1/prior_variance
         (likewise).
