@@ -89,6 +89,7 @@ class CPStart:
                 offset_prior=OFFSET_PRIOR if self.bias_prior_variance == "auto" else None,
                 noise_dof=STUDENT.dof_start if self.noise_dof == "auto" else self.noise_dof,
                 noise_dof_learned=self.noise_dof == "auto",
+                rows_at_prior_mean=not (gaussian or ordinal),
             )
             post.implicit = self._implicit_terms(X, shape)
             if ordinal:
