@@ -43,11 +43,12 @@ def _check_modulating(modes, variance, n_modes):
     return modes
 
 
-def _random_rows(n_rows, rank, variance, init_scale, rng, prior_mean=0.0):
+def _random_rows(n_rows, rank, variance, init_scale, rng, prior_mean=0.0, center=None):
     """Rows with prior N(prior_mean, variance·I) (prior_mean a scalar or (R,)) whose q starts at
-    random working means N(m, init_scale²·I), m ~ N(prior_mean, init_scale²); with init_scale = 0
-    they start at the prior and need no generator."""
-    start = np.broadcast_to(np.asarray(prior_mean, dtype=float), (n_rows, rank))
+    random working means N(m, init_scale²·I), m ~ N(center, init_scale²) (``center`` None: the
+    prior mean); with init_scale = 0 they start at the center and need no generator."""
+    center = prior_mean if center is None else center
+    start = np.broadcast_to(np.asarray(center, dtype=float), (n_rows, rank))
     if init_scale == 0:
         return _prior_rows(n_rows, rank, variance, start.copy(), prior_mean=prior_mean)
     if rng is None:
@@ -147,12 +148,9 @@ def init_posterior(
     factors = [
         _modulating_rows(d, rank, modulation_variance)
         if k in modulating
-        else _random_rows(d, rank, prior_variance, init_scale, rng, start if rows_at_prior_mean else 0.0)
+        else _random_rows(d, rank, prior_variance, init_scale, rng, start, None if rows_at_prior_mean else 0.0)
         for k, d in enumerate(shape)
     ]
-    for k, f in enumerate(factors):
-        if k not in modulating and start:  # the prior's mean, whether or not the rows start around it
-            f.prior_shift = np.full(f.mean.shape, start / prior_variance)
     post = CPPosterior(
         factors,
         noise_prior=noise_prior,
