@@ -42,6 +42,7 @@ __all__ = ["CEPProbitClassifier", "CEPLogisticClassifier", "BadlyScaledWarning"]
 
 _MAX_FULL_BYTES = 2**31  # a d×d covariance larger than 2 GiB is refused with a clear message
 WARM_UP_VALUES = 2**22  # warm_up_rows="auto": a stream's first rows while they hold at most this many values (32 MiB)
+REFIT_GROWTH = 1.125  # the kept rows are refitted whenever their summed weight has grown by 1/8 since the last refit
 
 
 class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
@@ -155,11 +156,13 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
             advice=FEATURE_RANGE_ADVICE,
             weight_name="sample_weight × class_weight",
         )
+        if not first and weight is not None and not weight.any():
+            return self  # rows of zero weight carry no data: the posterior stays where it was
         note = self._check_scales(X) if first else None
         prior = None if first else self._posterior
         # the warm-up buffer: (batches, rows, stored values, summed weight, summed weight at the last refit)
         kept = ((), 0, 0, 0.0, 0.0) if first else getattr(self, "_buffer", None)
-        buffer, batch = None, (X, y, weight)
+        buffer = None
         if kept is not None:
             batches, rows, values, total, refitted = kept
             rows, values = rows + X.shape[0], values + _stored_values(X)
@@ -167,27 +170,26 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
                 total += X.shape[0] if weight is None else float(weight.sum())  # a weight w counts w rows
                 copied = (X.copy(), y.copy(), None if weight is None else weight.copy())  # not the caller's arrays
                 buffer = (batches + (copied,), rows, values, total, refitted)
-                if total >= 2 * refitted and total > 0:  # doubled since the last refit: every kept row from the prior
-                    batch, prior, buffer = _joined(buffer[0]), None, buffer[:4] + (total,)
-            elif (
-                total > refitted
-            ):  # the batch overflows the buffer (total: the kept rows' weight): a last refit, then ADF
-                X_kept, y_kept, w_kept = _joined(batches)
-                prior = self._fit_posteriors(X_kept, y_kept, self.classes_, None, sample_weight=w_kept, stream=True)
+                if total >= REFIT_GROWTH * refitted and total > 0:  # grown since the last refit: fit on every kept row
+                    posterior = self._refit(buffer[0], note)
+                    self._buffer = buffer[:4] + (total,)
+                    self._set_posterior(posterior)
+                    return self
+            elif total > refitted:  # the batch overflows the buffer: a last refit, then ADF
+                prior = self._refit(batches, None)
         posterior = self._fit_posteriors(
-            batch[0],
-            batch[1],
-            self.classes_,
-            prior=prior,
-            sample_weight=batch[2],
-            stream=True,
-            scale_note=note,
+            X, y, self.classes_, prior=prior, sample_weight=weight, stream=True, scale_note=note
         )
         self._buffer = buffer
         self._set_posterior(posterior)
         return self
 
     partial_fit.__doc__ = PARTIAL_FIT_DOC
+
+    def _refit(self, batches, note):
+        """The posterior of ``fit`` on the kept ``batches`` (the stream's refit)."""
+        X, y, weight = _joined(batches)
+        return self._fit_posteriors(X, y, self.classes_, None, sample_weight=weight, scale_note=note)
 
     def _buffer_takes(self, rows, values):
         """Whether the warm-up buffer keeps a stream's first ``rows`` rows, holding ``values``

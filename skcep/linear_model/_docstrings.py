@@ -29,11 +29,11 @@ PARTIAL_FIT_DOC = """Fold one batch into the posterior (assumed density filterin
         The current posterior is the prior for the batch; the batch's sites are fitted, folded
         in and forgotten.  Repeated calls over a stream approach :meth:`fit` on all the data.
         The stream's first rows are kept (``warm_up_rows``): whenever their summed weight has
-        doubled since the last refit, all of them are fitted again from the prior (at a fixed λ,
-        :meth:`fit` on the rows so far).  With ``prior_variance="auto"`` every candidate λ is
-        streamed side by side with its summed evidence and the best reported (the user guide,
-        "Streams"); ``log_evidence_`` is the evidence of the rows so far, log p(y_1, …, y_t) ≈
-        Σ_s log p(y_s | y_1, …, y_{s−1}).
+        grown by 1/8 since the last refit, the posterior becomes :meth:`fit` on all of them.
+        A batch whose weights are all zero leaves the posterior as it was.  Between refits,
+        with ``prior_variance="auto"`` every candidate λ is streamed side by side with its
+        summed evidence and the best reported (the user guide, "Streams"); ``log_evidence_``
+        is the evidence of the rows so far, log p(y_1, …, y_t) ≈ Σ_s log p(y_s | y_1, …, y_{s−1}).
 
         Parameters
         ----------
@@ -153,13 +153,12 @@ _PARAMS_DOC = (
         "balanced" (a stream's class frequencies are unknown); pass a dict.
     warm_up_rows : int or "auto", default="auto"
         The warm-up buffer of ``partial_fit``: a stream's first rows are kept, and whenever their
-        summed weight has doubled since the last refit they are all fitted again from the prior
-        (assumed density filtering freezes the sites of early rows, fitted under a broad
-        posterior); the batch that would overflow the buffer triggers a last refit, then the
-        stream is plain ADF.  "auto": rows while they hold at most 2²² stored values (32 MiB;
+        summed weight has grown by 1/8 since the last refit the posterior becomes :meth:`fit` on
+        all of them (assumed density filtering freezes the sites of early rows, fitted under a
+        broad posterior); the batch that would overflow the buffer triggers a last refit, then
+        the stream is plain ADF.  "auto": rows while they hold at most 2²² stored values (32 MiB;
         none for ``method="kjit"``); an integer: that many rows; 0: no buffer.  :meth:`fit`
-        keeps no rows.  Cost: the refits together take at most twice the last one, a fit of
-        the kept rows (once per candidate λ with ``prior_variance="auto"``).
+        keeps no rows.  Cost: the refits together take about 9 fits of the kept rows.
 """
     + N_JOBS_DOC.replace("chunks of a sweep", "one-vs-rest models")
     + VERBOSE_DOC
