@@ -501,7 +501,7 @@ def cp_attributes(result, offset=0.0, scale=1.0):
         if post.mode_priors is None
         else [None if p is None else p[0] for p in post.mode_priors],
         factor_prior_precisions_=None
-        if post.mode_priors is None
+        if post.mode_priors is None or post.components is not None  # ARD: component_precision_
         else [None if p is None else p[2] / p[3] for p in post.mode_priors],
         bias_prior_precisions_=None
         if post.offset_priors is None

@@ -93,9 +93,8 @@ _DOC = (
         "auto": learned per mode from the data, λ_k ~ Gam(10⁻³, 10⁻³) with q(λ_k) updated after
         every sweep (``partial_fit``: after every batch) and reported in
         ``factor_prior_precisions_``.  With ``prior_mean="auto"`` as well, this is the
-        hierarchical prior of Bayesian PMF in its mean-field form.  With ``ard`` the learned
-        prior is ARD's: zero mean (so that components can be pruned), per-component precisions
-        starting at 1.
+        hierarchical prior of Bayesian PMF in its mean-field form.  With ``ard`` the precisions
+        are ARD's, per component and starting at 1/prior_variance (1 for "auto").
     prior_mean : float or "auto", default="auto"
         Prior mean of every embedding coordinate: row s of mode k has prior N(μ_k, λ_k⁻¹ I).
         "auto": μ_k is learned per mode from the data, μ_k ~ N(0, I), q(μ_k) started at c·1
@@ -104,14 +103,17 @@ _DOC = (
         common direction, so that sparse tensors do not sit at the all-zero fixed point of a
         zero-mean prior; it does so whatever ``prior_variance`` is (see the user guide, "The
         prior mean").  A number m: the fixed mean m·1; ``prior_mean=0`` with a number for
-        ``prior_variance`` is the papers' prior N(0, prior_variance·I).  With ``ard`` the mean
-        is 0 ("auto" means 0 there; another number is refused).
+        ``prior_variance`` is the papers' prior N(0, prior_variance·I).  With ``ard``: "auto"
+        learns μ_k as above, 0 is ARD's zero-mean prior of the paper, another number is refused.
     ard : bool, default=False
         Automatic relevance determination (Zhao, Zhang & Cichocki, "Bayesian CP factorization
         of incomplete tensors with automatic rank determination", TPAMI 2015): component r has
-        prior N(0, 1/λ_r) in every mode, λ_r ~ Gam(ard_prior), q(λ_r) updated after every sweep
-        (``partial_fit``: after every batch); unneeded components shrink to zero.  Probit CEP
-        keeps E[λ_r] ≥ 1/prior_variance (its factors and λ could otherwise grow without end).
+        prior N(μ_kr, 1/λ_r) in every mode k, λ_r ~ Gam(ard_prior), q(λ_r) updated after every
+        sweep (``partial_fit``: after every batch); an unneeded component's rows shrink to its
+        prior mean, μ_kr learned with ``prior_mean="auto"`` (the default), 0 with
+        ``prior_mean=0`` (the paper's prior, where they shrink to zero; on a sparse binary
+        tensor every component can shrink there, a constant predictor).  Probit CEP keeps
+        E[λ_r] ≥ 1/prior_variance (its factors and λ could otherwise grow without end).
     ard_prior : tuple (a0, b0), default=(1e-6, 1e-6)
         Gamma prior (shape, rate) of each λ_r.
     modulating_modes : tuple of int, default=()
@@ -228,10 +230,10 @@ _DOC = (
     factor_prior_means_ : list of ndarray of shape (rank,) or None
         E[μ_k], the prior mean of every mode's embeddings, learned (``prior_mean="auto"``) or
         fixed (None for a modulating mode).  None for the papers' prior (``prior_mean=0`` with a
-        number for ``prior_variance``) and with ``ard``.
+        number for ``prior_variance``, or with ``ard``).
     factor_prior_precisions_ : list of float or None
         E[λ_k], their prior precision, learned (``prior_variance="auto"``) or 1/prior_variance
-        (likewise).
+        (likewise); None with ``ard``, whose precisions are ``component_precision_``.
     bias_prior_precisions_ : list of float or None
         E[β_k], the learned prior precision of every mode's offsets, in y's units
         (``mode_bias`` with ``bias_prior_variance="auto"``; else None).
@@ -402,8 +404,8 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
             raise ValueError(f"prior_mean must be a finite number or 'auto'; got {self.prior_mean!r}.")
         if self.ard and self.prior_mean not in ("auto", 0):
             raise ValueError(
-                "ard=True prunes components through a zero-mean prior N(0, 1/λ_r); got "
-                f"prior_mean={self.prior_mean!r}. Leave prior_mean='auto' (zero with ard) or set ard=False."
+                "ard=True takes a learned prior mean (prior_mean='auto') or the zero mean of the paper's "
+                f"ARD (prior_mean=0); got prior_mean={self.prior_mean!r}. Use one of these or set ard=False."
             )
         if not all(isinstance(k, Integral) for k in self.modulating_modes):
             raise ValueError(f"modulating_modes must hold mode numbers (integers); got {self.modulating_modes!r}.")
@@ -574,9 +576,7 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
         learns = self._mode_prior_learns
         if learns is None or not learns[0]:
             remedies.append(
-                "prior_mean='auto'"
-                + (" with ard=False" if self.ard else "")
-                + " (a learned prior mean, whose common direction keeps the components from it)"
+                "prior_mean='auto' (a learned prior mean, whose common direction keeps the components from it)"
             )
         if self.prior_variance != "auto":
             remedies.append("prior_variance='auto' (a prior precision learned from the data)")

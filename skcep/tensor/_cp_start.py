@@ -35,10 +35,13 @@ class CPStart:
     def _mode_prior_learns(self):
         """(mean, precision): which parts of the embeddings' prior N(μ_k, λ_k⁻¹ I) are learned
         (``prior_mean="auto"``, ``prior_variance="auto"``); None for the papers' fixed prior
-        N(0, prior_variance·I) (``prior_mean=0`` and a number for ``prior_variance``) and with
-        ``ard``, whose learned prior is ARD's (zero mean)."""
+        N(0, prior_variance·I) (``prior_mean=0`` and a number for ``prior_variance``) and for
+        ARD's zero mean (``ard`` with ``prior_mean=0``).  With ``ard`` the precisions are ARD's
+        (per component), so at most the mean is learned here."""
         mean, precision = self.prior_mean == "auto", self.prior_variance == "auto"
-        if self.ard or not (mean or precision or self.prior_mean != 0):
+        if self.ard:
+            return (True, False) if mean else None
+        if not (mean or precision or self.prior_mean != 0):
             return None
         return mean, precision
 
@@ -112,7 +115,11 @@ class CPStart:
                 raise ValueError(
                     f"implicit_modes={self.implicit_modes!r} names mode {max(k, j)}, but X has {len(shape)} modes."
                 )
-            hyper = MODE_PRIOR[:2] if self.prior_variance == "auto" and self._mode_prior_learns is None else None
+            hyper = (
+                MODE_PRIOR[:2]
+                if self.prior_variance == "auto" and (self._mode_prior_learns is None or self.ard)
+                else None
+            )
             terms.append(new_term(X, shape, k, j, self.rank, self._prior_start, hyper))
         return terms
 

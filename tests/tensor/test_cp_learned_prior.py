@@ -162,27 +162,43 @@ def test_learned_prior_elbo_terms_match_quadrature():
 # the sweeps: monotone VMP, group CEP = VMP, partitions, entry schedule, streaming
 
 
-@pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
-def test_vmp_elbo_with_learned_priors_never_decreases(likelihood):
+def small_vmp_fit(likelihood, start):
+    """60 VMP sweeps on ``small_problem(3)`` (probit: its values split at the median) from
+    ``start(shape, y, gaussian)``, whose ELBO never decreases (:func:`vmp_fit_with_monotone_elbo`)."""
     X, y, shape = small_problem(3)
     if likelihood == "probit":
         y = (y > np.median(y)).astype(float)
-    post0 = learned_posterior(shape, 4, 4, gaussian=likelihood == "gaussian", y=y)
-    result = vmp_fit_with_monotone_elbo(post0, X, y, likelihood, max_iter=60)
+    return vmp_fit_with_monotone_elbo(start(shape, y, likelihood == "gaussian"), X, y, likelihood, max_iter=60)
+
+
+@pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
+def test_vmp_elbo_with_learned_priors_never_decreases(likelihood):
+    result = small_vmp_fit(
+        likelihood, lambda shape, y, gaussian: learned_posterior(shape, 4, 4, gaussian=gaussian, y=y)
+    )
     moved = [abs(p[2] / p[3] - 1.0) for p in result.posterior.mode_priors]
     assert max(moved) > 0.1  # the precisions were learned, not left at their start
 
 
-def test_group_cep_equals_vmp_with_learned_priors():
+def group_cep_and_vmp(start):
+    """15 sweeps of VMP and of group CEP on a planted Gaussian 30×25×20 tensor from
+    ``start(shape, y)``: the two posteriors' groups, learned prior means and ELBOs are equal;
+    returns both posteriors."""
     X, y, _ = planted(n=800, seed=7)
-    post0 = learned_posterior((30, 25, 20), 4, 8, y=y)
+    post0 = start((30, 25, 20), y)
     runs = [fit_cp(post0, X, y, method=m, max_iter=15, tol=0.0) for m in ("vmp", "cep")]
     for g, h in zip(runs[0].posterior.groups, runs[1].posterior.groups):
         np.testing.assert_allclose(g.mean, h.mean, rtol=1e-12, atol=1e-13)
     for p, q in zip(runs[0].posterior.mode_priors, runs[1].posterior.mode_priors):
         np.testing.assert_allclose(p[0], q[0], rtol=1e-12, atol=1e-14)
-        assert p[3] == pytest.approx(q[3], rel=1e-12)
     np.testing.assert_allclose(runs[0].elbo, runs[1].elbo, rtol=1e-12)
+    return runs[0].posterior, runs[1].posterior
+
+
+def test_group_cep_equals_vmp_with_learned_priors():
+    vmp, cep = group_cep_and_vmp(lambda shape, y: learned_posterior(shape, 4, 8, y=y))
+    for p, q in zip(vmp.mode_priors, cep.mode_priors):
+        assert p[3] == pytest.approx(q[3], rel=1e-12)
 
 
 @pytest.mark.parametrize("likelihood", ["gaussian", "probit"])
@@ -343,15 +359,15 @@ def test_a_short_stream_with_learned_priors_gets_a_full_first_batch():
 
 
 def test_with_ard_the_learned_prior_is_ards():
-    """prior_variance="auto" with ard=True: ARD's zero-mean per-component precisions (starting
-    at 1), which can prune components; no per-mode means."""
+    """prior_variance="auto" with ard=True: ARD's per-component precisions (starting at 1), which
+    can prune components, around a learned mean per mode; no per-mode precisions."""
     X, y, _ = planted(n=600, seed=2)
     common = dict(rank=4, ard=True, random_state=0, max_iter=20)
     auto = quiet(BayesianCPTensor(prior_variance="auto", **common), X, y)
     one = quiet(BayesianCPTensor(prior_variance=1.0, **common), X, y)
-    assert auto.factor_prior_means_ is None
+    assert auto.factor_prior_precisions_ is None and len(auto.factor_prior_means_) == 3
     np.testing.assert_array_equal(auto.component_precision_, one.component_precision_)
-    for a, b in zip(auto.factors_, one.factors_):
+    for a, b in zip(auto.factors_ + auto.factor_prior_means_, one.factors_ + one.factor_prior_means_):
         np.testing.assert_array_equal(a, b)
 
 

@@ -17,7 +17,7 @@ import pytest
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import roc_auc_score
 from test_cp_ard import planted, vmp_fit_with_monotone_elbo
-from test_cp_learned_prior import quiet, small_problem, with_mode_prior
+from test_cp_learned_prior import group_cep_and_vmp, quiet, small_problem, with_mode_prior
 
 from skcep import BayesianCPTensor
 from skcep.datasets import load_enron
@@ -26,9 +26,10 @@ from skcep.engines.cp import elbo, fit_cp, init_posterior, mode_prior_update
 A0, B0, V = 1e-3, 1e-3, 1.0
 
 
-def partly_learned(shape, rank, seed, learns, *, variance=0.5, mean=0.0, gaussian=True, y=None):
+def partly_learned(shape, rank, seed, learns, *, variance=0.5, mean=0.0, gaussian=True, y=None, **options):
     """A posterior whose priors N(μ_k, λ_k⁻¹ I) learn the parts ``learns`` = (mean, precision),
-    λ_k starting (or fixed) at 1/``variance``, a fixed μ_k at ``mean``."""
+    λ_k starting (or fixed) at 1/``variance``, a fixed μ_k at ``mean``; ``options`` go to
+    :func:`init_posterior` (e.g. ARD's ``component_prior``)."""
     return init_posterior(
         shape,
         rank,
@@ -41,6 +42,7 @@ def partly_learned(shape, rank, seed, learns, *, variance=0.5, mean=0.0, gaussia
         mode_prior=(A0, B0, V),
         mode_prior_learns=learns,
         prior_mean=mean,
+        **options,
     )
 
 
@@ -132,14 +134,7 @@ def test_vmp_elbo_with_a_partly_learned_prior_never_decreases(likelihood, learns
 
 
 def test_group_cep_equals_vmp_with_a_learned_mean_at_a_fixed_precision():
-    X, y, _ = planted(n=800, seed=7)
-    post0 = partly_learned((30, 25, 20), 4, 8, (True, False), y=y)
-    runs = [fit_cp(post0, X, y, method=m, max_iter=15, tol=0.0) for m in ("vmp", "cep")]
-    for g, h in zip(runs[0].posterior.groups, runs[1].posterior.groups):
-        np.testing.assert_allclose(g.mean, h.mean, rtol=1e-12, atol=1e-13)
-    for p, q in zip(runs[0].posterior.mode_priors, runs[1].posterior.mode_priors):
-        np.testing.assert_allclose(p[0], q[0], rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(runs[0].elbo, runs[1].elbo, rtol=1e-12)
+    group_cep_and_vmp(lambda shape, y: partly_learned(shape, 4, 8, (True, False), y=y))
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,10 +260,11 @@ def test_a_prior_mean_must_be_finite(bad):
         BayesianCPTensor(rank=2, prior_mean=bad).fit(X, y)
 
 
-def test_ard_takes_a_zero_prior_mean():
+def test_ard_takes_a_learned_or_the_zero_prior_mean():
     X, y, _ = planted(n=100, seed=0)
-    with pytest.raises(ValueError, match="ard=True prunes components through a zero-mean prior"):
+    with pytest.raises(ValueError, match="ard=True takes a learned prior mean"):
         BayesianCPTensor(rank=2, ard=True, prior_mean=0.5).fit(X, y)
-    for mean in ("auto", 0.0):
-        est = quiet(BayesianCPTensor(rank=2, ard=True, prior_mean=mean, random_state=0, max_iter=5), X, y)
-        assert est.factor_prior_means_ is None and est.component_precision_ is not None
+    learned = quiet(BayesianCPTensor(rank=2, ard=True, random_state=0, max_iter=5), X, y)
+    zero = quiet(BayesianCPTensor(rank=2, ard=True, prior_mean=0.0, random_state=0, max_iter=5), X, y)
+    assert len(learned.factor_prior_means_) == 3 and zero.factor_prior_means_ is None
+    assert learned.component_precision_ is not None and zero.component_precision_ is not None

@@ -16,7 +16,7 @@ from .settings import STUDENT, SWEEPS
 from .sites import _damped_probit_site, _labels, _n_skipped
 from .statistics import _hadamard, _weigh
 from .student import dof_update, prior_scales, scale_update
-from .updates import component_update, learned_prior_update, noise_update
+from .updates import _component_centre, component_update, learned_prior_update, noise_update
 
 
 class _Moments:
@@ -134,10 +134,11 @@ class _EntrySweeps:
         for b0 in range(0, self.order.size, self.block_size):
             self.block(np.sort(self.order[b0 : b0 + self.block_size]))
         if post.components is not None:  # q = prior × sites: the new prior enters every row's q
-            delta = np.diag(component_update(post))
+            change = component_update(post)
             for k in post.ard_modes:
                 f = post.factors[k]
-                self.natural[k][0] = self.natural[k][0] + delta
+                self.natural[k][0] = self.natural[k][0] + np.diag(change)
+                self.natural[k][1] = self.natural[k][1] + change * _component_centre(post, k)[0]
                 f.set_natural(*self.natural[k], slice(None))  # in place: self.moments holds f.mean
                 self.moments.refresh(k, f, slice(None))
         if update_priors:  # likewise for the learned priors

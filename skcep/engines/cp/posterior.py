@@ -113,7 +113,9 @@ class CPPosterior:
     :func:`~skcep.engines.cp.updates.mode_prior_update`); the factors' prior natural parameters then
     hold E[λ_k] I and E[λ_k] m.  ``mode_prior_learns`` = (mean, precision) says which of μ_k and
     λ_k are learned: a fixed μ_k is m with s = 0, a fixed λ_k is a/b (``prior_mean`` and
-    ``prior_variance`` of :class:`~skcep.BayesianCPTensor` given as numbers).  With the offsets'
+    ``prior_variance`` of :class:`~skcep.BayesianCPTensor` given as numbers).  With both (ARD
+    with a learned mean) the rows' prior is N(μ_k, diag E[λ]⁻¹): the precisions are ARD's, a/b
+    is unused, and s is per component once updated.  With the offsets'
     precisions learned, ``offset_priors[j]`` is
     (a, b) of q(β_j) = Gam(a, b), the precision of offset group j's prior N(0, β_j⁻¹) (None for the
     global offset), with hyperprior Gam(``offset_prior_hyper``) (see

@@ -72,7 +72,7 @@ def _learned_offset_variance(post, j):
 def _learned_prior(post, k):
     """(mean (R,), variance) of the prior of a new row of mode k under learned priors: N(E μ_k, E[λ_k]⁻¹ I)."""
     m, _, a, b = post.mode_priors[k]
-    return m, b / a
+    return m, (b / a if post.components is None else 1.0 / post.component_precision)
 
 
 def init_posterior(
@@ -127,7 +127,8 @@ def init_posterior(
     keeps the start around 0: there the common direction c·1 is a local optimum that planted
     zero-mean tensors do not leave (rank 2: test RMSE 0.68, below 0.1 from the start around 0).
     ``mode_prior_learns`` = (mean, precision): which of μ_k and λ_k are learned; a fixed μ_k is
-    ``prior_mean``·1 (q(μ_k) a point mass, s = 0), a fixed λ_k is 1/``prior_variance``.
+    ``prior_mean``·1 (q(μ_k) a point mass, s = 0), a fixed λ_k is 1/``prior_variance``.  With
+    ``component_prior`` as well, the precisions are ARD's λ_r and only μ_k is learned here.
 
     ``offset_prior`` (a0, b0) learns the precision β_j of every mode's offsets (with
     ``mode_offsets``; :func:`~skcep.engines.cp.updates.offset_prior_update`): prior N(0, β_j⁻¹),
@@ -160,7 +161,7 @@ def init_posterior(
     if mode_prior is not None:
         a0, b0, v = (float(x) for x in mode_prior)
         post.mode_prior_hyper = (a0, b0, v)
-        post.mode_prior_learns = (learns_mean, learns_precision)
+        post.mode_prior_learns = (learns_mean, learns_precision and component_prior is None)
         post.mode_priors = [
             None
             if k in modulating

@@ -95,6 +95,10 @@ def component_update(post, refresh=False):
     q(λ_r) = Gam(a0 + ½ Σ_k d_k, b0 + ½ Σ_k Σ_s E[(u^k_{sr})²]), the VMP update of λ_r given q
     of every factor; then every factor row's prior precision moves by diag(E[λ] − E[λ]_old).
     The sums run over ``post.ard_modes``: modulating modes keep their fixed prior N(1, v·I).
+    With a learned prior mean (``post.mode_priors``: row s of mode k has prior N(μ_k,
+    diag(λ)⁻¹), q(μ_k) = N(m_k, diag s_k)) the square is E[(u^k_{sr} − μ_kr)²] =
+    Var u^k_{sr} + (E u^k_{sr} − m_kr)² + s_kr, and the rows' prior shift moves by
+    (E[λ] − E[λ]_old) ∘ m_k as well.
 
     E[λ_r] stays at least ``post.precision_floor`` (:func:`_capped_rate`).
 
@@ -105,19 +109,33 @@ def component_update(post, refresh=False):
     """
     a0, b0 = post.component_prior
     old = post.component_precision
-    factors = [post.factors[k] for k in post.ard_modes]
-    square = sum(np.einsum("sii->i", f.cov) + np.einsum("si,si->i", f.mean, f.mean) for f in factors)
-    a = np.full(post.rank, a0 + 0.5 * sum(f.n_rows for f in factors))
+    modes = post.ard_modes
+    centre = [_component_centre(post, k) for k in modes]  # E μ_k and Var μ_k per component (0 without)
+    square = sum(
+        np.einsum("sii->i", f.cov) + np.sum((f.mean - m) ** 2, axis=0) + f.n_rows * s
+        for f, (m, s) in zip((post.factors[k] for k in modes), centre)
+    )
+    a = np.full(post.rank, a0 + 0.5 * sum(post.factors[k].n_rows for k in modes))
     post.components = (a, _capped_rate(post, a, b0 + 0.5 * square))
     change = post.component_precision - old
     if not np.any(change):
         return change
-    for f in factors:
-        if refresh:  # (Σ⁻¹ + D)⁻¹ = (I + Σ D)⁻¹ Σ and its mean (I + Σ D)⁻¹ μ: one solve per row
-            both = np.linalg.solve(np.eye(post.rank) + f.cov * change, np.concatenate([f.cov, f.mean[:, :, None]], 2))
-            f.cov, f.mean = 0.5 * (both[:, :, :-1] + np.swapaxes(both[:, :, :-1], 1, 2)), both[:, :, -1]
+    for k, (m, _) in zip(modes, centre):
+        f = post.factors[k]
+        if refresh:
+            precision, shift = f.natural()
+            f.set_natural(precision + np.diag(change), shift + change * m)
         f.prior_precision = f.prior_precision + np.diag(change)  # a new array: the KL caches the old one
+        f.prior_shift = f.prior_shift + change * m
     return change
+
+
+def _component_centre(post, k):
+    """(E μ_k, Var μ_k) of mode k's learned prior mean under ARD, per component; (0, 0) without."""
+    if post.mode_priors is None or post.mode_priors[k] is None:
+        return 0.0, 0.0
+    m, s, _, _ = post.mode_priors[k]
+    return m, s
 
 
 def mode_prior_update(post, refresh=False):
@@ -134,7 +152,10 @@ def mode_prior_update(post, refresh=False):
     term's ``hyper`` None; :mod:`~skcep.engines.cp.implicit`), q(λ_k) also counts their d_j R
     coordinates and ½ Σ_m (tr Σ_m + ‖μ_m‖²), and the term's q(λ) becomes q(λ_k).
 
-    the rate capped by ``post.precision_floor`` (:func:`_capped_rate`).  A μ_k or λ_k that is
+    the rate capped by ``post.precision_floor`` (:func:`_capped_rate`).  With ARD
+    (``post.components``) the precisions are E[λ_r] per component, q(λ_r) is
+    :func:`component_update`'s, and q(μ_k) = N(m, diag s) with 1/s_r = 1/v + d E[λ_r],
+    m_r = s_r E[λ_r] Σ_s E[u_sr]: only the mean is learned here.  A μ_k or λ_k that is
     not learned (``post.mode_prior_learns``, (mean, precision)) keeps its value: a fixed μ_k is a
     point mass (s = 0) and the update of λ_k sees it as m; a fixed λ_k is the update of q(μ_k)'s
     E[λ_k].
@@ -152,7 +173,8 @@ def mode_prior_update(post, refresh=False):
             continue
         m, s, a, b = post.mode_priors[k]
         d, rank = f.mean.shape
-        lam_old, shift_old = a / b, (a / b) * m
+        lam_old = a / b if post.components is None else post.component_precision  # ARD: E[λ_r] per component
+        shift_old = lam_old * m
         if learns_mean:
             s = 1.0 / (1.0 / v + d * lam_old)
             m = s * lam_old * f.mean.sum(axis=0)
@@ -169,7 +191,8 @@ def mode_prior_update(post, refresh=False):
             if shared is not None:
                 shared.precision = (a, b)
         post.mode_priors[k] = (m, s, a, b)
-        d_prec, d_shift = a / b - lam_old, (a / b) * m - shift_old
+        lam = a / b if post.components is None else lam_old
+        d_prec, d_shift = lam - lam_old, lam * m - shift_old
         changes.append((k, d_prec, d_shift))
         _move_prior(f, d_prec, d_shift, refresh)
     return changes
@@ -212,7 +235,7 @@ def learned_prior_update(post, refresh=False):
 def _move_prior(f, d_prec, d_shift, refresh):
     """Move every row's prior of group f by the scalar precision change d_prec (times I) and the
     shift change d_shift; ``refresh`` moves q(u_s) = prior × sites by the same amount."""
-    eye = d_prec * np.eye(f.mean.shape[1])
+    eye = d_prec * np.eye(f.mean.shape[1]) if np.ndim(d_prec) == 0 else np.diag(d_prec)
     if refresh:
         precision, shift = f.natural()
         f.set_natural(precision + eye, shift + d_shift)
