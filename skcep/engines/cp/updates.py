@@ -112,7 +112,7 @@ def component_update(post, refresh=False):
     modes = post.ard_modes
     centre = [_component_centre(post, k) for k in modes]  # E μ_k and Var μ_k per component (0 without)
     square = sum(
-        np.einsum("sii->i", f.cov) + np.sum((f.mean - m) ** 2, axis=0) + f.n_rows * s
+        np.einsum("sii->i", f.cov) + np.einsum("si,si->i", f.mean - m, f.mean - m) + f.n_rows * s
         for f, (m, s) in zip((post.factors[k] for k in modes), centre)
     )
     a = np.full(post.rank, a0 + 0.5 * sum(post.factors[k].n_rows for k in modes))
@@ -122,11 +122,13 @@ def component_update(post, refresh=False):
         return change
     for k, (m, _) in zip(modes, centre):
         f = post.factors[k]
-        if refresh:
-            precision, shift = f.natural()
-            f.set_natural(precision + np.diag(change), shift + change * m)
+        if refresh:  # (Σ⁻¹ + D)⁻¹ = (I + Σ D)⁻¹ Σ and its mean (I + Σ D)⁻¹ (μ + Σ D m): one solve per row
+            target = f.mean + np.einsum("sij,j->si", f.cov, change * m)
+            both = np.linalg.solve(np.eye(post.rank) + f.cov * change, np.concatenate([f.cov, target[:, :, None]], 2))
+            f.cov, f.mean = 0.5 * (both[:, :, :-1] + np.swapaxes(both[:, :, :-1], 1, 2)), both[:, :, -1]
         f.prior_precision = f.prior_precision + np.diag(change)  # a new array: the KL caches the old one
-        f.prior_shift = f.prior_shift + change * m
+        if np.any(m):  # a learned mean: the shift E[Λ] m moves too
+            f.prior_shift = f.prior_shift + change * m
     return change
 
 
