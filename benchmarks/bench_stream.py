@@ -61,6 +61,12 @@ def weights(model):
     return np.r_[model.coef_[0], model.intercept_], np.sqrt(np.r_[model.coef_var_[0], model.intercept_var_])
 
 
+def gap_to(streamed, fitted):
+    """The largest |stream mean − fit mean| over the weights and the intercept, in the fit's posterior sd."""
+    mean, sd = weights(fitted)
+    return float(np.max(np.abs(weights(streamed)[0] - mean) / sd))
+
+
 def held_out(model, X, y):
     return float(np.mean(model.predict_log_proba(X)[np.arange(len(y)), y]))
 
@@ -80,8 +86,7 @@ def long_stream(cls, cov, warm):
     for start in range(0, len(y), BATCH):
         cpu += timed(lambda: model.partial_fit(X[start : start + BATCH], y[start : start + BATCH], classes=[0, 1]))[1]
         if start + BATCH in LONG_ENDS:
-            mean, sd = weights(make().fit(X[: start + BATCH], y[: start + BATCH]))
-            gaps.append(float(np.max(np.abs(weights(model)[0] - mean) / sd)))
+            gaps.append(gap_to(model, make().fit(X[: start + BATCH], y[: start + BATCH])))
     return gaps, cpu, timed(lambda: make().fit(X, y))[1]
 
 
@@ -102,8 +107,7 @@ def main():
             warnings.simplefilter("ignore")
             fitted, t_fit = timed(lambda: make().fit(X, y))
             streamed, t_stream = timed(lambda: stream(make, X, y))
-        mean, sd = weights(fitted)
-        gap = float(np.max(np.abs(weights(streamed)[0] - mean) / sd))
+        gap = gap_to(streamed, fitted)
         gaps.setdefault((link, cov, prior, warm), []).append(gap)
         rows.append(
             [

@@ -127,8 +127,7 @@ def component_update(post, refresh=False):
             both = np.linalg.solve(np.eye(post.rank) + f.cov * change, np.concatenate([f.cov, target[:, :, None]], 2))
             f.cov, f.mean = 0.5 * (both[:, :, :-1] + np.swapaxes(both[:, :, :-1], 1, 2)), both[:, :, -1]
         f.prior_precision = f.prior_precision + np.diag(change)  # a new array: the KL caches the old one
-        if np.any(m):  # a learned mean: the shift E[Λ] m moves too
-            f.prior_shift = f.prior_shift + change * m
+        f.prior_shift = f.prior_shift + change * m  # the shift E[Λ] m (0 without a learned mean)
     return change
 
 
@@ -193,8 +192,8 @@ def mode_prior_update(post, refresh=False):
             if shared is not None:
                 shared.precision = (a, b)
         post.mode_priors[k] = (m, s, a, b)
-        lam = a / b if post.components is None else lam_old
-        d_prec, d_shift = lam - lam_old, lam * m - shift_old
+        lam = a / b if post.components is None else lam_old  # ARD: component_update moves E[λ_r]
+        d_prec, d_shift = (a / b - lam_old if post.components is None else 0.0), lam * m - shift_old
         changes.append((k, d_prec, d_shift))
         _move_prior(f, d_prec, d_shift, refresh)
     return changes
@@ -237,7 +236,7 @@ def learned_prior_update(post, refresh=False):
 def _move_prior(f, d_prec, d_shift, refresh):
     """Move every row's prior of group f by the scalar precision change d_prec (times I) and the
     shift change d_shift; ``refresh`` moves q(u_s) = prior × sites by the same amount."""
-    eye = d_prec * np.eye(f.mean.shape[1]) if np.ndim(d_prec) == 0 else np.diag(d_prec)
+    eye = d_prec * np.eye(f.mean.shape[1])
     if refresh:
         precision, shift = f.natural()
         f.set_natural(precision + eye, shift + d_shift)
