@@ -240,7 +240,7 @@ def factorized_partition_step(
     update (:meth:`SweepControl.apply` rule, ``step`` the damping).  ``site_prec`` and
     ``site_shift`` (one entry per stored x_im) are updated in place, or, with ``out`` (two
     arrays of their shape), the new sites are written there and the old ones are left as they
-    were (the roll-back copy without a copy).  ``sample_weight`` (n,) or None: the rows'
+    were (a distributed fit's roll-back copy without a copy).  ``sample_weight`` (n,) or None: the rows'
     weights, each row's sites those of its repeated copies (:func:`site_copy`).  ``band``:
     CEP's expansion range, ``sequential``: CEP refines a row's sites one after another
     (:func:`refine_sites_in_sequence`; :class:`~skcep.engines.glm.settings.CEPSettings`).  A dense
@@ -405,7 +405,9 @@ def fit_factorized(
         site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
     design = Design(X, block_size or default_block_size(n, site_prec.size), block_size or sweeps.compiled_block_size)
     weights = {} if sample_weight is None else dict(sample_weight=np.asarray(sample_weight, dtype=float))
-    parts = InMemoryPartitions(factorized_partition_step, design, y, site_prec, site_shift, writes_out=True, **weights)
+    parts = InMemoryPartitions(
+        factorized_partition_step, design, y, site_prec, site_shift, replay=True, origin=init_sites, **weights
+    )
     post = fit_factorized_partitions(
         parts,
         likelihood,
