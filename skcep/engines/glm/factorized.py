@@ -371,7 +371,9 @@ def fit_factorized(
         ``sweeps.compiled_block_size`` (8) where the step runs compiled (dense, probit or logistic,
         EP / CEP-1).
     init_sites : (site_precision, site_shift), optional
-        Starting sites (zero by default, i.e. q = prior).
+        Starting sites (zero by default, i.e. q = prior), copied; or the ``replay`` of an
+        earlier fit of these rows (:class:`InMemoryPartitions`), whose sites the fit takes over
+        (:meth:`~InMemoryPartitions.take_sites`: no copy).
     warmup_sweeps : int, optional
         At most this many undamped factorized-EP sweeps (stopping early at ``tol``) run before
         a CEP method's own sweeps (not counted in ``n_iter``); default ``cep.warmup_sweeps``
@@ -401,6 +403,8 @@ def fit_factorized(
     y = np.asarray(y, dtype=float)
     if init_sites is None:
         site_prec, site_shift = np.zeros(site_shape(X)), np.zeros(site_shape(X))
+    elif isinstance(init_sites, InMemoryPartitions):  # an earlier fit's: taken over, no copy
+        site_prec, site_shift = init_sites.take_sites()
     else:
         site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
     design = Design(X, block_size or default_block_size(n, site_prec.size), block_size or sweeps.compiled_block_size)
@@ -423,7 +427,7 @@ def fit_factorized(
         cep=cep,
         sweeps=sweeps,
     )
-    return replace(post, sites=(parts.site_prec, parts.site_shift))
+    return replace(post, sites=(parts.site_prec, parts.site_shift), replay=parts)
 
 
 def fit_factorized_partitions(

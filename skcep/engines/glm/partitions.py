@@ -38,9 +38,10 @@ class InMemoryPartitions:
     :class:`~skcep.engines.glm.design.Design` or the matrix X).  The sites are updated in
     place.  :meth:`save` copies them for a :meth:`restore`, except with ``replay``: then the
     partition keeps the global state (q's natural parameters, d numbers) and options of every
-    step since the sites were ``origin`` (the arrays they were copied from, or None for zeros),
-    and :meth:`restore` sets them back to ``origin`` and runs those steps again but the last,
-    the rejected one.  A step is a function of the sites, the state and the options, so the
+    step since the sites were ``origin`` — None for zeros, the arrays they were copied from, or
+    an earlier partition of the same rows, whose sites at its end they are — and
+    :meth:`restore` sets them back to ``origin`` and runs those steps again but the last, the
+    rejected one.  A step is a function of the sites, the state and the options, so the
     replayed sites equal the saved ones bit for bit, and a fit holds its sites alone, not a
     second pair: the factorized posterior's sites (two per entry of X) are the bulk of its
     memory.  The replay costs the sweeps before the rejected one again, so it undoes the
@@ -48,15 +49,24 @@ class InMemoryPartitions:
     then on :meth:`save` copies.  Rejections are rare (2 of 18,769 judged sweeps of the
     classifiers' fits on the CEP paper's six sets, splits 1–3, both links, factorized and full,
     λ fixed and searched; each the only one of its fit).
+
+    The same record makes a finished partition a recipe for its sites: :meth:`release` drops
+    the arrays, :meth:`take_sites` gives them to a fit that goes on from them (rebuilt by
+    replay where released), so a search over the prior holds one fit's sites at a time
+    (:func:`~skcep.engines.glm.search.fit_glm`).
     """
 
     def __init__(self, partition_step, data, y, site_prec, site_shift, *, replay=False, origin=None, **fixed):
         self.partition_step, self.data, self.y, self.fixed = partition_step, data, y, fixed
         self.site_prec, self.site_shift = site_prec, site_shift
+        self.shape = site_prec.shape
         self._saved = None
-        self._origin = None if origin is None else tuple(np.asarray(a, dtype=float) for a in origin)
+        if origin is not None and not isinstance(origin, InMemoryPartitions):
+            origin = tuple(np.asarray(a, dtype=float) for a in origin)
+        self._origin = origin
         self.replay = replay  # also: restore() returns the totals (the factorized sweeps take them)
         self._history = [] if replay else None
+        self._copies = not replay  # roll back from a copy (after a first replayed rejection)
 
     def _step(self, state, options):
         return self.partition_step(self.data, self.y, self.site_prec, self.site_shift, *state, **options, **self.fixed)
@@ -71,7 +81,7 @@ class InMemoryPartitions:
         return [(col_total(self.site_prec), col_total(self.site_shift), 0)]
 
     def save(self):
-        if self._history is not None:  # restore() replays the steps instead
+        if not self._copies:  # restore() replays the steps instead
             return
         if self._saved is None:
             self._saved = (np.empty_like(self.site_prec), np.empty_like(self.site_shift))
@@ -81,12 +91,45 @@ class InMemoryPartitions:
     def restore(self):
         if self._history is not None:
             self._history.pop()
-            for sites, origin in zip((self.site_prec, self.site_shift), self._origin or (0.0, 0.0)):
-                np.copyto(sites, origin)
-            for state, options in self._history:
-                self._step(state, options)
-            self._history = None  # a run that rejects twice oscillates: copy from here on
-            return self.totals()
-        np.copyto(self.site_prec, self._saved[0])
-        np.copyto(self.site_shift, self._saved[1])
+        if self._copies:
+            np.copyto(self.site_prec, self._saved[0])
+            np.copyto(self.site_shift, self._saved[1])
+        else:
+            self._rebuild()
+            self._copies = True  # a run that rejects twice oscillates: copy from here on
         return self.totals() if self.replay else None
+
+    def _rebuild(self):
+        """The sites at the end of the recorded steps, written into the current arrays."""
+        origin = self._origin
+        if isinstance(origin, InMemoryPartitions):
+            origin._rebuild_into(self.site_prec, self.site_shift)
+        else:
+            for sites, start in zip((self.site_prec, self.site_shift), origin or (0.0, 0.0)):
+                np.copyto(sites, start)
+        for state, options in self._history:
+            self._step(state, options)
+
+    def _rebuild_into(self, prec, shift):
+        held = self.site_prec, self.site_shift
+        self.site_prec, self.site_shift = prec, shift
+        try:
+            self._rebuild()
+        finally:
+            self.site_prec, self.site_shift = held
+
+    def release(self):
+        """Drop the site arrays (and any copy): the partition stays a recipe for them."""
+        if self._history is None:
+            raise ValueError("only a partition that records its steps (replay=True) can drop its sites")
+        self.site_prec = self.site_shift = self._saved = None
+
+    def take_sites(self):
+        """The sites, for a fit that goes on from them: the arrays themselves, which this
+        partition gives up (:meth:`release`), or, where released, new ones rebuilt by replay."""
+        sites = self.site_prec, self.site_shift
+        if sites[0] is None:
+            sites = np.empty(self.shape), np.empty(self.shape)
+            self._rebuild_into(*sites)
+        self.release()
+        return sites

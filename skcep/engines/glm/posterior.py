@@ -20,7 +20,9 @@ class GLMPosterior:
     shift) at the end of a factorized fit's own sweeps, from which
     ``fit_factorized_partitions(resume=run)`` continues them (on a copy of the control);
     ``prior_spread`` the prior's spread of a fit on Dask partitions, whose ``sites`` are the
-    partitions' persisted sites and their reductions.
+    partitions' persisted sites and their reductions; ``replay`` the
+    :class:`~skcep.engines.glm.partitions.InMemoryPartitions` of a factorized fit in memory,
+    which can rebuild its sites.
     """
 
     mean: np.ndarray
@@ -38,6 +40,7 @@ class GLMPosterior:
     evidence_rising: float = None
     fixed_site_evidence: object = None
     prior_spread: np.ndarray = None
+    replay: object = None
 
 
 def site_copy(site, weight):

@@ -26,6 +26,7 @@ from .evidence import (
 from .factorized import fit_factorized
 from .full import fit_full
 from .full_dual import dual_applies, fit_full_dual
+from .partitions import InMemoryPartitions
 from .settings import CEP, SEARCH
 
 __all__ = [
@@ -275,7 +276,15 @@ def fit_glm(
     features :func:`~skcep.engines.glm.full_dual.fit_full_dual`, the same EP) or
     :func:`~skcep.engines.glm.factorized.fit_factorized` and its evidence (E1) in ``log_evidence``,
     through :func:`fit_with_evidence` (which chooses λ first when ``tune_weights`` is set).
-    ``sample_weight`` (n,) or None: row weights, in the fits and in the evidence (E1w)."""
+    ``sample_weight`` (n,) or None: row weights, in the fits and in the evidence (E1w).
+
+    A factorized search holds the sites of one fit at a time (2 numbers per entry of X): each
+    fit's sites are kept as their recipe, its :class:`~skcep.engines.glm.partitions.InMemoryPartitions`
+    (the sweeps from its start), which hands the arrays over to the fit that goes on from them
+    and rebuilds them by replay, bit for bit, where another fit's have taken their place.  The
+    search keeping the arrays of its last fits and of its best instead held up to four fits'
+    sites, 8× the size of X (20,000 × 600, CEP-1 at the defaults); the replays cost up to as
+    many sweeps again (0.83–1.33× the time, ``docs/design_notes.md``, "The λ search")."""
     if sp.issparse(X) and not full:  # the sites' order is the canonical CSR's (as in the fit)
         X = sp.csr_matrix(X)
         if not X.has_canonical_format:
@@ -284,20 +293,31 @@ def fit_glm(
     if full and np.ndim(prior_spread) == 1:
         prior_spread = np.diag(prior_spread)
 
+    held = []  # the one factorized fit whose sites are arrays; the others' are recipes
+
     def fit_at(spread, lik, warm=None, resume=False, **kw):
+        start = None if warm is None else warm.sites
+        for parts in held:  # a search holds one fit's sites: the others are rebuilt if needed
+            if parts is not start:
+                parts.release()
+        held.clear()
         if warm is not None:
-            kw.update(init_sites=warm.sites, **({} if full else dict(warmup_sweeps=0)))
+            kw.update(init_sites=start, **({} if full else dict(warmup_sweeps=0)))
             if resume:
                 kw["resume"] = warm.run
         fit = fit_factorized
         if full:  # EP on n < d rows: the same EP in the predictor space (full_dual)
             fit = fit_full_dual if "method" not in kw and dual_applies(X, kw.get("init_sites")) else fit_full
         post = fit(X, y, lik, prior_mean, spread, sample_weight=sample_weight, **kw)
-        return replace(
+        post = replace(
             post, log_evidence=evidence_of(X, y, post, prior_mean, spread, evidence_likelihood, sample_weight)
         )
+        if post.replay is None:
+            return post
+        held.append(post.replay)  # its sites as a recipe (InMemoryPartitions), held as arrays
+        return replace(post, sites=post.replay, replay=None)
 
-    return fit_with_evidence(
+    post = fit_with_evidence(
         fit_at,
         likelihood,
         evidence_likelihood,
@@ -309,6 +329,9 @@ def fit_glm(
         search=search,
         **options,
     )
+    if isinstance(post.sites, InMemoryPartitions):  # the arrays, as every other fit returns
+        post = replace(post, sites=post.sites.take_sites())
+    return post
 
 
 def fit_with_evidence(
