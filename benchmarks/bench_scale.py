@@ -81,6 +81,8 @@ METHODS = {
     "ep": ("EP (diagonal)", dict(method="ep")),
     "ep_full": ("EP (full)", dict(method="ep", covariance="full")),
     "default": ("defaults (auto)", dict(prior_variance=None)),
+    "pure_default": ("`CEPLogisticClassifier()`", dict(prior_variance=None)),
+    "logreg_default": ("`LogisticRegression()`", None),
     "logreg": ("LogisticRegression", None),
     "logreg_tight": ("LogisticRegression tol=1e-8", None),
 }
@@ -96,6 +98,9 @@ def sizes(quick):
         "dense": dict(n=100_000 // s, d=50, n_test=N_TEST // s),
         "dense_logistic": dict(n=100_000 // s, d=50, n_test=N_TEST // s, link="logistic"),
         "sparse": dict(n=1_000_000 // s, d=100_000 // s, nnz_row=20, n_test=N_TEST // s),
+        # the memory at the defaults: full EP below 512 weights, CEP-1 factorized beyond
+        "tall_logistic": dict(n=200_000 // s, d=50, n_test=N_TEST // s, link="logistic"),
+        "wide_logistic": dict(n=20_000 // s, d=600, n_test=2_000 // s, link="logistic"),
     }
 
 
@@ -136,18 +141,20 @@ def nbytes(X):
 
 def make_estimator(key, prior_variance=1.0, link="probit"):
     """``METHODS[key]`` without an intercept; the "default" row keeps every other default
-    (``prior_variance="auto"`` included)."""
+    (``prior_variance="auto"`` included), the "pure_default" and "logreg_default" rows every
+    default, the intercept too."""
+    intercept = key in ("pure_default", "logreg_default")
     if key.startswith("logreg"):
         from sklearn.linear_model import LogisticRegression
 
-        return LogisticRegression(fit_intercept=False, **({"tol": 1e-8} if key == "logreg_tight" else {}))
+        return LogisticRegression(fit_intercept=intercept, **({"tol": 1e-8} if key == "logreg_tight" else {}))
     from skcep import CEPLogisticClassifier, CEPProbitClassifier
 
     cls = CEPLogisticClassifier if link == "logistic" else CEPProbitClassifier
     kw = dict(METHODS[key][1])
     if kw.pop("prior_variance", 1) is not None:
         kw["prior_variance"] = prior_variance
-    return cls(fit_intercept=False, **kw)
+    return cls(fit_intercept=intercept, **kw)
 
 
 def worker(spec):
@@ -196,6 +203,7 @@ def worker(spec):
         warnings=sorted({type(w.message).__name__ for w in caught}),
         module=sys.modules[type(est).__module__].__file__,
         prior_variance=float(getattr(est, "prior_variance_", [np.nan])[0]),
+        fitted=f"{est.method_}, {est.covariance_}" if hasattr(est, "method_") else "",
     )
     print("RESULT " + json.dumps(out))
 
@@ -519,6 +527,37 @@ def small_section(small):
     return out
 
 
+def memory_section(memory, sz):
+    """The memory of a fit at the defaults, intercept included, against the size of X."""
+    out = [
+        "",
+        "## Memory at the defaults",
+        "",
+        "Every default, the intercept too (`CEPLogisticClassifier()`: full-covariance EP up to 512 "
+        "weights, CEP-1 with a factorized posterior beyond, λ searched), each fit in a fresh "
+        "process as above. Target (issue: a fit grows the process by at most 2× the size of X): "
+        "extra memory ÷ the bytes of X. A factorized posterior's state is two numbers per entry of "
+        "X, 2× X by itself.",
+        "",
+        "| data | estimator | fitted as | fit s | cpu s | sweeps | extra memory | × X "
+        "| × LogisticRegression() (cpu) | target |",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|:-:|",
+    ]
+    for problem in ("tall_logistic", "wide_logistic"):
+        size = sz[problem]
+        ref = memory[(problem, "logreg_default")]
+        for key in ("logreg_default", "pure_default"):
+            r = memory[(problem, key)]
+            ratio = r["extra"] / (size["n"] * size["d"] * 8)
+            skcep = key == "pure_default"
+            out.append(
+                f"| {size['n']:,} × {size['d']}, logistic | {METHODS[key][0]} | {r.get('fitted', '') if skcep else ''} "
+                f"| {r['seconds']:.2f} | {r['cpu']:.2f} | {r['n_iter']} | {mib(r['extra'])} | {ratio:.2f} "
+                f"| {r['cpu'] / ref['cpu']:.1f} | {f'≤ 2×: {verdict(ratio <= 2.0)}' if skcep else ''} |"
+            )
+    return out
+
+
 def mib(b):
     return f"{b / 2**20:,.0f} MiB"
 
@@ -540,6 +579,11 @@ def main(quick):
     for key in LOGISTIC_KEYS:
         logistic[key] = measure(dict(problem="dense_logistic", method=key, quick=quick), log)
     small = run_worker(dict(problem="small", quick=quick))
+    memory = {
+        (problem, key): measure(dict(problem=problem, method=key, quick=quick), log)
+        for problem in ("tall_logistic", "wide_logistic")
+        for key in ("logreg_default", "pure_default")
+    }
 
     # prior_variance="auto": the search, then the same method at the λ it chose
     auto = {}
@@ -668,6 +712,7 @@ def main(quick):
     ]
     out += logistic_section(logistic, sz["dense_logistic"], row)
     out += small_section(small)
+    out += memory_section(memory, sz)
     out += auto_section(auto, dense)
     out += floor_section(floor, dense)
     s_ = sz["sparse"]

@@ -331,9 +331,12 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
         moments refine the sites (the operator site of ``method="kjit"``); every model sees
         the rows' weights ``sample_weight`` (None: unweighted); ``stream``: a ``partial_fit``
         batch; ``scale_note``: the features' scale problem, the cause an unconverged fit names."""
-        A = X if isinstance(X, DaskRows) else self._design(X)
-        dim, n_weights = A.shape[1], A.shape[1] - self.fit_intercept
+        n_weights = X.shape[1] - (self.fit_intercept if isinstance(X, DaskRows) else 0)
         method, covariance = self._inference(n_weights)
+        # a factorized fit reads the intercept's column of ones without storing it (no copy of X)
+        ones = self.fit_intercept and covariance != "full" and not isinstance(X, DaskRows) and not sp.issparse(X)
+        A = X if isinstance(X, DaskRows) else np.ascontiguousarray(X) if ones else self._design(X)
+        dim = n_weights + self.fit_intercept
         positives = classes[1:] if classes.size == 2 else classes
         own_lik, evidence_lik = self._likelihoods(method)  # evidence: the accurate (predictive) rule
         site_lik = site_lik or own_lik
@@ -370,6 +373,7 @@ class _CEPClassifierBase(SkcepMixin, ClassifierMixin, BaseEstimator):
                 evidence_likelihood=evidence_lik,
                 tune_weights=tune,
                 sample_weight=sample_weight,
+                ones=ones,
                 **options,
             )
 

@@ -59,8 +59,8 @@ __all__ = ["ep_share", "factorized_dense_step", "dense_cavity_terms"]
 
 
 @njit(cache=True, inline="always")
-def _row_cavity(X, site_prec, site_shift, i, w, prec, shift, mean, var_q, var_c, mean_c, proper, old_prec, old_shift):
-    """The cavities of row i's entries, one vectorised loop.
+def _row_cavity(xr, site_prec, site_shift, i, w, prec, shift, mean, var_q, var_c, mean_c, proper, old_prec, old_shift):
+    """The cavities of row i's entries (``xr``: the row of X), one vectorised loop.
 
     Entry j's stored site (T_p, T_h) is the total of w copies, one copy t = T/w (``w`` 1 without
     weights), so the cavity (p − t_p, h − t_h) has variance v = w D and mean (w h − T_h) D with
@@ -76,8 +76,8 @@ def _row_cavity(X, site_prec, site_shift, i, w, prec, shift, mean, var_q, var_c,
     m_a = 0.0
     s_a = 0.0
     x_mean = 0.0
-    for j in range(X.shape[1]):
-        x = X[i, j]
+    for j in range(xr.size):
+        x = xr[j]
         t_prec = site_prec[i, j]
         t_shift = site_shift[i, j]
         old_prec[j] = t_prec
@@ -109,23 +109,23 @@ def _bulk_derivatives(m, s, y):
 
 
 @njit(cache=True, inline="always")
-def _row_conditional_derivatives(X, i, y, x_mean, mean, var_c, mean_c, l1, l2):
-    """CEP-1's tilted derivatives of row i, one per entry, into ``l1`` / ``l2``.
+def _row_conditional_derivatives(xr, y, x_mean, mean, var_c, mean_c, l1, l2):
+    """CEP-1's tilted derivatives of the row ``xr``, one per entry, into ``l1`` / ``l2``.
 
     Entry j's conditional tilted takes x_j's coefficient from its cavity and the others at q:
     linear predictor N(m_j, s_j) with m_j = x_j mean_c_j + (x̄ − x_j mean_j), s_j = x_j² v_j.
     The vectorised loop uses :func:`_bulk_derivatives`; the entries whose u is outside its
     range, rare, are redone by :func:`probit_log_z_derivatives` afterwards.
     """
-    d = X.shape[1]
+    d = xr.size
     outside = 0
     for j in range(d):
-        x = X[i, j]
+        x = xr[j]
         l1[j], l2[j], u = _bulk_derivatives(x * mean_c[j] + (x_mean - x * mean[j]), x * x * var_c[j], y)
         outside += 0 if _BULK_LOW < u <= _BULK_HIGH else 1
     if outside:
         for j in range(d):
-            x = X[i, j]
+            x = xr[j]
             m = x * mean_c[j] + (x_mean - x * mean[j])
             s = x * x * var_c[j]
             if not _BULK_LOW < y * (1.0 / math.sqrt(1.0 + s)) * m <= _BULK_HIGH:
@@ -133,7 +133,7 @@ def _row_conditional_derivatives(X, i, y, x_mean, mean, var_c, mean_c, l1, l2):
 
 
 @njit(cache=True, inline="always")
-def _row_logistic_conditional_derivatives(X, i, y, x_mean, mean, var_c, mean_c, l1, l2, rule, bulk, e_z, r, total):
+def _row_logistic_conditional_derivatives(xr, y, x_mean, mean, var_c, mean_c, l1, l2, rule, bulk, e_z, r, total):
     """:func:`_row_conditional_derivatives` for the logistic likelihood: entry j's conditional
     tilted has the linear predictor N(m_j, s_j), and (L_1, L_2) those of
     :func:`logistic_log_z_derivatives` there.
@@ -148,13 +148,13 @@ def _row_logistic_conditional_derivatives(X, i, y, x_mean, mean, var_c, mean_c, 
     are redone by the exact log-space :func:`_logistic_exact` afterwards.  ``rule`` and
     ``bulk``: as :func:`_logistic_derivatives`; ``e_z``, ``r``, ``total``: (d,) work arrays.
     """
-    d = X.shape[1]
+    d = xr.size
     t, log_w, eps, log_w_eps = rule
     t_pairs, w_pairs, w_centre, bound = bulk
     t_max = t[t.size - 1]
     outside = 0
     for j in range(d):
-        x = X[i, j]
+        x = xr[j]
         e_z[j], r[j], total[j], l1[j], l2[j], out = _bulk_start(
             y * (x * mean_c[j] + (x_mean - x * mean[j])), x * x * var_c[j], w_centre, t_max, bound
         )
@@ -168,7 +168,7 @@ def _row_logistic_conditional_derivatives(X, i, y, x_mean, mean, var_c, mean_c, 
         l2[j] = (l2[j] * inv - a1 * a1) * yy
     if outside:
         for j in range(d):
-            x = X[i, j]
+            x = xr[j]
             s = x * x * var_c[j]
             m = x * mean_c[j] + (x_mean - x * mean[j])
             if not _logistic_bulk_safe(y * m, s, math.sqrt(2.0 * s), t_max, bound):
@@ -189,8 +189,8 @@ _ep_share_scalar = njit(cache=True, inline="always")(ep_share)
 
 
 @njit(cache=True)
-def _row_ep_share(X, i, y, m_a, s_a, var_q, var_c, lo, hi, l1, l2, rule, bulk):
-    """Row i's entries near or beyond the range of CEP's expansion in c move towards factorized
+def _row_ep_share(xr, y, m_a, s_a, var_q, var_c, lo, hi, l1, l2, rule, bulk):
+    """The entries of the row ``xr`` near or beyond the range of CEP's expansion in c move towards factorized
     EP's tilted derivatives (those of the row's cavity predictor N(m_a, s_a)): L ← (1 − ω) L_CEP
     + ω L_EP with ω = :func:`ep_share` of σ_c² k², σ_c² = Σ_{l≠j} x_l² v_l at q and
     k² = 1/(1 + x_j² v\\_j) (the rule of :func:`skcep.engines.glm.factorized._ep_share`).  Called only for
@@ -198,8 +198,8 @@ def _row_ep_share(X, i, y, m_a, s_a, var_q, var_c, lo, hi, l1, l2, rule, bulk):
     s_a ≥ Σ_l x_l² v_l ≥ σ_c² k² and the other rows have ω = 0 everywhere (large data never pays
     for this loop).  ``rule``, ``bulk``: the likelihood, as in :func:`factorized_dense_step`."""
     total = 0.0
-    for j in range(X.shape[1]):
-        x = X[i, j]
+    for j in range(xr.size):
+        x = xr[j]
         total += x * x * var_q[j]
     if not total > lo:
         return
@@ -207,8 +207,8 @@ def _row_ep_share(X, i, y, m_a, s_a, var_q, var_c, lo, hi, l1, l2, rule, bulk):
         l1_ep, l2_ep = probit_log_z_derivatives(m_a, s_a, y)
     else:
         _, l1_ep, l2_ep = _logistic_derivatives(m_a, s_a, y, False, rule, bulk)
-    for j in range(X.shape[1]):
-        x2 = X[i, j] * X[i, j]
+    for j in range(xr.size):
+        x2 = xr[j] * xr[j]
         share = _ep_share_scalar((total - x2 * var_q[j]) / (1.0 + x2 * var_c[j]), lo, hi)
         l1[j] = (1.0 - share) * l1[j] + share * l1_ep
         l2[j] = (1.0 - share) * l2[j] + share * l2_ep
@@ -216,7 +216,7 @@ def _row_ep_share(X, i, y, m_a, s_a, var_q, var_c, lo, hi, l1, l2, rule, bulk):
 
 @njit(cache=True, inline="always")
 def _row_update(
-    X,
+    xr,
     i,
     l1,
     l2,
@@ -237,7 +237,7 @@ def _row_update(
     hi,
 ):
     """Row i's damped new sites of entries ``lo`` … ``hi`` − 1 from their tilted derivatives
-    (L_1, L_2), one vectorised loop.
+    (L_1, L_2), one vectorised loop (``xr``: the row of X).
 
     Entry j's site from the tilted at the cavity N(mean_c, v): with b = x² max(−L_2, 0) and
     κ = 1 − v b, t*_p = b/κ and t*_h = (x L_1 + mean_c b)/κ; the stored total T moves by
@@ -248,7 +248,7 @@ def _row_update(
     """
     skipped = 0
     for j in range(lo, hi):
-        x = X[i, j]
+        x = xr[j]
         x2b = x * x * max(-l2[j], 0.0)
         keep = 1.0 - var_c[j] * x2b
         ok = (proper[j] > 0.0) & (keep > 0.0)
@@ -271,7 +271,7 @@ def _row_update(
 
 @njit(cache=True, inline="always")
 def _row_sequential_update(
-    X,
+    xr,
     i,
     y,
     x_mean,
@@ -304,8 +304,8 @@ def _row_sequential_update(
     (:func:`probit_log_z_derivatives`, :func:`_logistic_derivatives`).  Returns the number
     of skipped entries."""
     skipped = 0
-    for j in range(X.shape[1]):
-        x = X[i, j]
+    for j in range(xr.size):
+        x = xr[j]
         m = x * mean_c[j] + (x_mean - x * mean[j])
         s = x * x * var_c[j]
         if rule is None:
@@ -313,7 +313,7 @@ def _row_sequential_update(
         else:
             _, l1[j], l2[j] = _logistic_derivatives(m, s, y, False, rule, bulk)
         skipped += _row_update(
-            X,
+            xr,
             i,
             l1,
             l2,
@@ -379,6 +379,9 @@ def factorized_dense_step(
     the unweighted result bit for bit).  Returns the number of skipped site updates (improper
     cavity, or a tilted variance not below the cavity's).
 
+    ``X`` has the sites' columns, or one fewer: then the design's last column is ones, not
+    stored (a fitted intercept's), and each row is read into a buffer that holds its 1.
+
     ``rule`` None: the probit likelihood; (t, log_w, eps, log_w_eps): the logistic, with the
     Gauss–Hermite and logistic-noise rules of :class:`skcep.engines.likelihoods.Logistic`
     (``Logistic.quadrature_rule``).  The likelihood is chosen by the argument's type, so each
@@ -390,10 +393,12 @@ def factorized_dense_step(
     :func:`_logistic_derivatives`; CEP-1: :func:`_row_conditional_derivatives` or
     :func:`_row_logistic_conditional_derivatives`), :func:`_row_update`.
     """
-    n, d = X.shape
+    n, d = X.shape[0], site_prec.shape[1]
+    dx = X.shape[1]  # d − 1 where the last column is the intercept's ones, not stored
     weighted = weight.shape[0] > 0
     prec = prec.copy()
     shift = shift.copy()
+    row = np.ones(d)  # a row with its 1 (X's rows are read in place where all are stored)
     mean = np.empty(d)  # q's mean and variance at the block's start
     var_q = np.empty(d)
     var_c = np.empty(d)  # the current row's cavities, ...
@@ -424,8 +429,13 @@ def factorized_dense_step(
             w = weight[i] if weighted else 1.0
             w_copy = w if w > 0.0 else 1.0  # a zero-weight row's total is 0 and stays 0
             w_new = w if w > 0.0 else 0.0
+            if dx == d:
+                xr = X[i]
+            else:
+                row[:dx] = X[i]
+                xr = row
             m_a, s_a, x_mean = _row_cavity(
-                X,
+                xr,
                 site_prec,
                 site_shift,
                 i,
@@ -442,7 +452,7 @@ def factorized_dense_step(
             )
             if cep and sequential is not None:
                 n_skipped += _row_sequential_update(
-                    X,
+                    xr,
                     i,
                     y[i],
                     x_mean,
@@ -470,13 +480,13 @@ def factorized_dense_step(
                 continue
             if cep:
                 if rule is None:
-                    _row_conditional_derivatives(X, i, y[i], x_mean, mean, var_c, mean_c, l1, l2)
+                    _row_conditional_derivatives(xr, y[i], x_mean, mean, var_c, mean_c, l1, l2)
                 else:
                     _row_logistic_conditional_derivatives(
-                        X, i, y[i], x_mean, mean, var_c, mean_c, l1, l2, rule, bulk, e_z, r, z_total
+                        xr, y[i], x_mean, mean, var_c, mean_c, l1, l2, rule, bulk, e_z, r, z_total
                     )
                 if s_a > spread_lo:
-                    _row_ep_share(X, i, y[i], m_a, s_a, var_q, var_c, spread_lo, spread_hi, l1, l2, rule, bulk)
+                    _row_ep_share(xr, y[i], m_a, s_a, var_q, var_c, spread_lo, spread_hi, l1, l2, rule, bulk)
             else:
                 if rule is None:
                     l1_row, l2_row = probit_log_z_derivatives(m_a, s_a, y[i])
@@ -485,7 +495,7 @@ def factorized_dense_step(
                 l1[:] = l1_row
                 l2[:] = l2_row
             n_skipped += _row_update(
-                X,
+                xr,
                 i,
                 l1,
                 l2,
@@ -518,8 +528,10 @@ def dense_cavity_terms(X, weight, site_prec, site_shift, prec, shift, m_a, s_a):
     entries of A₁(cavity) − A₁(q) with A₁(p, h) = ½ h²/p − ½ log p (the compiled twin of
     :func:`skcep.engines.glm.evidence.factorized_site_terms`; an improper cavity counts as q).
     ``weight`` (n,) or empty: a row of weight w takes the cavity of one copy T/w and counts w
-    times, a zero-weight row not at all (E1w)."""
-    n, d = X.shape
+    times, a zero-weight row not at all (E1w).  Sites with one column more than X: the last
+    column of the design is ones, not stored (a fitted intercept's)."""
+    n, d = X.shape[0], site_prec.shape[1]
+    dx = X.shape[1]
     weighted = weight.shape[0] > 0
     inv_prec = 1.0 / prec
     a_q = shift * shift * inv_prec  # 2 A₁(q) + log p, per coordinate
@@ -547,7 +559,7 @@ def dense_cavity_terms(X, weight, site_prec, site_shift, prec, shift, m_a, s_a):
             else:
                 v = inv_prec[j]
                 cav_shift = shift[j]
-            x = X[i, j]
+            x = X[i, j] if j < dx else 1.0
             mi += x * cav_shift * v
             si += x * x * v
         m_a[i] = mi

@@ -37,8 +37,8 @@ def full_block_size(n_samples, n_features):
 
 
 class _DenseBlock:
-    def __init__(self, X, rows):
-        self.x = X[rows]
+    def __init__(self, X, rows, ones=False):
+        self.x = np.hstack([X[rows], np.ones((rows.stop - rows.start, 1))]) if ones else X[rows]
         self.x2 = self.x * self.x
         self.sites = rows
         self.n_rows = self.x.shape[0]
@@ -117,21 +117,27 @@ class Design:
     non-zero) the size of X to a fit, for a saving of one elementwise pass per block.  The
     compiled step (:func:`~skcep.engines.glm._kernel.factorized_dense_step`) reads X
     directly, in blocks of ``compiled_block_size`` rows (default ``block_size``).
+
+    ``ones`` (dense X only): the design is X with a last column of ones (a fitted intercept's),
+    which is not stored: a block's rows get it as the block is made, the compiled passes as
+    they read a row, so a fit holds no copy of X.
     """
 
-    def __init__(self, X, block_size, compiled_block_size=None):
+    def __init__(self, X, block_size, compiled_block_size=None, ones=False):
         self.block_size = block_size
         self.compiled_block_size = compiled_block_size or block_size
         n = X.shape[0]
         self._rows = [slice(start, min(start + block_size, n)) for start in range(0, n, block_size)]
+        if ones and sp.issparse(X):
+            raise ValueError("a column of ones that is not stored needs a dense X")
+        self.ones = bool(ones)
         self.X = X if sp.issparse(X) else np.ascontiguousarray(X, dtype=float)
 
     @property
     def blocks(self):
         """(rows, block) for every row block, in order; each block made as it is reached."""
-        make = _SparseBlock if sp.issparse(self.X) else _DenseBlock
         for rows in self._rows:
-            yield rows, make(self.X, rows)
+            yield rows, (_SparseBlock(self.X, rows) if sp.issparse(self.X) else _DenseBlock(self.X, rows, self.ones))
 
     def compiled(self, likelihood, method):
         """Whether :func:`factorized_partition_step` runs compiled here: a dense design, the
@@ -149,5 +155,7 @@ class Design:
         return total
 
 
-def site_shape(X):
-    return (X.nnz,) if sp.issparse(X) else X.shape
+def site_shape(X, ones=False):
+    """The sites' shape: one per stored entry of X (and per row, for a column of ``ones``
+    that is not stored)."""
+    return (X.nnz,) if sp.issparse(X) else (X.shape[0], X.shape[1] + bool(ones))

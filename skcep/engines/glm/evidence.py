@@ -294,9 +294,10 @@ def with_prior_variance(totals, prior_mean, prior_spread, n_weights, lam):
     return (prior_mean / new_prior + totals[1]) / prec, 1.0 / prec
 
 
-def evidence_of(X, y, post, prior_mean, prior_spread, likelihood, sample_weight=None):
+def evidence_of(X, y, post, prior_mean, prior_spread, likelihood, sample_weight=None, ones=False):
     """(E1) of a fitted in-memory model (sites in ``post.sites``); (E1w) with
-    ``sample_weight``."""
+    ``sample_weight``; ``ones``: a factorized fit's design has a last column of ones, not
+    stored (:class:`~skcep.engines.glm.design.Design`)."""
     if post.cov is not None:
         if dual_applies(X):
             return log_evidence_dual(
@@ -306,7 +307,7 @@ def evidence_of(X, y, post, prior_mean, prior_spread, likelihood, sample_weight=
             X, y, *post.sites, post.mean, post.cov, likelihood=likelihood, sample_weight=sample_weight
         )
         return log_evidence(prior_mean, prior_spread, post.mean, post.cov, terms)
-    design = Design(X, default_block_size(X.shape[0], int(np.prod(site_shape(X)))))
+    design = Design(X, default_block_size(X.shape[0], int(np.prod(site_shape(X, ones)))), ones=ones)
     prec, shift = 1.0 / post.var, post.mean / post.var
     terms = factorized_site_terms(
         design, y, *post.sites, prec, shift, likelihood=likelihood, sample_weight=sample_weight

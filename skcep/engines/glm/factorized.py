@@ -336,6 +336,7 @@ def fit_factorized(
     callback=None,
     sample_weight=None,
     resume=None,
+    ones=False,
     cep=CEP,
     sweeps=SWEEPS,
 ):
@@ -387,6 +388,9 @@ def fit_factorized(
     resume : tuple, optional
         The ``run`` of an earlier EP fit of these rows that ended at the sites ``init_sites``:
         its sweeps go on to ``tol`` (:func:`fit_factorized_partitions`).
+    ones : bool
+        The design is dense X with a last column of ones (a fitted intercept's, the last weight
+        of ``prior_mean``), not stored (:class:`~skcep.engines.glm.design.Design`).
     cep, sweeps : :class:`~skcep.engines.glm.settings.CEPSettings`, :class:`~skcep.engines.glm.settings.SweepSettings`
         The rules of CEP's sites and of the sweeps (the library's defaults).
 
@@ -402,12 +406,14 @@ def fit_factorized(
     n = X.shape[0]
     y = np.asarray(y, dtype=float)
     if init_sites is None:
-        site_prec, site_shift = np.zeros(site_shape(X)), np.zeros(site_shape(X))
+        site_prec, site_shift = np.zeros(site_shape(X, ones)), np.zeros(site_shape(X, ones))
     elif isinstance(init_sites, InMemoryPartitions):  # an earlier fit's: taken over, no copy
         site_prec, site_shift = init_sites.take_sites()
     else:
         site_prec, site_shift = (np.array(a, dtype=float) for a in init_sites)
-    design = Design(X, block_size or default_block_size(n, site_prec.size), block_size or sweeps.compiled_block_size)
+    design = Design(
+        X, block_size or default_block_size(n, site_prec.size), block_size or sweeps.compiled_block_size, ones=ones
+    )
     weights = {} if sample_weight is None else dict(sample_weight=np.asarray(sample_weight, dtype=float))
     parts = InMemoryPartitions(
         factorized_partition_step, design, y, site_prec, site_shift, replay=True, origin=init_sites, **weights

@@ -269,6 +269,7 @@ def fit_glm(
     evidence_likelihood,
     tune_weights=None,
     sample_weight=None,
+    ones=False,
     search=SEARCH,
     **options,
 ):
@@ -277,6 +278,9 @@ def fit_glm(
     :func:`~skcep.engines.glm.factorized.fit_factorized` and its evidence (E1) in ``log_evidence``,
     through :func:`fit_with_evidence` (which chooses λ first when ``tune_weights`` is set).
     ``sample_weight`` (n,) or None: row weights, in the fits and in the evidence (E1w).
+    ``ones``: the design is dense X with a last column of ones (a fitted intercept's), not
+    stored by a factorized fit (:class:`~skcep.engines.glm.design.Design`) and added to X for
+    a full one (whose sites are one per row).
 
     A factorized search holds the sites of one fit at a time (2 numbers per entry of X): each
     fit's sites are kept as their recipe, its :class:`~skcep.engines.glm.partitions.InMemoryPartitions`
@@ -292,6 +296,9 @@ def fit_glm(
             X.sum_duplicates()
     if full and np.ndim(prior_spread) == 1:
         prior_spread = np.diag(prior_spread)
+    if ones and full:
+        X, ones = np.hstack([X, np.ones((X.shape[0], 1))]), False
+    stored = dict(ones=True) if ones else {}
 
     held = []  # the one factorized fit whose sites are arrays; the others' are recipes
 
@@ -308,9 +315,9 @@ def fit_glm(
         fit = fit_factorized
         if full:  # EP on n < d rows: the same EP in the predictor space (full_dual)
             fit = fit_full_dual if "method" not in kw and dual_applies(X, kw.get("init_sites")) else fit_full
-        post = fit(X, y, lik, prior_mean, spread, sample_weight=sample_weight, **kw)
+        post = fit(X, y, lik, prior_mean, spread, sample_weight=sample_weight, **stored, **kw)
         post = replace(
-            post, log_evidence=evidence_of(X, y, post, prior_mean, spread, evidence_likelihood, sample_weight)
+            post, log_evidence=evidence_of(X, y, post, prior_mean, spread, evidence_likelihood, sample_weight, **stored)
         )
         if post.replay is None:
             return post

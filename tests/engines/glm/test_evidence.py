@@ -505,6 +505,28 @@ def test_a_factorized_search_holds_one_fits_sites():
     assert peak < 1.2 * 2 * X.nbytes, peak / (2 * X.nbytes)  # measured 1.08; holding every kept fit: 4.08
 
 
+def test_a_default_factorized_fit_with_an_intercept_holds_no_copy_of_x():
+    """``CEPLogisticClassifier()`` beyond 512 weights (CEP-1 after the λ search) with its
+    intercept: at its peak one fit's sites, n × (d + 1) pairs, and no copy of X with a column
+    of ones (with one: 1× X more).  tracemalloc, no timing."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    n, d = 3_000, 600
+    X = rng.normal(size=(n, d))
+    y = (X @ rng.normal(size=d) / np.sqrt(d) / 3 + 0.5 + rng.normal(size=n) > 0).astype(int)
+    CEPLogisticClassifier().fit(X[:200], y[:200])  # compiled first
+    tracemalloc.start()
+    try:
+        model = CEPLogisticClassifier().fit(X, y)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (model.method_, model.covariance_) == ("cep1", "diagonal")
+    sites = 2 * 8 * n * (d + 1)
+    assert peak < 1.2 * sites, peak / sites  # measured 1.02; before: 4.51 (kept fits, copy of X)
+
+
 @pytest.mark.parametrize("covariance", ["full", "diagonal"])
 def test_auto_reaches_an_evidence_peak_decades_from_the_start(covariance):
     """Many rows, small weights (variance 0.01): the evidence peaks near log λ = −4.6, 4.6 from

@@ -25,6 +25,7 @@ from skcep.engines.glm import factorized as glm_factorized
 from skcep.engines.glm import full as glm_full
 from skcep.engines.glm import partitions as glm_partitions
 from skcep.engines.glm.design import _DenseBlock
+from skcep.engines.glm.evidence import evidence_of
 from skcep.engines.glm.factorized import refine_sites
 from skcep.engines.glm.settings import CEP, CEPSettings
 from skcep.engines.glm.sweeps import SweepControl
@@ -983,6 +984,37 @@ def test_a_rejected_sweep_is_undone_by_replay_bit_for_bit(breast_cancer, case, m
     assert by_replay.trace == by_copy.trace
     if "init" in kind:  # the caller's starting sites are read, never written
         assert all(np.array_equal(a, b) for a, b in zip(options["init_sites"], start))
+
+
+@pytest.mark.parametrize("method", ["ep", "cep1", "cep2"])
+@pytest.mark.parametrize("lik", [Probit(), Logistic()], ids=["probit", "logistic"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_a_column_of_ones_that_is_not_stored_fits_as_the_stored_one(breast_cancer, method, lik, weighted):
+    """``ones=True`` (the intercept's column, read as 1 by the compiled passes and added to each
+    numpy block, never stored) gives the fit and the evidence of X with the column stored, bit
+    for bit: the compiled EP and CEP-1 and the numpy CEP-2, with and without row weights."""
+    X, y = breast_cancer[0][:150], breast_cancer[1][:150]
+    n, d = X.shape
+    A = np.hstack([X, np.ones((n, 1))])
+    weight = np.random.default_rng(1).uniform(0.2, 3.0, n) if weighted else None
+    prior = np.zeros(d + 1), np.r_[np.ones(d), 100.0]
+    options = dict(method=method, tol=1e-6, max_iter=40, sample_weight=weight)
+    stored = glm_factorized.fit_factorized(A, y, lik, *prior, **options)
+    virtual = glm_factorized.fit_factorized(X, y, lik, *prior, ones=True, **options)
+    assert virtual.n_iter == stored.n_iter
+    for a, b in zip((virtual.mean, virtual.var, *virtual.sites), (stored.mean, stored.var, *stored.sites)):
+        assert np.array_equal(a, b)
+    evidence = [
+        evidence_of(Z, y, post, *prior, lik, weight, **kw)
+        for Z, post, kw in ((A, stored, {}), (X, virtual, dict(ones=True)))
+    ]
+    assert evidence[0] == evidence[1]
+
+
+def test_a_column_of_ones_that_is_not_stored_needs_a_dense_design():
+    X = sp.csr_matrix(np.eye(3))
+    with pytest.raises(ValueError, match="dense X"):
+        glm_design.Design(X, 2, ones=True)
 
 
 def test_a_dense_factorized_fit_holds_its_sites_alone():
