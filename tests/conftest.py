@@ -2,6 +2,7 @@
 marked ``slow`` (``python -m pytest -m "not slow"`` runs the quick subset)."""
 
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "dask_client" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def traced_peak():
+    """``traced_peak(call)`` → (``call()``'s result, the peak in bytes of what Python and numpy
+    allocated during it: tracemalloc, which numpy reports its arrays to; no timing)."""
+
+    def run(call):
+        tracemalloc.start()
+        try:
+            result = call()
+            return result, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    return run

@@ -484,44 +484,30 @@ def test_a_factorized_search_rebuilds_released_sites_bit_for_bit(method, weighte
         assert np.array_equal(a, b)
 
 
-def test_a_factorized_search_holds_one_fits_sites():
+def test_a_factorized_search_holds_one_fits_sites(traced_peak):
     """The memory of a factorized λ search (CEP-1, the default beyond 512 weights) at its peak
     is one fit's sites (2 numbers per entry of X) and a few vectors of n, not the sites of its
     last fits and its best (measured before: 4 fits' sites).  tracemalloc, no timing."""
-    import tracemalloc
-
     rng = np.random.default_rng(0)
     n, d = 20_000, 40
     X = rng.normal(size=(n, d))
     s = np.where(X @ rng.normal(size=d) / np.sqrt(d) / 3 + rng.normal(size=n) > 0, 1.0, -1.0)
     _factorized_search(X[:300], s[:300], "cep1")  # compiled first
-    tracemalloc.start()
-    try:
-        post = _factorized_search(X, s, "cep1")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    post, peak = traced_peak(lambda: _factorized_search(X, s, "cep1"))
     assert post.n_iter > 10  # the search ran several fits
     assert peak < 1.2 * 2 * X.nbytes, peak / (2 * X.nbytes)  # measured 1.08; holding every kept fit: 4.08
 
 
-def test_a_default_factorized_fit_with_an_intercept_holds_no_copy_of_x():
+def test_a_default_factorized_fit_with_an_intercept_holds_no_copy_of_x(traced_peak):
     """``CEPLogisticClassifier()`` beyond 512 weights (CEP-1 after the λ search) with its
     intercept: at its peak one fit's sites, n × (d + 1) pairs, and no copy of X with a column
     of ones (with one: 1× X more).  tracemalloc, no timing."""
-    import tracemalloc
-
     rng = np.random.default_rng(0)
     n, d = 3_000, 600
     X = rng.normal(size=(n, d))
     y = (X @ rng.normal(size=d) / np.sqrt(d) / 3 + 0.5 + rng.normal(size=n) > 0).astype(int)
     CEPLogisticClassifier().fit(X[:200], y[:200])  # compiled first
-    tracemalloc.start()
-    try:
-        model = CEPLogisticClassifier().fit(X, y)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    model, peak = traced_peak(lambda: CEPLogisticClassifier().fit(X, y))
     assert (model.method_, model.covariance_) == ("cep1", "diagonal")
     sites = 2 * 8 * n * (d + 1)
     assert peak < 1.2 * sites, peak / sites  # measured 1.02; before: 4.51 (kept fits, copy of X)

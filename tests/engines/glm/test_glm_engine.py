@@ -602,14 +602,12 @@ def test_dense_and_csr_give_the_same_posterior(lik_name, method):
 
 
 @pytest.mark.parametrize("method", ["ep", "cep2"])
-def test_a_csr_fit_holds_its_sites_and_one_block_of_work(method):
+def test_a_csr_fit_holds_its_sites_and_one_block_of_work(method, traced_peak):
     """The memory of a sparse factorized fit: its sites (2 × nnz doubles; a rejected sweep is
     undone by replaying the sweeps before it, not from a copy) and one row block's arrays at a
     time, not per-entry caches of x², rows and columns for every block (8 bytes a non-zero
     each, which took a fit to 4.7× the size of X).  Measured with tracemalloc, which numpy
     reports its arrays to (no timing)."""
-    import tracemalloc
-
     rng = np.random.default_rng(0)
     n, d, k = 20_000, 2_000, 10
     cols = rng.integers(0, d, size=(n, k))
@@ -617,12 +615,7 @@ def test_a_csr_fit_holds_its_sites_and_one_block_of_work(method):
     X.sum_duplicates()
     y = np.where(X @ rng.normal(size=d) + rng.normal(size=n) > 0, 1.0, -1.0)
     sites = 2 * 8 * X.nnz
-    tracemalloc.start()
-    try:
-        fit(method, X, y, Probit(), np.zeros(d), np.ones(d), tol=0.0, max_iter=4)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    _, peak = traced_peak(lambda: fit(method, X, y, Probit(), np.zeros(d), np.ones(d), tol=0.0, max_iter=4))
     # measured 1.29 (EP), 1.53 (CEP-2); with a roll-back copy of the sites 2.24 and 2.40
     assert peak < 1.7 * sites, peak / sites
 
@@ -1017,12 +1010,10 @@ def test_a_column_of_ones_that_is_not_stored_needs_a_dense_design():
         glm_design.Design(X, 2, ones=True)
 
 
-def test_a_dense_factorized_fit_holds_its_sites_alone():
+def test_a_dense_factorized_fit_holds_its_sites_alone(traced_peak):
     """The memory of a dense factorized fit (EP, CEP-1) at its peak is its two site arrays
     (n × d doubles each) and a few vectors of n: no roll-back copy of the sites (with one it
     was 2× theirs).  Measured with tracemalloc (no timing)."""
-    import tracemalloc
-
     rng = np.random.default_rng(0)
     n, d = 20_000, 50
     X = rng.normal(size=(n, d))
@@ -1030,12 +1021,7 @@ def test_a_dense_factorized_fit_holds_its_sites_alone():
     sites = 2 * X.nbytes
     for method in ("ep", "cep1"):
         fit(method, X[:300], y[:300], Logistic(), np.zeros(d), np.ones(d), max_iter=2)  # compiled first
-        tracemalloc.start()
-        try:
-            fit(method, X, y, Logistic(), np.zeros(d), np.ones(d), tol=0.0, max_iter=6)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        _, peak = traced_peak(lambda: fit(method, X, y, Logistic(), np.zeros(d), np.ones(d), tol=0.0, max_iter=6))
         assert peak < 1.1 * sites, (method, peak / sites)  # measured 1.00 and 1.00
 
 
