@@ -64,8 +64,7 @@ class InMemoryPartitions:
         if origin is not None and not isinstance(origin, InMemoryPartitions):
             origin = tuple(np.asarray(a, dtype=float) for a in origin)
         self._origin = origin
-        self.replay = replay  # also: restore() returns the totals (the factorized sweeps take them)
-        self._history = [] if replay else None
+        self._history = [] if replay else None  # replay: restore() also returns the totals
         self._copies = not replay  # roll back from a copy (after a first replayed rejection)
 
     def _step(self, state, options):
@@ -97,7 +96,7 @@ class InMemoryPartitions:
         else:
             self._rebuild()
             self._copies = True  # a run that rejects twice oscillates: copy from here on
-        return self.totals() if self.replay else None
+        return None if self._history is None else self.totals()  # the factorized sweeps take them
 
     def _rebuild(self):
         """The sites at the end of the recorded steps, written into the current arrays."""
