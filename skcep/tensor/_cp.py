@@ -65,14 +65,21 @@ _DOC = (
     ordinal_prediction : {"mean", "mode"}, default="mean"
         What ``predict`` returns for ordinal entries: the expected level value
         Σ_k P(level k)·level_k (the RMSE-optimal choice) or the most probable level.
-    method : {"auto", "cep", "vmp"}, default="auto"
-        Conditional EP or variational message passing.  For Gaussian entries group CEP gives
-        exactly the VMP updates (Li et al., Theorem 1).  For probit entries CEP matches the
-        conditional probit moments (rank-one sites; Wang & Zhe, supplement §8.1.2) while VMP
-        uses the augmented model with a truncated-Gaussian latent entry.  "auto": CEP, except
-        for ordinal entries, where VMP's monotone ELBO reaches the better fit (MovieLens user ×
+    method : {"auto", "cep", "vmp", "ep-vmp"}, default="auto"
+        Conditional EP, variational message passing, or EP for the likelihood with VMP for the
+        factors.  For Gaussian entries all three give exactly the same updates (group CEP is
+        VMP, Li et al., Theorem 1).  For probit entries CEP matches the conditional probit
+        moments (rank-one sites; Wang & Zhe, supplement §8.1.2); VMP uses the augmented model
+        with a truncated-Gaussian latent entry; "ep-vmp" gives every entry an EP site on its
+        predictor f_i (exact scalar moment matching of the probit against f_i's cavity) and
+        fits the factors to those Gaussian sites by VMP (= group CEP), the hybrid Infer.NET
+        runs on factorization models.  "auto": EP-VMP for probit entries (CEP with
+        ``schedule="entry"``, VMP with ``implicit_modes``), started by a few sweeps of CEP's
+        sites; it neither over-fits sparse objects as the conditional sites do nor prunes the
+        weak components VMP's bound does (``docs/tensor.md``, "Probit entries").  VMP for
+        ordinal entries, where its monotone ELBO reaches the better fit (MovieLens user ×
         movie, rank 8: test RMSE 0.867 against 0.874, in a third of the time; see
-        ``docs/recommending.md``).
+        ``docs/recommending.md``).  CEP (= VMP) for Gaussian ones.
     implicit_modes : dict or None, default=None
         Implicit feedback (SVD++; Koren, KDD 2008, eq. 15): ``{k: j}`` gives every row s of
         mode k the normalised sum of learned vectors of the mode-j objects it shares a training
@@ -82,7 +89,8 @@ _DOC = (
         that is given); each mode's rows and vectors are updated jointly by VMP's coordinate step
         (:mod:`skcep.engines.cp.implicit`).  N(s) is taken from the entries of ``fit``; it takes the
         group schedule, entries in memory (not ``partial_fit``, not Dask collections) and VMP
-        for probit and ordinal entries (``method="auto"`` then chooses VMP).  None: no implicit
+        or EP-VMP for probit entries (``method="auto"`` then chooses VMP) and VMP for ordinal
+        ones (not CEP's rank-one sites).  None: no implicit
         feedback (see ``docs/recommending.md`` for its effect).
     schedule : {"group", "entry"}, default="group"
         CEP only.  "group": all sites of a mode updated together and merged per row (one pass
@@ -299,7 +307,7 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
         "rank": [Interval(Integral, 1, None, closed="left")],
         "likelihood": [StrOptions({"gaussian", "probit", "ordinal"})],
         "ordinal_prediction": [StrOptions({"mean", "mode"})],
-        "method": [StrOptions({"auto", "cep", "vmp"})],
+        "method": [StrOptions({"auto", "cep", "vmp", "ep-vmp"})],
         "schedule": [StrOptions({"group", "entry"})],
         "implicit_modes": [None, dict],
         "prior_variance": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
@@ -385,13 +393,20 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
             )
         if self.likelihood == "ordinal" and self.schedule != "group":
             raise ValueError("likelihood='ordinal' takes the group schedule; use schedule='group'.")
-        if self._method == "vmp" and self.schedule != "group":
+        if self._method in ("vmp", "ep-vmp") and self.schedule != "group":
             raise ValueError("schedule='entry' is a CEP schedule; use method='cep' or schedule='group'.")
+        if self._method == "ep-vmp" and self.likelihood == "ordinal":
+            raise ValueError(
+                "method='ep-vmp' takes Gaussian and probit entries; use method='vmp' or 'auto' for ordinal ones."
+            )
         if self.implicit_modes:
             if self.schedule != "group":
                 raise ValueError("implicit_modes takes the group schedule; use schedule='group'.")
             if self.likelihood != "gaussian" and self._method == "cep":
-                raise ValueError("implicit_modes takes VMP for probit and ordinal entries; use method='vmp' or 'auto'.")
+                raise ValueError(
+                    "implicit_modes takes VMP (or EP-VMP for probit entries), not CEP's rank-one sites; use "
+                    "method='auto', 'vmp' or 'ep-vmp'."
+                )
             if not all(
                 isinstance(k, Integral) and isinstance(j, Integral) and k != j and k >= 0 and j >= 0
                 for k, j in self.implicit_modes.items()
@@ -447,7 +462,7 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
     @property
     def _convergence_advice(self):
         """The end of the ConvergenceWarning: ``damping`` steps the probit CEP sites only."""
-        if self.likelihood != "gaussian" and self._method == "cep":
+        if self.likelihood != "gaussian" and self._method in ("cep", "ep-vmp"):
             return "increase max_iter, loosen tol or, if the fit oscillates, lower damping"
         if self.likelihood != "gaussian":
             return "increase max_iter or loosen tol (VMP's updates take no damping)"
@@ -603,13 +618,12 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
     @property
     def _method(self):
         """``method`` resolved: "auto" is VMP for ordinal entries and for probit ones with
-        ``implicit_modes``, CEP otherwise."""
+        ``implicit_modes``, EP-VMP for other probit ones (CEP with ``schedule="entry"``) and CEP
+        (= VMP) for Gaussian ones."""
         if self.method == "auto":
-            return (
-                "vmp"
-                if self.likelihood == "ordinal" or (self.implicit_modes and self.likelihood == "probit")
-                else "cep"
-            )
+            if self.likelihood == "ordinal" or (self.implicit_modes and self.likelihood == "probit"):
+                return "vmp"
+            return "ep-vmp" if self.likelihood == "probit" and self.schedule == "group" else "cep"
         return self.method
 
     def _set_posterior(self, result, shape):

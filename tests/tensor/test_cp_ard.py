@@ -299,7 +299,14 @@ def test_probit_cep_ard_stays_finite_on_separable_labels(schedule):
     labels = (f > 0).astype(int)
     est = quiet(
         BayesianCPTensor(
-            rank=6, likelihood="probit", ard=True, schedule=schedule, prior_variance=0.5, random_state=0, max_iter=30
+            rank=6,
+            likelihood="probit",
+            method="cep",
+            ard=True,
+            schedule=schedule,
+            prior_variance=0.5,
+            random_state=0,
+            max_iter=30,
         ),
         X,
         labels,

@@ -342,11 +342,14 @@ def test_a_short_stream_with_learned_priors_gets_a_full_first_batch():
     """Enron fold 1 streamed in batches of 1,000 (its 1,010 training entries: one batch and a
     tail).  With fewer than two entries per object the first batch used to get one sweep, which
     kept sparse objects away from the zero fixed point of a zero-mean prior; with learned priors
-    that fixed point is gone and CEP's first batch gets 10 (test AUC 0.66 → 0.95 on this fold)."""
+    that fixed point is gone and the first batch of CEP and EP-VMP (the default) gets 10 (test AUC
+    0.66 → 0.95 on this fold; EP-VMP's streamed first batch of one sweep: 0.89)."""
     data = load_enron(1)
     assert streaming_sweeps(data.X_train, True, "probit", "cep") == (1, False)
     assert streaming_sweeps(data.X_train, True, "probit", "cep", learned_priors=True) == (10, False)
+    assert streaming_sweeps(data.X_train, True, "probit", "ep-vmp", learned_priors=True) == (10, False)
     assert streaming_sweeps(data.X_train, True, "probit", "vmp", learned_priors=True) == (1, False)
+    assert streaming_sweeps(data.X_train, False, "probit", "ep-vmp", learned_priors=True) == (1, False)
     assert streaming_sweeps(data.X_train, False, "probit", "cep", learned_priors=True) == (1, True)
     est = BayesianCPTensor(rank=8, likelihood="probit", prior_variance="auto", shape=data.shape, random_state=0)
     order = np.random.default_rng(0).permutation(data.y_train.size)

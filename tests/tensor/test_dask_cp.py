@@ -68,6 +68,7 @@ def assert_same_fit(got, ref, rtol=1e-6, elbo_rtol=1e-8):
         ("gaussian", "vmp", 3, False, {}),
         ("gaussian", "cep", 3, True, {}),
         ("probit", "cep", 3, False, {}),
+        ("probit", "ep-vmp", 3, True, {}),  # the default for probit entries, its CEP start included
         ("probit", "cep", 3, False, dict(prior_variance=1.0)),  # the mean learned at a fixed variance
         # learned priors: this zero-mean tensor falls to the zero fixed point
         ("probit", "vmp", 2, False, dict(prior_variance=1.0, prior_mean=0.0)),

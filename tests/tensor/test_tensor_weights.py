@@ -92,6 +92,8 @@ CP_CONFIGS = [
     dict(likelihood="probit", method="cep"),
     dict(likelihood="probit", method="cep", ard=True, mode_bias=True),
     dict(likelihood="probit", method="cep", schedule="entry"),
+    dict(likelihood="probit", method="ep-vmp", mode_bias=True),
+    dict(likelihood="probit", method="ep-vmp", ard=True),
 ]
 GROUP_CONFIGS = [c for c in CP_CONFIGS if c.get("schedule") != "entry"]
 
@@ -123,8 +125,9 @@ def test_cp_unit_weights_are_the_unweighted_fit_bit_for_bit(config):
 
 @pytest.mark.parametrize("config", GROUP_CONFIGS, ids=str)
 def test_cp_integer_weights_are_repeated_entries(config):
-    """VMP and group CEP (Gaussian sites, probit power-EP sites, the augmented probit VMP),
-    with offsets and ARD: the posterior, the ELBO trace and the sweeps of the repeated data."""
+    """VMP and group CEP (Gaussian sites, probit power-EP sites, the augmented probit VMP) and
+    EP-VMP (power-EP sites on the predictor), with offsets and ARD: the posterior, the ELBO
+    trace and the sweeps of the repeated data."""
     data = low_rank_tensor()
     X, y = data[0], _y(config, data)
     w = integer_weights(len(y))

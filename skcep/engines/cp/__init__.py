@@ -15,7 +15,8 @@ cluster, and global steps on their sums.
 * :mod:`.packing` — symmetric R×R blocks packed as their upper triangle;
 * :mod:`.chunks` — the entries grouped by the row of one mode (``mode_chunks``);
 * :mod:`.statistics` — the statistics step of Gaussian entries and offsets; entry weights;
-* :mod:`.sites` — the rank-one CEP sites of probit and ordinal entries, the augmented VMP targets;
+* :mod:`.sites` — the rank-one CEP sites of probit and ordinal entries, the EP sites on the
+  predictor of EP-VMP, the augmented VMP targets;
 * :mod:`.updates` — the global steps: rows reduced, group, noise, ARD and learned-prior updates;
 * :mod:`.moments` — moments of f at the entries, ``predict_cp``, ``effective_rank``, ``vanished_modes``;
 * :mod:`.student` — Student-t noise: q(s_i) of every entry's precision scale, ν;
@@ -50,7 +51,14 @@ from .settings import (
     StudentSettings,
     SweepSettings,
 )
-from .sites import augmented_target, probit_offset_sites, probit_site, probit_site_statistics, site_likelihood
+from .sites import (
+    augmented_target,
+    predictor_sites,
+    probit_offset_sites,
+    probit_site,
+    probit_site_statistics,
+    site_likelihood,
+)
 from .start import (
     grow_posterior,
     init_posterior,
@@ -94,6 +102,7 @@ __all__ = [
     "mode_chunks",
     "gaussian_statistics",
     "probit_site_statistics",
+    "predictor_sites",
     "probit_offset_sites",
     "offset_statistics",
     "entry_mean",

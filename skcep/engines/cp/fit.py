@@ -69,7 +69,13 @@ def start_sweeps(
             "Implicit feedback takes the group schedule in memory, with VMP for probit and ordinal "
             "entries (method='vmp'): its update solves for every row of a mode at once."
         )
+    if method == "ep-vmp" and likelihood == "ordinal":
+        raise ValueError("method='ep-vmp' takes Gaussian and probit entries; use method='vmp' for ordinal ones.")
     if schedule == "entry":
+        if method == "ep-vmp":
+            raise ValueError(
+                "The entry schedule is CEP's (Wang & Zhe, Algorithm 1); method='ep-vmp' takes schedule='group'."
+            )
         if likelihood == "ordinal":
             raise ValueError(
                 "The entry schedule takes Gaussian and probit entries; use schedule='group' for ordinal ones."
@@ -153,7 +159,9 @@ def fit_cp(
     """Fit q on the entries (index, y), starting from and with the priors of ``post``.
 
     Iterates until the relative change of the training predictor means is below ``tol`` or
-    ``max_iter`` sweeps.  ``damping`` (0, 1] damps the probit CEP sites (each update moves a
+    ``max_iter`` sweeps.  ``method``: "vmp", "cep" (group or entry ``schedule``) or "ep-vmp"
+    (EP sites on the predictor, VMP for the factors; :mod:`~skcep.engines.cp.sites`).
+    ``damping`` (0, 1] damps the probit sites of CEP and EP-VMP (each update moves a
     site's natural parameters by damping × (proposed − current)); ``rng`` draws the block order
     of the entry schedule (nothing else is random); ``n_jobs`` threads run the chunks of a
     sweep (:class:`~skcep.engines.cp.settings.ChunkSettings` ``chunks``), with results that do not

@@ -37,6 +37,8 @@ class _GroupSweeps:
     def __init__(self, post, parts, likelihood, method, simultaneous=False, implicit=IMPLICIT, student=STUDENT):
         self.posterior, self.parts, self.likelihood = post, parts, likelihood
         self.probit_cep = likelihood != "gaussian" and method == "cep"
+        # the last mode's statistics hold Σ_i E[zzᵀ] unweighted only where every entry has precision 1
+        self.unit_statistics = not self.probit_cep and not (likelihood == "probit" and method == "ep-vmp")
         self.simultaneous, self.implicit, self.student = simultaneous, implicit, student
         self.n_skipped = 0
         self._first = True
@@ -88,7 +90,7 @@ class _GroupSweeps:
             statistics = reduce_rows([p for chunks, _ in results for p in chunks], f.n_rows, post.rank)
             self.n_skipped += sum(skipped for _, skipped in results)
             pending.append((k, f, statistics))
-            G = None if self.probit_cep else statistics.second
+            G = statistics.second if self.unit_statistics else None
             if not self.simultaneous:
                 changes = self._update(pending, scale, second, packing)
         for j, g in enumerate(post.offsets):

@@ -32,12 +32,15 @@ from .sites import (
     _labels,
     _site_chunk_size,
     augmented_target,
+    predictor_sites,
     probit_offset_sites,
     probit_site_statistics,
     site_likelihood,
 )
 from .statistics import _weigh, gaussian_statistics, offset_statistics
 from .student import prior_scales, residual_second, scale_update
+
+_MIN_VARIANCE = 1e-12  # Var f_i below this (a predictor q holds exactly) is taken as this
 
 
 class _Sweep(NamedTuple):
@@ -48,7 +51,9 @@ class _Sweep(NamedTuple):
     record the step before left, nothing else.
 
     ``off_mean``: the offsets' part of E f at every entry as the sweep began; ``target``: the
-    values the statistics fit (y, or E[z_i] of the augmented model for probit and ordinal VMP);
+    values the statistics fit (y, E[z_i] of the augmented model for probit and ordinal VMP, or
+    the pseudo-observations β_i/π_i of the EP sites on f_i for EP-VMP); ``skipped``: the EP
+    sites on f_i the sweep kept because their cavity was improper;
     ``lik``: the likelihood of the CEP sites and ``thresholds`` the sweep's cut points (ordinal
     entries; None otherwise); ``cp_mean``: E[1ᵀz_i] after the factors' updates (from the first
     offset step); ``rows`` and ``rest``: the rows of the offset group of the last offset step and
@@ -63,6 +68,8 @@ class _Sweep(NamedTuple):
     rows: np.ndarray = None
     rest: np.ndarray = None
     mean: np.ndarray = None
+    skipped: int = 0
+    cp_second: np.ndarray = None
 
 
 class EntryPartition:
@@ -114,6 +121,8 @@ class EntryPartition:
         self.n_jobs, self.chunk_settings = n_jobs, chunks
         self.sign = _labels(y, likelihood)
         self.probit_cep = likelihood != "gaussian" and method == "cep"  # rank-one sites (probit, ordinal)
+        self.predictor_ep = likelihood == "probit" and method == "ep-vmp"  # EP sites on f_i
+        self.f_sites = (np.zeros(y.size), np.zeros(y.size)) if self.predictor_ep else None  # (π, β) per entry
         self._chunks = {}
         self.means, self.second = [None] * len(self.shape), [None] * len(self.shape)
         self.offsets = [None] * len(self.offset_modes)
@@ -160,13 +169,37 @@ class EntryPartition:
         ordinal = self.likelihood == "ordinal"
         lik = site_likelihood("ordinal", thresholds) if ordinal else _PROBIT
         thresholds = thresholds if ordinal else None
-        off_mean = _offset_moments_of(self.offsets, self.offset_modes, self.index)[0]
+        off_mean, off_var = _offset_moments_of(self.offsets, self.offset_modes, self.index)
         augmented = self.likelihood != "gaussian" and self.method == "vmp"
-        if self.previous is None or augmented:
-            mean = _cp_mean_of(self.means, self.index, self.n_jobs) + off_mean
+        if self.previous is None or augmented or self.predictor_ep:
+            cp_mean = (
+                _cp_mean_of(self.means, self.index, self.n_jobs)
+                if changes or self.sweep is None
+                else self.sweep.cp_mean
+            )
+            mean = cp_mean + off_mean
             self.previous = mean if self.previous is None else self.previous
+        if self.predictor_ep:
+            cp_second = self.sweep.cp_second if self.sweep is not None and not changes else None
+            target, skipped = self._predictor_targets(mean, cp_mean, cp_second, off_var)
+            self.sweep = _Sweep(off_mean, target, lik, thresholds, skipped=skipped)
+            return
         target = augmented_target(mean, self.sign, thresholds) if augmented else self.y
         self.sweep = _Sweep(off_mean, target, lik, thresholds)
+
+    def _predictor_targets(self, mean, cp_mean, cp_second, off_var):
+        """EP-VMP: every entry's EP site on f_i refreshed from its marginal under q
+        (:func:`~skcep.engines.cp.sites.predictor_sites`); the statistics then weigh entry i by
+        its site precision π_i (times its weight) and fit its pseudo-observation β_i/π_i.
+        ``cp_second``: E[(1ᵀz_i)²] if the sweep before left it and q has not changed since
+        (None: computed here).  Returns the targets and the number of sites kept."""
+        if cp_second is None:
+            cp_second = _cp_second_of(self.second, self.index, self.n_jobs)
+        cp_var = np.maximum(cp_second - cp_mean**2, _MIN_VARIANCE)
+        self.f_sites, skipped = predictor_sites(mean, cp_var + off_var, self.sign, self.f_sites, self.damping)
+        pi, beta = self.f_sites
+        self.precision_weight = _weigh(pi, self.weight)
+        return np.divide(beta, pi, out=np.zeros_like(beta), where=pi > 0), skipped
 
     def factor(self, changes, k, cov=None):
         """The statistics step of mode k: the chunks'
@@ -186,7 +219,7 @@ class EntryPartition:
             self.chunks(k, True, self.chunk_settings.chunk_size),
             self.n_jobs,
         )
-        return parts, 0
+        return parts, sweep.skipped if k == 0 else 0
 
     def _probit_factor(self, k, cov, sweep):
         mean = self.means[k]
@@ -272,7 +305,8 @@ class EntryPartition:
         if student:
             off_mean, off_var = _offset_moments_of(self.offsets, self.offset_modes, self.index)
             self.residual = residual_second(self.y, cp_mean, cp_second, off_mean, off_var)
-        self.previous, self.sweep = mean, sweep._replace(cp_mean=cp_mean, mean=mean)
+        self.previous = mean
+        self.sweep = sweep._replace(cp_mean=cp_mean, mean=mean, cp_second=cp_second if self.predictor_ep else None)
         return sums
 
     def cut_points(self, n_levels):

@@ -6,6 +6,12 @@ r"""The CEP sites of probit and ordinal entries, and the augmented targets of th
   m + S x̄ s r/√(1+q2) and S − S x̄ x̄ᵀ S r(ζ + r)/(1 + q2).  The site they imply has rank-one
   precision along x̄ = E[x], stored as a direction and two scalars.  The ordered probit's sites
   take the same form (:func:`site_likelihood`).
+* **EP-VMP** (method "ep-vmp"): an EP site on every entry's predictor f_i
+  (:func:`predictor_sites`), exact scalar moment matching of Φ(s f_i) against the cavity of
+  f_i's marginal under q; the sites are Gaussian pseudo-observations, and the factors fit them
+  by VMP, which for the Gaussian model is group CEP (Li et al. Theorem 1).  This is the hybrid
+  of message passing that Infer.NET runs on factorization models (EP on the likelihood, VMP
+  on the product; Stern, Herbrich & Graepel, "Matchbox", WWW 2009).
 * **Probit VMP** uses the augmented model (latent z_i ~ N(f_i, 1) truncated to the sign of
   y_i), whose E[z_i] (:func:`augmented_target`) replaces y_i in the Gaussian statistics.
 
@@ -127,16 +133,32 @@ def probit_site_statistics(
     return new, RowStatistics(chunk.rows, *sums), n_skipped
 
 
+def _scalar_sites(mean, variance, rest, sign, sites, damping, likelihood):
+    """Scalar EP sites (π, β) of probit entries on a variable of marginal N(``mean``,
+    ``variance``) per entry that enters the predictor as itself plus ``rest``: the cavity
+    removes the entry's site, the probit's tilted moments give the new one (damped; where the
+    cavity is improper the site is kept).  Returns the new sites and the number kept."""
+    precision = 1.0 / variance
+    cav_prec, cav_shift, ok = cavity_natural(precision, precision * mean, *sites)
+    cav_var = 1.0 / cav_prec
+    pi, beta = _damped_probit_site(cav_shift / cav_prec, cav_var, cav_var, sign, rest, *sites, damping, ok, likelihood)
+    return (pi, beta), _n_skipped(ok)
+
+
 def probit_offset_sites(rows, mean, cov, rest, sign, sites, damping=1.0, likelihood=_PROBIT):
     """Probit CEP sites (π, β) of a rank-1 offset group (scalar EP, direction 1): the cavity of
     entry i is q(c_{rows_i}) / its site.  Returns the new sites and the number kept."""
-    precision = 1.0 / cov[rows, 0, 0]
-    cav_prec, cav_shift, ok = cavity_natural(precision, precision * mean[rows, 0], *sites)
-    variance = 1.0 / cav_prec
-    pi, beta = _damped_probit_site(
-        cav_shift / cav_prec, variance, variance, sign, rest, *sites, damping, ok, likelihood
-    )
-    return (pi, beta), _n_skipped(ok)
+    return _scalar_sites(mean[rows, 0], cov[rows, 0, 0], rest, sign, sites, damping, likelihood)
+
+
+def predictor_sites(mean, variance, sign, sites, damping=1.0):
+    """EP sites (π, β) of probit entries on their predictor f_i (method "ep-vmp"): the cavity of
+    entry i is its marginal N(E f_i, Var f_i) under q divided by its site N(f_i; β/π, 1/π), and
+    the new site matches the tilted distribution Φ(s_i f_i) × cavity exactly (one scalar EP step
+    per entry, damped).  The sites turn the probit into Gaussian pseudo-observations β/π of f_i
+    with precision π, which the factors and offsets fit by VMP (= group CEP, Li et al.
+    Theorem 1).  Returns the new sites and the number kept."""
+    return _scalar_sites(mean, variance, 0.0, sign, sites, damping, _PROBIT)
 
 
 def augmented_target(mean, sign, thresholds=None):

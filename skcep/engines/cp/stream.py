@@ -40,7 +40,7 @@ def streaming_sweeps(
     is gone; VMP keeps the rule above.  An entry of ``weight`` w counts w times."""
     if not first:
         return 1, likelihood != "gaussian" and method == "cep"
-    if learned_priors and method == "cep":
+    if learned_priors and method in ("cep", "ep-vmp"):
         return sweeps.first_batch_sweeps, False
     touched = sum(np.unique(column).size for column in index.T)
     n = index.shape[0] if weight is None else weight.sum()  # an entry of weight w counts w times
