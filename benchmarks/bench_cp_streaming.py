@@ -10,7 +10,9 @@ user × movie × 20-time-bin tensor, rank 8, the 90/10 split of
 ``bench_cp_movielens.movielens_split(0)``, two tasks on the same entries — *binary* (rating ≥ 4,
 ``likelihood="probit"``, test AUC of ``decision_function``) and *ratings* (``likelihood="gaussian"``,
 test RMSE of ``predict``) — and two models: the estimator's defaults (``mode_bias=False``) and
-``mode_bias=True``, both with the fixed priors (``prior_variance=1.0``, ``prior_mean=0.0``, ``bias_prior_variance=1.0``;
+``mode_bias=True``, both with the fixed priors (``prior_variance=1.0``, ``prior_mean=0.0``, ``bias_prior_variance=1.0``)
+and ``method="cep"`` (the paper's ADF-CEP; the default for probit entries, EP-VMP, is one of the
+variants below;
 the default learned priors are streamed in ``bench_cp_paper.py --streams`` and
 ``bench_cp_defaults.py``).  The training entries are shuffled (seed s, which also seeds the estimator)
 and streamed once through ``partial_fit`` in batches of 100, 500, 1000, 5000 and 10000, with
@@ -237,6 +239,7 @@ def make(task, d, seed, params):
     kw = dict(
         rank=RANK,
         likelihood="probit" if task == "binary" else "gaussian",
+        method="cep",  # the paper's ADF-CEP (the default for probit entries is EP-VMP: cp_paper_streams.md)
         shape=d.shape,
         random_state=seed,
         warm_up_entries=0,
@@ -423,6 +426,7 @@ VARIANTS = (  # binary, defaults, batch DIAG_BATCH: (label, parameters)
     ('"auto", ard=True', dict(ard=True)),
     ('"auto", init_scale=1', dict(init_scale=1.0)),
     ('"auto", method="vmp" (streaming VMP)', dict(method="vmp")),
+    ('"auto", method="ep-vmp" (ADF with EP-VMP\'s sites, the default for probit entries)', dict(method="ep-vmp")),
 )
 
 
@@ -631,7 +635,7 @@ def report(res, batch_sizes, args, elapsed, n_train, n_test, cmd, library):
         f"({n_train:,} training / {n_test:,} test entries). *binary*: rating ≥ 4, probit, test AUC of "
         "`decision_function`; *ratings*: Gaussian, test RMSE of `predict`. Training entries shuffled by the "
         "seed (which also seeds the estimator) and streamed once through `partial_fit`, `shape` = full shape, "
-        "estimator defaults otherwise (method CEP, group schedule, prior_variance 1, init_scale 0.5, damping 1, "
+        "estimator defaults otherwise (method CEP set, group schedule, prior_variance 1, init_scale 0.5, damping 1, "
         "tol 1e-4, fit_intercept). Rules: `n_inner_iter=10`, the default before `\"auto\"`, and "
         '`n_inner_iter="auto"` (a first batch: one sweep in turn, up to 10 with ≥ 2 entries per '
         "object it touches, the global offset started at its mean; every later batch one sweep, for probit "
