@@ -461,7 +461,7 @@ class BayesianCPTensor(CPStart, CPStreaming, TensorEstimator):
 
     @property
     def _convergence_advice(self):
-        """The end of the ConvergenceWarning: ``damping`` steps the probit CEP sites only."""
+        """The end of the ConvergenceWarning: ``damping`` steps the probit sites of CEP and EP-VMP only."""
         if self.likelihood != "gaussian" and self._method in ("cep", "ep-vmp"):
             return "increase max_iter, loosen tol or, if the fit oscillates, lower damping"
         if self.likelihood != "gaussian":
