@@ -40,7 +40,7 @@ _DOC = (
     Entry i = (i_1, …, i_K) is ``f_i = 1ᵀ(u¹_{i_1} ∘ … ∘ u^K_{i_K}) + b + Σ_k c^k_{i_k}``
     with ``y_i ~ N(f_i, 1/τ)`` (``likelihood="gaussian"``), ``P(y_i = 1) = Φ(f_i)``
     (``"probit"``) or ``P(y_i = level k) = Φ(θ_k − f_i) − Φ(θ_{k−1} − f_i)`` (``"ordinal"``), priors N(μ_k,
-    λ_k⁻¹ I) on the embeddings u^k_s ∈ R^rank, μ_k and λ_k learned from the data
+    diag(λ_k)⁻¹) on the embeddings u^k_s ∈ R^rank, μ_k and λ_k learned from the data
     (``prior_mean="auto"``, ``prior_variance="auto"``) or fixed (N(0, prior_variance·I): the papers')
     (N(1, modulation_variance·I) for the ``modulating_modes``) and
     τ ~ Gam(a0, b0) (Wang & Zhe, "Conditional Expectation Propagation", UAI 2020, §4.1
@@ -97,14 +97,15 @@ _DOC = (
         over the entries per mode, O(n) memory).  "entry": sites updated block by block with EP
         bookkeeping (Wang & Zhe, Algorithm 1); fewer, costlier sweeps, O(n·rank²) memory.
     prior_variance : float or "auto", default="auto"
-        Prior variance 1/λ_k of every embedding coordinate (``ard``: 1/E[λ] at the start).
-        "auto": learned per mode from the data, λ_k ~ Gam(10⁻³, 10⁻³) with q(λ_k) updated after
-        every sweep (``partial_fit``: after every batch) and reported in
+        Prior variance 1/λ_kr of every embedding coordinate (``ard``: 1/E[λ] at the start).
+        "auto": learned per mode and component from the data, λ_kr ~ Gam(10⁻³, 10⁻³) with
+        q(λ_kr) updated after every sweep (``partial_fit``: after every batch) and reported in
         ``factor_prior_precisions_``.  With ``prior_mean="auto"`` as well, this is the
-        hierarchical prior of Bayesian PMF in its mean-field form.  With ``ard`` the precisions
+        hierarchical prior of Bayesian PMF in its mean-field form, with a precision per
+        component as in Bayesian factorization machines.  With ``ard`` the precisions
         are ARD's, per component and starting at 1/prior_variance (1 for "auto").
     prior_mean : float or "auto", default="auto"
-        Prior mean of every embedding coordinate: row s of mode k has prior N(μ_k, λ_k⁻¹ I).
+        Prior mean of every embedding coordinate: row s of mode k has prior N(μ_k, diag(λ_k)⁻¹).
         "auto": μ_k is learned per mode from the data, μ_k ~ N(0, I), q(μ_k) started at c·1
         with c = rank^(−1/K) (so the prior's main effect Σ_r Π_k μ_kr starts at 1), updated with
         λ_k and reported in ``factor_prior_means_``.  The learned mean gives the components a
@@ -239,8 +240,8 @@ _DOC = (
         E[μ_k], the prior mean of every mode's embeddings, learned (``prior_mean="auto"``) or
         fixed (None for a modulating mode).  None for the papers' prior (``prior_mean=0`` with a
         number for ``prior_variance``, or with ``ard``).
-    factor_prior_precisions_ : list of float or None
-        E[λ_k], their prior precision, learned (``prior_variance="auto"``) or 1/prior_variance
+    factor_prior_precisions_ : list of ndarray of shape (rank,) or None
+        E[λ_k], their prior precision per component, learned (``prior_variance="auto"``) or 1/prior_variance
         (likewise); None with ``ard``, whose precisions are ``component_precision_``.
     bias_prior_precisions_ : list of float or None
         E[β_k], the learned prior precision of every mode's offsets, in y's units

@@ -15,7 +15,7 @@ from ._base import _check_noise_prior, target_scaling
 __all__ = ["MODE_PRIOR", "ORDINAL_WARM_START", "PROBIT_WARM_START", "OFFSET_PRIOR", "HOLD_PRIORS", "CPStart"]
 
 # prior_mean / prior_variance="auto": the hyperpriors (a0, b0, v) of every mode's prior
-# N(μ_k, λ_k⁻¹ I), λ_k ~ Gam(a0, b0) and μ_k ~ N(0, v I) (docs/tensor.md, "Priors learned from the data")
+# N(μ_k, diag(λ_k)⁻¹), λ_kr ~ Gam(a0, b0) and μ_k ~ N(0, v I) (docs/tensor.md, "Priors learned from the data")
 MODE_PRIOR = (1e-3, 1e-3, 1.0)
 ORDINAL_WARM_START = 20  # Gaussian sweeps that start an ordinal fit (cp.ordinal_start)
 PROBIT_WARM_START = 10  # sweeps of CEP's conditional sites that start an EP-VMP fit of probit entries
@@ -34,7 +34,7 @@ class CPStart:
 
     @property
     def _mode_prior_learns(self):
-        """(mean, precision): which parts of the embeddings' prior N(μ_k, λ_k⁻¹ I) are learned
+        """(mean, precision): which parts of the embeddings' prior N(μ_k, diag(λ_k)⁻¹) are learned
         (``prior_mean="auto"``, ``prior_variance="auto"``); None for the papers' fixed prior
         N(0, prior_variance·I) (``prior_mean=0`` and a number for ``prior_variance``) and for
         ARD's zero mean (``ard`` with ``prior_mean=0``).  With ``ard`` the precisions are ARD's

@@ -278,21 +278,22 @@ def test_learned_precision_update_is_the_vmp_update():
 
 
 def shared_prior(post, a, b):
-    """A copy of ``post`` with mode 0's q(λ_0) = Gam(a, b), its rows' prior precision and its
+    """A copy of ``post`` with mode 0's q(λ_0r) = Gam(a_r, b_r), its rows' prior precision and its
     implicit vectors' with it."""
     post = post.copy()
     m, s, _, _ = post.mode_priors[0]
     post.mode_priors[0] = (m, s, a, b)
     f = post.factors[0]
-    f.prior_precision = np.broadcast_to((a / b) * np.eye(post.rank), f.cov.shape).copy()
+    f.prior_precision = np.broadcast_to(np.diag(a / b), f.cov.shape).copy()
     f.prior_shift = np.broadcast_to((a / b) * m, f.mean.shape).copy()
     post.implicit[0].precision = (a, b)
     return post
 
 
 def test_rows_and_their_implicit_vectors_share_the_learned_precision():
-    """q(λ_k) counts the d_k R coordinates of the rows and the d_j R of the implicit vectors:
-    the closed form (explicit loops), written to the term, and the maximiser of the ELBO in (a, b)."""
+    """q(λ_kr) counts the d_k coordinates r of the rows and the d_j of the implicit vectors: the
+    closed form (explicit loops), written to the term, and the maximiser of the ELBO in every
+    (a_r, b_r)."""
     X, y, d = planted(n=300, d=(12, 10))
     a0, b0, v = 1e-3, 1e-3, 1.0
     post = init_posterior(
@@ -311,20 +312,23 @@ def test_rows_and_their_implicit_vectors_share_the_learned_precision():
     m_old, _, a_old, b_old = post.mode_priors[0]
     cp.mode_prior_update(post)
     f, term = post.factors[0], post.implicit[0]
-    lam_old = a_old / b_old
+    lam_old = a_old / b_old  # per component
     s = 1.0 / (1.0 / v + d[0] * lam_old)
     m = s * lam_old * sum(f.mean[r] for r in range(d[0]))
-    spread = sum(np.trace(f.cov[r]) + np.sum((f.mean[r] - m) ** 2) + 2 * s for r in range(d[0]))
-    spread += sum(np.trace(term.cov[j]) + np.sum(term.mean[j] ** 2) for j in range(d[1]))
+    spread = sum(np.diagonal(f.cov[r]) + (f.mean[r] - m) ** 2 + s for r in range(d[0]))
+    spread += sum(np.diagonal(term.cov[j]) + term.mean[j] ** 2 for j in range(d[1]))
     got_m, got_s, got_a, got_b = post.mode_priors[0]
     np.testing.assert_allclose(got_m, m, rtol=1e-12)
-    assert got_a == pytest.approx(a0 + 0.5 * (d[0] + d[1]) * 2, rel=1e-15)
-    assert got_b == pytest.approx(b0 + 0.5 * spread, rel=1e-12)
-    assert term.precision == (got_a, got_b)
+    np.testing.assert_allclose(got_a, a0 + 0.5 * (d[0] + d[1]), rtol=1e-15)
+    np.testing.assert_allclose(got_b, b0 + 0.5 * spread, rtol=1e-12)
+    assert term.precision[0] is got_a and term.precision[1] is got_b
     best = elbo(post, X, y, "gaussian")
     assert elbo(shared_prior(post, got_a, got_b), X, y, "gaussian") == pytest.approx(best, rel=1e-13)
-    for a, b in [(got_a * 1.001, got_b), (got_a * 0.999, got_b), (got_a, got_b * 1.001), (got_a, got_b * 0.999)]:
-        assert elbo(shared_prior(post, a, b), X, y, "gaussian") < best
+    for j in range(2):
+        for which, step in [(0, 1.001), (0, 0.999), (1, 1.001), (1, 0.999)]:
+            moved = [got_a.copy(), got_b.copy()]
+            moved[which][j] *= step
+            assert elbo(shared_prior(post, *moved), X, y, "gaussian") < best
 
 
 def test_users_from_rarely_rated_movies_do_not_collapse_the_fit():

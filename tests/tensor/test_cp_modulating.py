@@ -200,8 +200,9 @@ def quiet_fit(est, X, y):
 def test_ard_with_a_modulating_mode_prunes_the_extra_components_of_a_planted_tensor():
     """Rank-3 truth Σ_r u_r m_r t_r with t ~ 1 + 0.3 ε on 30 × 25 × 6 (2,500 entries), fitted at
     rank 10 with the time mode modulating: ARD prunes six of the seven extra components (E[λ] in
-    the hundreds) but keeps four, one more than planted (E[λ] 0.6–2.0, measured); the fixed prior
-    keeps 7 and predicts the truth less well."""
+    the hundreds) but keeps four, one more than planted (E[λ] 0.6–2.0, measured).  The default
+    learned priors, a precision per mode and component, prune as far (4 kept, RMSE 0.032 against
+    ARD's 0.032); the papers' fixed prior N(0, I) keeps 8 and predicts the truth less well (0.046)."""
     shape, rank = (30, 25, 6), 3
     rng = np.random.default_rng(0)
     U = [rng.standard_normal((d, rank)) for d in shape[:2]] + [1 + 0.3 * rng.standard_normal((shape[2], rank))]
@@ -211,12 +212,13 @@ def test_ard_with_a_modulating_mode_prunes_the_extra_components_of_a_planted_ten
     y = f + 0.1 * rng.standard_normal(f.size)
     params = dict(rank=10, method="vmp", modulating_modes=(2,), modulation_variance=0.1, random_state=0, max_iter=100)
     ard = quiet_fit(BayesianCPTensor(ard=True, **params), X[:2500], y[:2500])
-    plain = quiet_fit(BayesianCPTensor(**params), X[:2500], y[:2500])
+    learned = quiet_fit(BayesianCPTensor(**params), X[:2500], y[:2500])
+    plain = quiet_fit(BayesianCPTensor(prior_variance=1.0, prior_mean=0.0, **params), X[:2500], y[:2500])
     lam = np.sort(ard.component_precision_)
-    assert ard.effective_rank_ <= 4 < plain.effective_rank_
+    assert max(ard.effective_rank_, learned.effective_rank_) <= 4 < plain.effective_rank_
     assert lam[3] < 3.0 and lam[4] > 100.0
-    rmse = [np.sqrt(np.mean((m.predict(X[2500:]) - f[2500:]) ** 2)) for m in (ard, plain)]
-    assert rmse[0] < 0.04 and rmse[0] < 0.8 * rmse[1], rmse
+    rmse = [np.sqrt(np.mean((m.predict(X[2500:]) - f[2500:]) ** 2)) for m in (ard, learned, plain)]
+    assert max(rmse[:2]) < 0.04 and max(rmse[:2]) < 0.8 * rmse[2], rmse
 
 
 def test_estimator_fits_entry_schedule_and_predicts_unseen_modulating_rows_from_the_prior():

@@ -46,12 +46,14 @@ def _learned_precision_kl(n, a, b, a0, b0):
 
 
 def _mode_prior_kl(post):
-    """The learned priors' part of −ELBO: per mode, E_q[KL(q(u) ‖ N(μ, λ⁻¹I))] − KL(q(u) ‖ the
-    rows' prior N(E μ, E[λ]⁻¹ I)) = ½ d R (log E[λ] − E[log λ]) + ½ d R E[λ] s, plus
+    """The learned priors' part of −ELBO: per mode, E_q[KL(q(u) ‖ N(μ, diag(λ)⁻¹))] − KL(q(u) ‖
+    the rows' prior N(E μ, diag E[λ]⁻¹)) = Σ_r ½ d (log E[λ_r] − E[log λ_r] + E[λ_r] s_r), plus
     KL(q(λ) ‖ Gam(a0, b0)) and KL(q(μ) ‖ N(0, v I)), each where that part is learned
     (``post.mode_prior_learns``; a fixed one is a point mass with no term); 0 without learned priors.  A mode's
-    implicit vectors y_m ~ N(0, λ_k⁻¹ I) share its λ_k: their d_j R coordinates count in the first
-    term (:func:`_implicit_kl` takes their KL at E[λ_k])."""
+    implicit vectors y_m ~ N(0, diag(λ_k)⁻¹) share its λ_k: their d_j coordinates per component
+    count in the first term (:func:`_implicit_kl` takes their KL at E[λ_k]).  Every precision is
+    one per component (arrays a, b of shape (R,)); the first term is Σ_r ½ n (log E[λ_kr] −
+    E[log λ_kr]) over the n = d (+ d_j) coordinates of component r."""
     if post.mode_priors is None:
         return 0.0
     a0, b0, v = post.mode_prior_hyper
@@ -63,9 +65,9 @@ def _mode_prior_kl(post):
         m, s, a, b = prior
         d, rank = f.mean.shape
         term = post.implicit_term(k)
-        shared = 0 if term is None or term.hyper is not None else term.mean.size
+        shared = 0 if term is None or term.hyper is not None else term.mean.shape[0]
         if learns_precision:
-            total += _learned_precision_kl(d * rank + shared, a, b, a0, b0)
+            total += _learned_precision_kl(d + shared, a, b, a0, b0)
         if learns_mean:
             lam = a / b if post.components is None else post.component_precision
             s = np.broadcast_to(s, (rank,))

@@ -9,8 +9,9 @@ Row s of mode k (a user, say) gains the normalised sum of learned vectors of the
 so that every entry of row s sees ũ_s where it saw u_s: what a user rated says something of
 their taste even where the rating itself is missing, and rows with few entries borrow from the
 items they touched.  y_m ~ N(0, λ⁻¹ I); when the mode learns its prior from the data, λ is the
-mode's own λ_k (the rows' prior N(μ_k, λ_k⁻¹ I), :func:`~skcep.engines.cp.updates.mode_prior_update`),
-otherwise a fixed λ or one learned apart (``hyper``, with automatic relevance determination).
+mode's own λ_k, one per component (the rows' prior N(μ_k, diag(λ_k)⁻¹),
+:func:`~skcep.engines.cp.updates.mode_prior_update`), otherwise a fixed λ or one learned apart
+(``hyper``, with automatic relevance determination).
 
 **q(u, y) = Π_m q(y_m) Π_s q(u_s | y)**, q(y_m) = N(μ_m, Σ_m) and q(u_s | y) Gaussian with a
 mean linear in z_s: the rows keep their dependence on the implicit vectors.  u_s and z_s are
@@ -250,11 +251,10 @@ def implicit_prior_update(term):
 
 def kl_to_prior(term):
     """Σ_m KL(q(y_m) ‖ N(0, E[λ]⁻¹ I)) (the expected log prior's E[log λ] part is the caller's)."""
-    lam = term.prior_precision
     d, rank = term.mean.shape
-    logdet = batched_logdet(term.cov)
-    trace = np.einsum("sii->s", term.cov)
-    return 0.5 * float(np.sum(lam * trace + lam * np.sum(term.mean**2, axis=1) - rank - rank * np.log(lam) - logdet))
+    lam = np.broadcast_to(term.prior_precision, (rank,))  # E[λ] per component (one value, or the mode's)
+    spread = np.einsum("sii->i", term.cov) + np.sum(term.mean**2, axis=0)
+    return 0.5 * float(lam @ spread - d * rank - d * np.sum(np.log(lam)) - np.sum(batched_logdet(term.cov)))
 
 
 def grow_term(term, shape):

@@ -108,10 +108,11 @@ class CPPosterior:
     learned E[λ_k] below).  The factors of the ``modulating_modes`` have the fixed prior
     N(1, ``modulation_variance``·I) (see :func:`~skcep.engines.cp.start.init_posterior`); λ governs
     the other modes.  With priors learned from the data, ``mode_priors[k]`` is (m (R,), s, a, b):
-    q(μ_k) = N(m, s·I) and q(λ_k) = Gam(a, b) of mode k's prior N(μ_k, λ_k⁻¹ I) (None for a
+    q(μ_k) = N(m, diag s) and q(λ_kr) = Gam(a_r, b_r) of mode k's prior N(μ_k, diag(λ_k)⁻¹)
+    (m, s, a, b each of shape (R,); None for a
     modulating mode), with hyperpriors ``mode_prior_hyper`` = (a0, b0, v) (see
     :func:`~skcep.engines.cp.updates.mode_prior_update`); the factors' prior natural parameters then
-    hold E[λ_k] I and E[λ_k] m.  ``mode_prior_learns`` = (mean, precision) says which of μ_k and
+    hold diag E[λ_k] and E[λ_k] ∘ m.  ``mode_prior_learns`` = (mean, precision) says which of μ_k and
     λ_k are learned: a fixed μ_k is m with s = 0, a fixed λ_k is a/b (``prior_mean`` and
     ``prior_variance`` of :class:`~skcep.BayesianCPTensor` given as numbers).  With both (ARD
     with a learned mean) the rows' prior is N(μ_k, diag E[λ]⁻¹): the precisions are ARD's, a/b

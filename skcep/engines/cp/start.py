@@ -70,7 +70,7 @@ def _learned_offset_variance(post, j):
 
 
 def _learned_prior(post, k):
-    """(mean (R,), variance) of the prior of a new row of mode k under learned priors: N(E μ_k, E[λ_k]⁻¹ I)."""
+    """(mean (R,), variance (R,)) of the prior of a new row of mode k under learned priors: N(E μ_k, diag E[λ_k]⁻¹)."""
     m, _, a, b = post.mode_priors[k]
     return m, (b / a if post.components is None else 1.0 / post.component_precision)
 
@@ -113,9 +113,10 @@ def init_posterior(
     E[λ_k]) are kept at least ``precision_floor``.  ``offset_init``: the starting mean of q(b) (its prior mean stays 0).
 
     ``mode_prior`` (a0, b0, v) learns every other mode's prior from the data
-    (:func:`~skcep.engines.cp.updates.mode_prior_update`): row s of mode k has prior N(μ_k, λ_k⁻¹ I), μ_k ~ N(0, v I),
-    λ_k ~ Gam(a0, b0), with q(λ_k) starting at mean 1/prior_variance and q(μ_k) at c·1, c =
-    R^(−1/K') over the K' modes it governs, so that the main effect Σ_r Π_k μ_kr starts at 1: a
+    (:func:`~skcep.engines.cp.updates.mode_prior_update`): row s of mode k has prior
+    N(μ_k, diag(λ_k)⁻¹), μ_k ~ N(0, v I), λ_kr ~ Gam(a0, b0), with every q(λ_kr) starting at
+    mean 1/prior_variance and q(μ_k) at c·1, c = R^(−1/K')
+    over the K' modes it governs, so that the main effect Σ_r Π_k μ_kr starts at 1: a
     common positive direction that the zero-mean prior lacks, whose symmetric start sits at the
     all-zero fixed point on sparse tensors.  The rows start at random means around 0 as with a
     fixed prior: the prior mean pulls them, the data decide how far.  With
@@ -167,9 +168,9 @@ def init_posterior(
             if k in modulating
             else (
                 np.full(rank, start),
-                1.0 / (1.0 / v + d / prior_variance) if learns_mean else 0.0,
-                a0 + 0.5 * d * rank,
-                (a0 + 0.5 * d * rank) * prior_variance,
+                np.full(rank, 1.0 / (1.0 / v + d / prior_variance) if learns_mean else 0.0),
+                np.full(rank, a0 + 0.5 * d),
+                np.full(rank, (a0 + 0.5 * d) * prior_variance),
             )
             for k, d in enumerate(shape)
         ]
@@ -222,7 +223,7 @@ def noise_precision_for_variance(variance, noise_prior, *, start=START):
 def grow_posterior(post, shape, *, prior_variance, init_scale=0.0, rng=None, mode_offset_variance=None):
     """A copy of ``post`` with prior rows added so that mode k has ``shape[k]`` rows (working
     means as in :func:`init_posterior`; at the prior, without a generator, when init_scale = 0).
-    With q(λ) the new rows' prior is N(0, E[Λ]⁻¹), and with learned priors N(E μ_k, E[λ_k]⁻¹ I),
+    With q(λ) the new rows' prior is N(0, E[Λ]⁻¹), and with learned priors N(E μ_k, diag E[λ_k]⁻¹),
     not ``prior_variance``; a modulating mode's new rows have its prior N(1, modulation_variance·I)
     and start there."""
     post = post.copy()
