@@ -70,7 +70,6 @@ def _mode_prior_kl(post):
             total += _learned_precision_kl(d + shared, a, b, a0, b0)
         if learns_mean:
             lam = a / b if post.components is None else post.component_precision
-            s = np.broadcast_to(s, (rank,))
             total += 0.5 * d * float(np.sum(lam * s))
             total += 0.5 * float(np.sum(s / v) + m @ m / v - rank - np.sum(np.log(s / v)))
     return float(total)

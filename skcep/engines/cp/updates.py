@@ -241,9 +241,10 @@ def learned_prior_update(post, refresh=False):
 
 
 def _move_prior(f, d_prec, d_shift, refresh):
-    """Move every row's prior of group f by the scalar precision change d_prec (times I) and the
-    shift change d_shift; ``refresh`` moves q(u_s) = prior × sites by the same amount."""
-    eye = d_prec * np.eye(f.mean.shape[1])
+    """Move every row's prior of group f by the precision change diag(d_prec) (d_prec a scalar,
+    or one per component) and the shift change d_shift; ``refresh`` moves q(u_s) = prior × sites
+    by the same amount."""
+    eye = d_prec * np.eye(f.mean.shape[1])  # diag(d_prec): the identity's columns scaled
     if refresh:
         precision, shift = f.natural()
         f.set_natural(precision + eye, shift + d_shift)
