@@ -330,6 +330,35 @@ def test_cep_tensor_folds(fold):
     assert 0.01 < enron.y_test.mean() < 0.02
 
 
+@pytest.mark.parametrize("fold", [1, 2, 3, 4, 5])
+def test_alog_with_the_authors_sampled_zeros(fold):
+    """``sampled_zeros=True`` gives the CEP authors' own Alog folds: the observed entries first,
+    unchanged, then as many zeros again in training (about 4,000 in test), all at entries that
+    are observed in neither part, train and test disjoint (the authors' test zeros repeat 1 to 6
+    entries, kept as their files have them)."""
+    observed, paper = datasets.load_alog(fold), datasets.load_alog(fold, sampled_zeros=True)
+    assert paper.X_train.shape == (21076, 3) and paper.X_test.shape[0] in (6608, 6609, 6611)
+    known = {tuple(row) for part in ("train", "test") for row in observed[f"X_{part}"]}
+    rows = {}
+    for part in ("train", "test"):
+        X, y, n = paper[f"X_{part}"], paper[f"y_{part}"], len(observed[f"y_{part}"])
+        np.testing.assert_array_equal(X[:n], observed[f"X_{part}"])
+        np.testing.assert_array_equal(y[:n], observed[f"y_{part}"])
+        assert X.dtype == np.int64 and y.dtype == np.float64
+        assert np.all(y[n:] == 0) and np.all(X[n:] >= 0) and np.all(X[n:].max(axis=0) < paper.shape)
+        zeros = [tuple(row) for row in X[n:]]
+        assert not known & set(zeros)
+        rows[part] = [tuple(row) for row in X]
+    assert len(set(rows["train"])) == 21076 and 1 <= len(rows["test"]) - len(set(rows["test"])) <= 6
+    assert not set(rows["train"]) & set(rows["test"])
+    assert (paper.y_train == 0).sum() == 10538
+
+
+def test_sampled_zeros_must_be_a_bool():
+    with pytest.raises(TypeError, match="sampled_zeros"):
+        datasets.load_alog(1, sampled_zeros="yes")
+
+
 def test_cep_tensor_figures_are_the_papers_means():
     figures = datasets.load_cep_tensor_figures()
     means = figures.groupby(["dataset", "method", "rank"])["value"].mean().round(3)
