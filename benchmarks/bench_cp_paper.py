@@ -4,6 +4,9 @@ Commands (write ``benchmarks/results/cp_paper.md`` and ``cp_paper_streams.md``):
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_cp_paper.py [--quick]
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_cp_paper.py --streams
+    OPENBLAS_NUM_THREADS=1 python benchmarks/bench_cp_paper.py --alog-paper-folds
+
+(the last writes ``cp_paper_alog.md``).
 
 Protocol.  ``skcep.datasets.load_alog(fold)`` and ``load_enron(fold)``, folds 1–5, ranks 3, 5,
 8 and 10, as in Wang & Zhe's Fig. 3.  Every ``BayesianCPTensor`` fit sets only ``rank``,
@@ -41,6 +44,14 @@ default for probit entries) against streaming VMP (``method="vmp"``, the POST ba
 paper), at rank 8 with the fixed and the learned priors, everything else at its defaults —
 beside the batch fit of the table above.
 
+The Alog folds of the main table are the observed entries alone (``load_alog(fold)``).  The
+CEP authors' own folds, on which their Fig. 3a was made, add as many zeros again, sampled from
+the unobserved entries (``load_alog(fold, sampled_zeros=True)``; 60 % of each test fold is 0):
+``--alog-paper-folds`` fits those, with the variants of the main table but entry CEP and
+Laplace propagation (the two slowest; on the observed folds entry CEP stays within 0.006 RMSE
+of group CEP), and writes ``results/cp_paper_alog.md``.  An RMSE on one kind of fold is not
+comparable with one on the other.
+
 Time per fit is wall-clock seconds of ``fit`` (one BLAS thread).  ``--quick``: fold 1, ranks 3
 and 8, 60 sweeps; printed, not written.  ``--streams``: only the streams and the batch fits
 beside them, written to ``results/cp_paper_streams.md``.
@@ -64,6 +75,12 @@ from sklearn.preprocessing import OneHotEncoder  # noqa: E402
 
 from skcep import BayesianCPTensor  # noqa: E402
 from skcep.datasets import load_alog, load_cep_tensor_figures, load_enron  # noqa: E402
+
+
+def load_alog_paper_folds(fold):
+    """The CEP authors' own Alog folds: the observed entries and their sampled zeros."""
+    return load_alog(fold, sampled_zeros=True)
+
 
 RANKS = (3, 5, 8, 10)
 FOLDS = (1, 2, 3, 4, 5)
@@ -194,6 +211,11 @@ def main():
         action="store_true",
         help="only the one-pass streams and their batch fits (writes cp_paper_streams.md)",
     )
+    parser.add_argument(
+        "--alog-paper-folds",
+        action="store_true",
+        help="only Alog, on the CEP authors' own folds with their sampled zeros (writes cp_paper_alog.md)",
+    )
     args = parser.parse_args()
     ranks, folds, max_iter = ((3, 8), (1,), 60) if args.quick else (RANKS, FOLDS, 500)
     variants = VARIANTS
@@ -201,6 +223,11 @@ def main():
         ranks, variants = (STREAM_RANK,), {k: v for k, v in VARIANTS.items() if k != "CEP entry"}
     figures = load_cep_tensor_figures()
     title = "Fig. 5's set-up" if args.streams else "Fig. 3"
+    data_sets = [("enron", load_enron, "AUC (higher is better)"), ("alog", load_alog, "RMSE (lower is better)")]
+    if args.alog_paper_folds:
+        title = "Fig. 3a on the CEP authors' own Alog folds (their sampled zeros included)"
+        data_sets = [("alog", load_alog_paper_folds, "RMSE (lower is better)")]
+        variants = {k: v for k, v in VARIANTS.items() if k != "CEP entry"}
     out = [
         f"# The CEP paper's {title} on its own tensor folds",
         "",
@@ -212,10 +239,7 @@ def main():
         "",
     ]
     summary = {}
-    for name, loader, metric in (
-        ("enron", load_enron, "AUC (higher is better)"),
-        ("alog", load_alog, "RMSE (lower is better)"),
-    ):
+    for name, loader, metric in data_sets:
         rows = []
         results = {}  # (label, rank) -> [(score, seconds, sweeps) per fold]
 
@@ -243,7 +267,8 @@ def main():
             if args.streams:
                 continue
             run("CP-WOPT (L-BFGS)", rank, fit_wopt, max_iter=max_iter)
-            run("Laplace propagation (L-BFGS per row)", rank, fit_lp, max_iter=max_iter)
+            if not args.alog_paper_folds:
+                run("Laplace propagation (L-BFGS per row)", rank, fit_lp, max_iter=max_iter)
             if name == "alog" and rank in AUTHORS_RANKS:
                 run("the authors' CEP loop, re-implemented", rank, fit_authors, max_iter=max_iter)
         for fold in folds if not args.streams else ():
@@ -272,13 +297,18 @@ def main():
                 + ["—", "—"]
             )
         if not args.streams:
+            label = f"{name.capitalize()}, the authors' folds" if args.alog_paper_folds else name.capitalize()
             out += [
-                f"## {name.capitalize()}: test {metric}, mean ± sd over folds {', '.join(map(str, folds))}",
+                f"## {label}: test {metric}, mean ± sd over folds {', '.join(map(str, folds))}",
                 "",
                 md_table(header, rows),
                 "",
             ]
         summary[name] = results
+    if args.alog_paper_folds:
+        out += ["## Warnings raised by the skcep fits", "", *warning_lines(WARNINGS_SEEN), ""]
+        write_report(out, "cp_paper_alog.md", args.quick)
+        return
     out += [
         f"## One pass of `partial_fit` (Fig. 5's set-up), rank {STREAM_RANK}",
         "",
