@@ -198,6 +198,43 @@ def stream_skcep(data, batch, **params):
     return score(data, predict), seconds
 
 
+def stream_section(folds, summary):
+    """The report's lines for one pass of ``partial_fit`` over each fold, beside the batch fits
+    of ``summary`` ({data name: {(label, rank): [(score, seconds, sweeps)]}})."""
+    lines = [
+        f"## One pass of `partial_fit` (Fig. 5's set-up), rank {STREAM_RANK}",
+        "",
+        "Test AUC (Enron) / RMSE (Alog), mean ± sd over the folds, and seconds per pass; "
+        "ADF-EP-VMP is `method=\"ep-vmp\"` (the default for probit entries), ADF-CEP `method=\"cep\"` "
+        "(the default for Gaussian entries), streaming VMP `method=\"vmp\"`.",
+        "",
+    ]
+    stream_rows = []
+    for name, loader in (("enron", load_enron), ("alog", load_alog)):
+        for method, (stream_label, batch_label) in STREAM_METHODS.items():
+            if method == "ep-vmp" and name != "enron":
+                continue
+            for prior_label, prior in PRIORS.items():
+                row = [f"{name.capitalize()}, {stream_label}, {prior_label}"]
+                for batch in STREAM_BATCHES:
+                    runs = [
+                        stream_skcep(
+                            loader(fold),
+                            batch,
+                            method=method,
+                            **prior,
+                        )
+                        for fold in folds
+                    ]
+                    print(name, method, prior_label, batch, runs, flush=True)
+                    row.append(f"{cell([r[0] for r in runs])} ({np.mean([r[1] for r in runs]):.1f} s)")
+                batch_fit = summary[name].get((f"skcep {batch_label}, {prior_label}", STREAM_RANK))
+                row.append(cell([r[0] for r in batch_fit]) if batch_fit else "—")
+                stream_rows.append(row)
+    lines += [md_table(["stream"] + [f"batches of {b:,}" for b in STREAM_BATCHES] + ["the batch fit"], stream_rows), ""]
+    return lines
+
+
 def cell(values, digits=3):
     v = np.asarray(values, dtype=float)
     return f"{v.mean():.{digits}f}" + (f" ± {v.std(ddof=1):.{digits}f}" if v.size > 1 else "")
@@ -306,42 +343,12 @@ def main():
             ]
         summary[name] = results
     if args.alog_paper_folds:
-        out += ["## Warnings raised by the skcep fits", "", *warning_lines(WARNINGS_SEEN), ""]
-        write_report(out, "cp_paper_alog.md", args.quick)
-        return
-    out += [
-        f"## One pass of `partial_fit` (Fig. 5's set-up), rank {STREAM_RANK}",
-        "",
-        "Test AUC (Enron) / RMSE (Alog), mean ± sd over the folds, and seconds per pass; "
-        "ADF-EP-VMP is `method=\"ep-vmp\"` (the default for probit entries), ADF-CEP `method=\"cep\"` "
-        "(the default for Gaussian entries), streaming VMP `method=\"vmp\"`.",
-        "",
-    ]
-    stream_rows = []
-    for name, loader in (("enron", load_enron), ("alog", load_alog)):
-        for method, (stream_label, batch_label) in STREAM_METHODS.items():
-            if method == "ep-vmp" and name != "enron":
-                continue
-            for prior_label, prior in PRIORS.items():
-                row = [f"{name.capitalize()}, {stream_label}, {prior_label}"]
-                for batch in STREAM_BATCHES:
-                    runs = [
-                        stream_skcep(
-                            loader(fold),
-                            batch,
-                            method=method,
-                            **prior,
-                        )
-                        for fold in folds
-                    ]
-                    print(name, method, prior_label, batch, runs, flush=True)
-                    row.append(f"{cell([r[0] for r in runs])} ({np.mean([r[1] for r in runs]):.1f} s)")
-                batch_fit = summary[name].get((f"skcep {batch_label}, {prior_label}", STREAM_RANK))
-                row.append(cell([r[0] for r in batch_fit]) if batch_fit else "—")
-                stream_rows.append(row)
-    out += [md_table(["stream"] + [f"batches of {b:,}" for b in STREAM_BATCHES] + ["the batch fit"], stream_rows), ""]
+        report = "cp_paper_alog.md"
+    else:
+        out += stream_section(folds, summary)
+        report = "cp_paper_streams.md" if args.streams else "cp_paper.md"
     out += ["## Warnings raised by the skcep fits", "", *warning_lines(WARNINGS_SEEN), ""]
-    write_report(out, "cp_paper_streams.md" if args.streams else "cp_paper.md", args.quick)
+    write_report(out, report, args.quick)
 
 
 if __name__ == "__main__":
